@@ -1,0 +1,4 @@
+//! kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.
+#![forbid(unsafe_code)]
+
+pub mod config;
