@@ -1,0 +1,71 @@
+//! Small builders for model values in tests.
+
+use std::collections::BTreeSet;
+
+use super::types::*;
+
+/// A TCP ClusterIP service port `ns/name:port` on 10.96.0.1:80 with every option off.
+pub fn service_port(namespace: &str, name: &str, port: &str) -> ServicePort {
+    ServicePort {
+        name: ServicePortName::new(namespace, name, port, Protocol::Tcp),
+        cluster_ips: vec!["10.96.0.1".parse().unwrap()],
+        port: 80,
+        node_port: None,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_seconds: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    }
+}
+
+/// A ready endpoint at `ip:8080` on `node`.
+pub fn endpoint(ip: &str, node: &str) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(node.into()),
+        zone: None,
+        zone_hints: BTreeSet::new(),
+    }
+}
+
+/// The same endpoint, terminating but still serving.
+pub fn terminating(mut ep: Endpoint) -> Endpoint {
+    ep.ready = false;
+    ep.terminating = true;
+    ep
+}
+
+/// The same endpoint with zone hints.
+pub fn hinted(mut ep: Endpoint, zones: &[&str]) -> Endpoint {
+    ep.zone_hints = zones.iter().map(|z| z.to_string()).collect();
+    ep
+}
+
+/// A one-port EndpointSlice `ns/slice` of service `ns/svc` with the given endpoints (ip, node).
+pub fn slice(namespace: &str, slice: &str, service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new(namespace, slice),
+        service: NamespacedName::new(namespace, service),
+        family: IpFamily::V4,
+        ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
+        endpoints: endpoints
+            .iter()
+            .map(|(ip, node)| SliceEndpoint {
+                ip: ip.parse().unwrap(),
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: Some(node.to_string()),
+                zone: None,
+                zone_hints: BTreeSet::new(),
+            })
+            .collect(),
+    }
+}

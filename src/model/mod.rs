@@ -1,0 +1,14 @@
+//! The pure model: typed services and endpoints, change tracking, endpoint selection. No I/O.
+
+mod endpoints;
+mod topology;
+mod tracker;
+mod types;
+
+pub use endpoints::merge_slices;
+pub use topology::{NodeContext, SelectedEndpoints, select_endpoints};
+pub use tracker::{Change, ChangeSummary, ChangeTracker, Changes, PendingChanges, ProxyState};
+pub use types::*;
+
+#[cfg(test)]
+pub(crate) mod fixtures;

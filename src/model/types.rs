@@ -1,0 +1,232 @@
+//! Typed services and endpoints. Everything past the watch layer is one of these: no IP is a string.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// A namespace and a name: how Services, EndpointSlices and their owners are keyed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    /// Builds one from its parts.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        NamespacedName { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A transport protocol a service port can carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// Parses the API's spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn from_api(text: &str) -> Option<Self> {
+        match text {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    /// Lower case, as iptables' `-p` and upstream's chain-name hash spell it.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        })
+    }
+}
+
+/// An IP family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    /// The family of an address.
+    pub fn of(ip: &IpAddr) -> Self {
+        if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
+    }
+}
+
+/// One port of one service: `ns/name:port` plus the protocol (upstream's ServicePortName).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub service: NamespacedName,
+    /// The port's name; empty for a service's single unnamed port.
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    /// Builds one from its parts.
+    pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
+        ServicePortName { service: NamespacedName::new(namespace, name), port: port.into(), protocol }
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    /// `ns/name:port`, or `ns/name` for an unnamed port, as upstream prints (and hashes) it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() { write!(f, "{}", self.service) } else { write!(f, "{}:{}", self.service, self.port) }
+    }
+}
+
+/// Everything a proxier needs to know about one service port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    /// The service's cluster IPs, at most one per family.
+    pub cluster_ips: Vec<IpAddr>,
+    pub port: u16,
+    /// The NodePort, when the service has one.
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<IpAddr>,
+    /// LoadBalancer ingress IPs that traffic reaches directly (ipMode Proxy ones are left out).
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// The ClientIP affinity timeout in seconds, when affinity is on.
+    pub session_affinity_seconds: Option<u32>,
+    /// externalTrafficPolicy Local on an externally reachable service.
+    pub external_policy_local: bool,
+    /// internalTrafficPolicy Local.
+    pub internal_policy_local: bool,
+    /// The port the node answers health checks on for externalTrafficPolicy Local LoadBalancers.
+    pub health_check_node_port: Option<u16>,
+}
+
+impl ServicePort {
+    /// Reachable from outside the cluster: a NodePort, an external IP or a LoadBalancer IP.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+
+    /// Some traffic to it may go to any endpoint in the cluster.
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+    }
+
+    /// Some traffic to it may only go to endpoints on this node.
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
+    }
+
+    /// The cluster IP of one family, if the service has one.
+    pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.cluster_ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
+    }
+}
+
+/// One endpoint of one service port, merged from the EndpointSlices.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// Zones this endpoint is meant to serve (topology hints); empty when it carries none.
+    pub zone_hints: BTreeSet<String>,
+}
+
+impl Endpoint {
+    /// Runs on the named node.
+    pub fn is_local(&self, node_name: &str) -> bool {
+        self.node_name.as_deref() == Some(node_name)
+    }
+
+    /// `ip:port`, with brackets for IPv6.
+    pub fn address(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
+    }
+}
+
+/// One port that an EndpointSlice lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// An endpoint as one EndpointSlice lists it (no port yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub zone_hints: BTreeSet<String>,
+}
+
+/// One EndpointSlice, typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    /// The slice's own namespace and name.
+    pub name: NamespacedName,
+    /// The service it belongs to (label `kubernetes.io/service-name`).
+    pub service: NamespacedName,
+    pub family: IpFamily,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+/// This node, as its Node object describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// InternalIP and ExternalIP addresses, InternalIP first.
+    pub addresses: Vec<IpAddr>,
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+/// The Node label that names its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+impl NodeInfo {
+    /// The node's zone, from its `topology.kubernetes.io/zone` label.
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get(ZONE_LABEL).map(String::as_str).filter(|z| !z.is_empty())
+    }
+}
+
+/// A service's ports, by name.
+pub type ServicePortMap = BTreeMap<ServicePortName, ServicePort>;
+
+/// A service's endpoints, by service port.
+pub type EndpointsMap = BTreeMap<ServicePortName, Vec<Endpoint>>;
