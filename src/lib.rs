@@ -2,4 +2,5 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod k8s;
 pub mod model;

@@ -1,0 +1,296 @@
+//! Conversion of API objects into the model, once, at the boundary. A malformed object is refused
+//! with an error that says what is wrong; a bad entry in a list (one external IP, one endpoint) is
+//! dropped with a warning and the rest of the object is kept, as upstream filters such entries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::model::{
+    EndpointSlice, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortMap, ServicePortName,
+    SliceEndpoint, SlicePort,
+};
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// upstream's default ClientIP affinity timeout (3 hours).
+const DEFAULT_AFFINITY_SECONDS: u32 = 10_800;
+
+/// Why an object was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{reason}")]
+pub struct ConvertError {
+    /// What is wrong, naming the field and value.
+    pub reason: String,
+}
+
+fn invalid(reason: impl Into<String>) -> ConvertError {
+    ConvertError { reason: reason.into() }
+}
+
+/// A converted object with the entries that were dropped from it.
+#[derive(Debug, PartialEq)]
+pub struct Converted<T> {
+    pub value: T,
+    pub warnings: Vec<String>,
+}
+
+/// An object's namespace/name, or an error when either is missing.
+pub fn object_key(meta: &ObjectMeta) -> Result<NamespacedName, ConvertError> {
+    let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| invalid("metadata.name is missing"))?;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    Ok(NamespacedName { namespace, name })
+}
+
+/// A Service's ports. Headless, ExternalName and not-yet-allocated services have none.
+pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, ConvertError> {
+    let key = object_key(&service.metadata)?;
+    if key.namespace.is_empty() {
+        return Err(invalid("metadata.namespace is missing"));
+    }
+    let spec = service.spec.as_ref().ok_or_else(|| invalid("spec is missing"))?;
+    let mut warnings = Vec::new();
+    let mut map = ServicePortMap::new();
+    let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if service_type == "ExternalName" {
+        return Ok(Converted { value: map, warnings });
+    }
+
+    let mut cluster_ip_texts: Vec<&str> = spec.cluster_ips.iter().flatten().map(String::as_str).collect();
+    if cluster_ip_texts.is_empty()
+        && let Some(ip) = spec.cluster_ip.as_deref()
+    {
+        cluster_ip_texts.push(ip);
+    }
+    if cluster_ip_texts.iter().any(|ip| *ip == "None") {
+        return Ok(Converted { value: map, warnings });
+    }
+    let mut cluster_ips = Vec::new();
+    for text in cluster_ip_texts.iter().filter(|t| !t.is_empty()) {
+        let ip = parse_ip(text).ok_or_else(|| invalid(format!("spec.clusterIPs: {text:?} is not an IP address")))?;
+        cluster_ips.push(ip);
+    }
+    if cluster_ips.is_empty() {
+        return Ok(Converted { value: map, warnings });
+    }
+
+    let external_ips = parse_list(spec.external_ips.iter().flatten(), "spec.externalIPs", parse_ip, &mut warnings);
+    let mut load_balancer_ips = Vec::new();
+    let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    for entry in ingress.into_iter().flatten() {
+        // With ipMode Proxy the load balancer sends traffic to the node, not to the VIP.
+        if entry.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        if let Some(text) = entry.ip.as_deref() {
+            match parse_ip(text) {
+                Some(ip) => load_balancer_ips.push(ip),
+                None => warnings.push(format!("status.loadBalancer.ingress: {text:?} is not an IP address; ignored")),
+            }
+        }
+    }
+    let source_ranges = parse_list(
+        spec.load_balancer_source_ranges.iter().flatten(),
+        "spec.loadBalancerSourceRanges",
+        |t| t.trim().parse::<IpNet>().ok().map(|n| n.trunc()),
+        &mut warnings,
+    );
+
+    let session_affinity_seconds = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match timeout {
+                None => Some(DEFAULT_AFFINITY_SECONDS),
+                Some(t) if (1..=86_400).contains(&t) => Some(t as u32),
+                Some(t) => {
+                    return Err(invalid(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is not between 1 and 86400"
+                    )));
+                }
+            }
+        }
+        None | Some("None") | Some("") => None,
+        Some(other) => return Err(invalid(format!("spec.sessionAffinity: {other:?} is not ClientIP or None"))),
+    };
+    let is_load_balancer = service_type == "LoadBalancer";
+    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let wants_external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+
+    for (index, port) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("spec.ports[{index}]");
+        let port_number = port_u16(port.port)
+            .ok_or_else(|| invalid(format!("{field}.port: {} is not a port between 1 and 65535", port.port)))?;
+        let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
+        let protocol = Protocol::from_api(protocol_text)
+            .ok_or_else(|| invalid(format!("{field}.protocol: {protocol_text:?} is not TCP, UDP or SCTP")))?;
+        let node_port = match port.node_port {
+            None | Some(0) => None,
+            Some(p) => Some(port_u16(p).ok_or_else(|| invalid(format!("{field}.nodePort: {p} is not a port")))?),
+        };
+        let name = ServicePortName {
+            service: key.clone(),
+            port: port.name.clone().unwrap_or_default(),
+            protocol,
+        };
+        let mut service_port = ServicePort {
+            name: name.clone(),
+            cluster_ips: cluster_ips.clone(),
+            port: port_number,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: source_ranges.clone(),
+            session_affinity_seconds,
+            external_policy_local: false,
+            internal_policy_local,
+            health_check_node_port: None,
+        };
+        service_port.external_policy_local = wants_external_local && service_port.externally_accessible();
+        if is_load_balancer && service_port.external_policy_local {
+            service_port.health_check_node_port = spec.health_check_node_port.and_then(port_u16);
+        }
+        if map.insert(name.clone(), service_port).is_some() {
+            return Err(invalid(format!("{field}: port {name} ({protocol}) is listed twice")));
+        }
+    }
+    Ok(Converted { value: map, warnings })
+}
+
+/// An EndpointSlice, or `None` for one kube-proxy ignores (FQDN).
+pub fn endpoint_slice(slice: &ApiEndpointSlice) -> Result<Converted<Option<EndpointSlice>>, ConvertError> {
+    let key = object_key(&slice.metadata)?;
+    let mut warnings = Vec::new();
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        "FQDN" => return Ok(Converted { value: None, warnings }),
+        other => return Err(invalid(format!("addressType: {other:?} is not IPv4, IPv6 or FQDN"))),
+    };
+    let service_name = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(SERVICE_NAME_LABEL))
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| invalid(format!("label {SERVICE_NAME_LABEL} is missing")))?;
+
+    let mut ports = Vec::new();
+    for (index, port) in slice.ports.iter().flatten().enumerate() {
+        // A port without a number means "all ports", which kube-proxy cannot program.
+        let Some(number) = port.port else { continue };
+        let Some(number) = port_u16(number) else {
+            warnings.push(format!("ports[{index}].port: {number} is not a port between 1 and 65535; ignored"));
+            continue;
+        };
+        let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
+        let Some(protocol) = Protocol::from_api(protocol_text) else {
+            warnings.push(format!("ports[{index}].protocol: {protocol_text:?} is not TCP, UDP or SCTP; ignored"));
+            continue;
+        };
+        ports.push(SlicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
+    }
+
+    let mut endpoints = Vec::new();
+    for (index, ep) in slice.endpoints.iter().enumerate() {
+        let Some(text) = ep.addresses.first() else {
+            warnings.push(format!("endpoints[{index}]: no address; ignored"));
+            continue;
+        };
+        let ip = match parse_ip(text) {
+            Some(ip) if IpFamily::of(&ip) == family => ip,
+            _ => {
+                let want = if family == IpFamily::V4 { "IPv4" } else { "IPv6" };
+                warnings.push(format!("endpoints[{index}].addresses: {text:?} is not an {want} address; ignored"));
+                continue;
+            }
+        };
+        let conditions = ep.conditions.as_ref();
+        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+        let zone_hints: BTreeSet<String> = ep
+            .hints
+            .as_ref()
+            .and_then(|h| h.for_zones.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|z| z.name.clone())
+            .collect();
+        endpoints.push(SliceEndpoint {
+            ip,
+            ready,
+            serving,
+            terminating,
+            node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
+            zone: ep.zone.clone().filter(|z| !z.is_empty()),
+            zone_hints,
+        });
+    }
+    let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
+    Ok(Converted { value: Some(EndpointSlice { name: key, service, family, ports, endpoints }), warnings })
+}
+
+/// This node's addresses, labels and pod CIDRs.
+pub fn node_info(node: &Node) -> Converted<NodeInfo> {
+    let mut warnings = Vec::new();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels: BTreeMap<String, String> = node.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+    let status = node.status.as_ref();
+    let mut addresses = Vec::new();
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for address in status.and_then(|s| s.addresses.as_ref()).into_iter().flatten() {
+            if address.type_ != wanted {
+                continue;
+            }
+            match parse_ip(&address.address) {
+                Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
+                Some(_) => {}
+                None => warnings.push(format!("status.addresses: {:?} is not an IP address; ignored", address.address)),
+            }
+        }
+    }
+    let spec = node.spec.as_ref();
+    let mut cidr_texts: Vec<&String> = spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten().collect();
+    if cidr_texts.is_empty()
+        && let Some(cidr) = spec.and_then(|s| s.pod_cidr.as_ref())
+    {
+        cidr_texts.push(cidr);
+    }
+    let pod_cidrs = parse_list(cidr_texts.into_iter(), "spec.podCIDRs", |t| t.parse::<IpNet>().ok(), &mut warnings);
+    Converted { value: NodeInfo { name, labels, addresses, pod_cidrs }, warnings }
+}
+
+fn parse_ip(text: &str) -> Option<IpAddr> {
+    text.trim().parse().ok()
+}
+
+fn port_u16(port: i32) -> Option<u16> {
+    u16::try_from(port).ok().filter(|p| *p != 0)
+}
+
+fn parse_list<'a, T>(
+    items: impl Iterator<Item = &'a String>,
+    field: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    warnings: &mut Vec<String>,
+) -> Vec<T> {
+    let mut parsed = Vec::new();
+    for text in items {
+        match parse(text) {
+            Some(value) => parsed.push(value),
+            None => warnings.push(format!("{field}: {text:?} is not valid; ignored")),
+        }
+    }
+    parsed
+}
+
+#[cfg(test)]
+mod tests;
