@@ -4,3 +4,4 @@
 pub mod config;
 pub mod k8s;
 pub mod model;
+pub mod runner;
