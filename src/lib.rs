@@ -2,6 +2,9 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod daemon;
 pub mod k8s;
+pub mod logging;
 pub mod model;
+pub mod proxier;
 pub mod runner;

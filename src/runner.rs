@@ -3,8 +3,6 @@
 //! to `max_interval`), and requests that arrive while one waits or runs coalesce into one sync.
 //! Never a trailing debounce: a steady stream of requests cannot starve it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -26,7 +24,7 @@ pub struct Intervals {
 /// Something the runner calls; `Err` asks for a retry.
 pub trait Syncer {
     /// Runs one sync.
-    fn sync(&mut self) -> Pin<Box<dyn Future<Output = Result<(), ()>> + Send + '_>>;
+    fn sync(&mut self) -> futures::future::BoxFuture<'_, Result<(), ()>>;
 }
 
 /// A cheap handle that asks for a sync.
@@ -49,7 +47,12 @@ impl SyncRequester {
 }
 
 /// Runs `syncer` on the schedule until `shutdown` turns true. The first sync runs at once.
-pub async fn run(intervals: Intervals, requester: SyncRequester, mut shutdown: watch::Receiver<bool>, syncer: &mut (dyn Syncer + Send)) {
+pub async fn run(
+    intervals: Intervals,
+    requester: SyncRequester,
+    mut shutdown: watch::Receiver<bool>,
+    syncer: &mut (dyn Syncer + Send),
+) {
     let mut last_start: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
     let mut retry_delay = intervals.retry_interval;

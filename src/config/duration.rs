@@ -78,9 +78,13 @@ impl GoDuration {
             let whole: u128 = if int_part.is_empty() {
                 0
             } else {
-                int_part.parse().map_err(|_| DurationError::Overflow(text.into()))?
+                int_part
+                    .parse()
+                    .map_err(|_| DurationError::Overflow(text.into()))?
             };
-            let mut nanos = whole.checked_mul(*scale).ok_or_else(|| DurationError::Overflow(text.into()))?;
+            let mut nanos = whole
+                .checked_mul(*scale)
+                .ok_or_else(|| DurationError::Overflow(text.into()))?;
             let mut place = *scale;
             for digit in frac_part.bytes() {
                 if !digit.is_ascii_digit() {
@@ -177,7 +181,11 @@ mod tests {
             ("-0s", 0),
         ];
         for (text, millis) in cases {
-            assert_eq!(GoDuration::parse(text).unwrap().0.as_millis(), millis, "{text}");
+            assert_eq!(
+                GoDuration::parse(text).unwrap().0.as_millis(),
+                millis,
+                "{text}"
+            );
         }
         assert_eq!(GoDuration::parse("10us").unwrap().0.as_nanos(), 10_000);
         assert_eq!(GoDuration::parse("10µs").unwrap().0.as_nanos(), 10_000);
@@ -186,15 +194,32 @@ mod tests {
     #[test]
     fn refuses_bad_forms() {
         for text in ["", "s", "10", "1x", "1.2.3s", "h1", "1 s", "ten seconds"] {
-            assert_eq!(GoDuration::parse(text), Err(DurationError::Syntax(text.into())), "{text}");
+            assert_eq!(
+                GoDuration::parse(text),
+                Err(DurationError::Syntax(text.into())),
+                "{text}"
+            );
         }
-        assert_eq!(GoDuration::parse("-1s"), Err(DurationError::Negative("-1s".into())));
-        assert!(matches!(GoDuration::parse("99999999999h"), Err(DurationError::Overflow(_))));
+        assert_eq!(
+            GoDuration::parse("-1s"),
+            Err(DurationError::Negative("-1s".into()))
+        );
+        assert!(matches!(
+            GoDuration::parse("99999999999h"),
+            Err(DurationError::Overflow(_))
+        ));
     }
 
     #[test]
     fn prints_like_go() {
-        let cases = [(0, "0s"), (30, "30s"), (900, "15m0s"), (86_400, "24h0m0s"), (3_600, "1h0m0s"), (90, "1m30s")];
+        let cases = [
+            (0, "0s"),
+            (30, "30s"),
+            (900, "15m0s"),
+            (86_400, "24h0m0s"),
+            (3_600, "1h0m0s"),
+            (90, "1m30s"),
+        ];
         for (secs, text) in cases {
             assert_eq!(GoDuration::from_secs(secs).to_string(), text);
         }

@@ -94,8 +94,14 @@ impl Flags {
         };
         note(self.proxy_mode.is_some(), "--proxy-mode");
         note(self.cluster_cidr.is_some(), "--cluster-cidr");
-        note(self.healthz_bind_address.is_some(), "--healthz-bind-address");
-        note(self.metrics_bind_address.is_some(), "--metrics-bind-address");
+        note(
+            self.healthz_bind_address.is_some(),
+            "--healthz-bind-address",
+        );
+        note(
+            self.metrics_bind_address.is_some(),
+            "--metrics-bind-address",
+        );
         note(self.masquerade_all.is_some(), "--masquerade-all");
         note(self.ipvs_scheduler.is_some(), "--ipvs-scheduler");
         note(self.nodeport_addresses.is_some(), "--nodeport-addresses");

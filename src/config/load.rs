@@ -27,10 +27,19 @@ pub enum LoadError {
     NotAnObject { path: String },
     /// `apiVersion` or `kind` names something else.
     #[error("config file {path}: {field} {value:?} is not supported (want {want:?})")]
-    WrongType { path: String, field: &'static str, value: String, want: &'static str },
+    WrongType {
+        path: String,
+        field: &'static str,
+        value: String,
+        want: &'static str,
+    },
     /// A field holds a value of the wrong type or form.
     #[error("config file {path}: field {field}: {reason}")]
-    Field { path: String, field: String, reason: String },
+    Field {
+        path: String,
+        field: String,
+        reason: String,
+    },
 }
 
 /// A decoded file plus the fields it had that this version does not know (dotted paths).
@@ -43,25 +52,40 @@ pub struct Decoded {
 /// Reads and decodes the file at `path` (no defaults applied, no validation).
 pub fn read_config_file(path: &Path) -> Result<Decoded, LoadError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|err| LoadError::Read { path: shown.clone(), reason: err.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|err| LoadError::Read {
+        path: shown.clone(),
+        reason: err.to_string(),
+    })?;
     decode_config(&text, &shown)
 }
 
 /// Decodes config text; `origin` names it in errors.
 pub fn decode_config(text: &str, origin: &str) -> Result<Decoded, LoadError> {
-    let mut tree: serde_json::Value = serde_yaml_ng::from_str(text)
-        .map_err(|err| LoadError::Syntax { path: origin.into(), reason: err.to_string() })?;
+    let mut tree: serde_json::Value =
+        serde_yaml_ng::from_str(text).map_err(|err| LoadError::Syntax {
+            path: origin.into(),
+            reason: err.to_string(),
+        })?;
     let serde_json::Value::Object(object) = &tree else {
-        return Err(LoadError::NotAnObject { path: origin.into() });
+        return Err(LoadError::NotAnObject {
+            path: origin.into(),
+        });
     };
     for (field, want) in [("apiVersion", API_VERSION), ("kind", KIND)] {
         match object.get(field) {
             Some(serde_json::Value::String(value)) if value == want => {}
             Some(serde_json::Value::Null) | None => {}
             Some(other) => {
-                let value = other.as_str().map(str::to_string).unwrap_or_else(|| other.to_string());
-                return Err(LoadError::WrongType { path: origin.into(), field, value, want });
+                let value = other
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| other.to_string());
+                return Err(LoadError::WrongType {
+                    path: origin.into(),
+                    field,
+                    value,
+                    want,
+                });
             }
         }
     }
@@ -70,9 +94,13 @@ pub fn decode_config(text: &str, origin: &str) -> Result<Decoded, LoadError> {
     let mut unknown_fields = Vec::new();
     let mut track = serde_path_to_error::Track::new();
     let deserializer = serde_path_to_error::Deserializer::new(tree.into_deserializer(), &mut track);
-    let result = serde_ignored::deserialize(deserializer, |path| unknown_fields.push(path.to_string()));
+    let result =
+        serde_ignored::deserialize(deserializer, |path| unknown_fields.push(path.to_string()));
     match result {
-        Ok(config) => Ok(Decoded { config, unknown_fields }),
+        Ok(config) => Ok(Decoded {
+            config,
+            unknown_fields,
+        }),
         Err(err) => Err(LoadError::Field {
             path: origin.into(),
             field: track.path().to_string(),

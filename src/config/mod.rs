@@ -29,7 +29,11 @@ pub enum ConfigError {
 }
 
 fn join(errors: &[FieldError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Everything the daemon needs to start, after flags and file are combined.
@@ -66,7 +70,11 @@ pub fn resolve(flags: &Flags, sources: &NodeNameSources) -> Result<Settings, Con
     let (mut config, unknown_fields, ignored_flags) = match &flags.config {
         Some(path) => {
             let decoded = read_config_file(path)?;
-            (decoded.config, decoded.unknown_fields, flags.overridden_by_config_file())
+            (
+                decoded.config,
+                decoded.unknown_fields,
+                flags.overridden_by_config_file(),
+            )
         }
         None => (config_from_flags(flags), Vec::new(), Vec::new()),
     };

@@ -1,5 +1,4 @@
 use std::io::Write;
-use std::time::Duration;
 
 use clap::Parser;
 
@@ -14,7 +13,10 @@ fn decoded(text: &str) -> KubeProxyConfiguration {
 }
 
 fn errors_of(text: &str) -> Vec<String> {
-    validate(&decoded(text)).iter().map(ToString::to_string).collect()
+    validate(&decoded(text))
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn secs(d: GoDuration) -> u64 {
@@ -40,8 +42,14 @@ fn empty_config_gets_upstream_defaults() {
     assert_eq!(config.client_connection.burst, 10);
     assert_eq!(config.conntrack.max_per_core, Some(32768));
     assert_eq!(config.conntrack.min, Some(131072));
-    assert_eq!(config.conntrack.tcp_established_timeout, Some(GoDuration::from_secs(86400)));
-    assert_eq!(config.conntrack.tcp_close_wait_timeout, Some(GoDuration::from_secs(3600)));
+    assert_eq!(
+        config.conntrack.tcp_established_timeout,
+        Some(GoDuration::from_secs(86400))
+    );
+    assert_eq!(
+        config.conntrack.tcp_close_wait_timeout,
+        Some(GoDuration::from_secs(3600))
+    );
     assert_eq!(config.logging.format, "text");
     assert_eq!(config.proxy_mode(), Some(ProxyMode::Iptables));
     assert_eq!(config.detect_local(), Some(DetectLocalMode::ClusterCidr));
@@ -52,11 +60,18 @@ fn empty_config_gets_upstream_defaults() {
 #[test]
 fn kubeadm_config_conf_decodes_strictly_and_defaults() {
     let decoded_file = decode_config(KUBEADM, "config.conf").unwrap();
-    assert!(decoded_file.unknown_fields.is_empty(), "{:?}", decoded_file.unknown_fields);
+    assert!(
+        decoded_file.unknown_fields.is_empty(),
+        "{:?}",
+        decoded_file.unknown_fields
+    );
     let mut config = decoded_file.config;
     config.apply_defaults();
     assert!(validate(&config).is_empty(), "{:?}", validate(&config));
-    assert_eq!(config.client_connection.kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf");
+    assert_eq!(
+        config.client_connection.kubeconfig,
+        "/var/lib/kube-proxy/kubeconfig.conf"
+    );
     assert_eq!(config.cluster_cidr, "10.244.0.0/16");
     assert_eq!(secs(config.iptables.sync_period), 30);
     assert_eq!(config.iptables.masquerade_bit, Some(14));
@@ -96,7 +111,11 @@ portRange: ""
 logging: {format: json, verbosity: 4}
 "#;
     let decoded_file = decode_config(text, "t").unwrap();
-    assert!(decoded_file.unknown_fields.is_empty(), "{:?}", decoded_file.unknown_fields);
+    assert!(
+        decoded_file.unknown_fields.is_empty(),
+        "{:?}",
+        decoded_file.unknown_fields
+    );
     let mut c = decoded_file.config;
     c.apply_defaults();
     assert_eq!(validate(&c), vec![]);
@@ -118,14 +137,28 @@ logging: {format: json, verbosity: 4}
     assert_eq!(c.ipvs.scheduler, "wrr");
     assert_eq!(c.ipvs.exclude_cidrs, vec!["10.9.0.0/16"]);
     assert!(c.ipvs.strict_arp);
-    assert_eq!((secs(c.ipvs.tcp_timeout), secs(c.ipvs.tcp_fin_timeout), secs(c.ipvs.udp_timeout)), (900, 120, 300));
+    assert_eq!(
+        (
+            secs(c.ipvs.tcp_timeout),
+            secs(c.ipvs.tcp_fin_timeout),
+            secs(c.ipvs.udp_timeout)
+        ),
+        (900, 120, 300)
+    );
     assert_eq!(c.nftables.masquerade_bit, Some(3));
     assert_eq!(c.detect_local(), Some(DetectLocalMode::InterfaceNamePrefix));
     assert_eq!(c.detect_local.interface_name_prefix, "veth");
     assert_eq!(c.node_port_addresses, vec!["192.168.0.0/16", "fd00::/8"]);
     assert_eq!(c.oom_score_adj, Some(-500));
-    assert_eq!(c.conntrack.max_per_core, Some(0), "0 means leave the kernel's value, not the default");
-    assert_eq!(c.conntrack.tcp_established_timeout, Some(GoDuration::from_secs(7200)));
+    assert_eq!(
+        c.conntrack.max_per_core,
+        Some(0),
+        "0 means leave the kernel's value, not the default"
+    );
+    assert_eq!(
+        c.conntrack.tcp_established_timeout,
+        Some(GoDuration::from_secs(7200))
+    );
     assert!(c.conntrack.tcp_be_liberal);
     assert_eq!(secs(c.conntrack.udp_stream_timeout), 120);
     assert_eq!(secs(c.config_sync_period), 3600);
@@ -154,13 +187,31 @@ fn unknown_fields_are_named_and_the_rest_still_applies() {
 #[test]
 fn decode_errors_name_the_field_and_value() {
     let cases = [
-        ("iptables:\n  syncPeriod: 3x\n", "field iptables.syncPeriod: invalid duration \"3x\""),
-        ("iptables:\n  syncPeriod: -5s\n", "field iptables.syncPeriod: duration \"-5s\" is negative"),
-        ("iptables:\n  masqueradeBit: lots\n", "field iptables.masqueradeBit: invalid type: string \"lots\""),
-        ("nodePortAddresses: 10.0.0.0/8\n", "field nodePortAddresses: invalid type: string \"10.0.0.0/8\""),
+        (
+            "iptables:\n  syncPeriod: 3x\n",
+            "field iptables.syncPeriod: invalid duration \"3x\"",
+        ),
+        (
+            "iptables:\n  syncPeriod: -5s\n",
+            "field iptables.syncPeriod: duration \"-5s\" is negative",
+        ),
+        (
+            "iptables:\n  masqueradeBit: lots\n",
+            "field iptables.masqueradeBit: invalid type: string \"lots\"",
+        ),
+        (
+            "nodePortAddresses: 10.0.0.0/8\n",
+            "field nodePortAddresses: invalid type: string \"10.0.0.0/8\"",
+        ),
         ("apiVersion: v1\n", "apiVersion \"v1\" is not supported"),
-        ("kind: KubeletConfiguration\n", "kind \"KubeletConfiguration\" is not supported"),
-        ("- a\n- b\n", "does not hold a KubeProxyConfiguration object"),
+        (
+            "kind: KubeletConfiguration\n",
+            "kind \"KubeletConfiguration\" is not supported",
+        ),
+        (
+            "- a\n- b\n",
+            "does not hold a KubeProxyConfiguration object",
+        ),
         ("", "does not hold a KubeProxyConfiguration object"),
         ("mode: [\n", "is not valid YAML"),
     ];
@@ -174,40 +225,106 @@ fn decode_errors_name_the_field_and_value() {
 #[test]
 fn validation_names_field_and_value() {
     let cases = [
-        ("mode: userspace", "mode: invalid value \"userspace\": must be one of"),
-        ("iptables: {masqueradeBit: 32}", "iptables.masqueradeBit: invalid value \"32\": must be between 0 and 31"),
-        ("iptables: {masqueradeBit: -1}", "iptables.masqueradeBit: invalid value \"-1\""),
+        (
+            "mode: userspace",
+            "mode: invalid value \"userspace\": must be one of",
+        ),
+        (
+            "iptables: {masqueradeBit: 32}",
+            "iptables.masqueradeBit: invalid value \"32\": must be between 0 and 31",
+        ),
+        (
+            "iptables: {masqueradeBit: -1}",
+            "iptables.masqueradeBit: invalid value \"-1\"",
+        ),
         (
             "iptables: {syncPeriod: 5s, minSyncPeriod: 10s}",
             "iptables.minSyncPeriod: invalid value \"10s\": must be less than or equal to iptables.syncPeriod (5s)",
         ),
-        ("mode: ipvs\nipvs: {scheduler: fastest}", "ipvs.scheduler: invalid value \"fastest\": must be one of rr, wrr"),
-        ("mode: ipvs\nipvs: {excludeCIDRs: [nope]}", "ipvs.excludeCIDRs[0]: invalid value \"nope\""),
+        (
+            "mode: ipvs\nipvs: {scheduler: fastest}",
+            "ipvs.scheduler: invalid value \"fastest\": must be one of rr, wrr",
+        ),
+        (
+            "mode: ipvs\nipvs: {excludeCIDRs: [nope]}",
+            "ipvs.excludeCIDRs[0]: invalid value \"nope\"",
+        ),
         (
             "mode: ipvs\nipvs: {syncPeriod: 5s, minSyncPeriod: 6s}",
             "ipvs.minSyncPeriod: invalid value \"6s\"",
         ),
-        ("mode: nftables\nnftables: {masqueradeBit: 40}", "nftables.masqueradeBit: invalid value \"40\""),
-        ("clusterCIDR: 10.0.0.0/33", "clusterCIDR: invalid value \"10.0.0.0/33\""),
-        ("clusterCIDR: 10.0.0.0/8,10.1.0.0/16", "two CIDRs must be one IPv4 and one IPv6"),
-        ("clusterCIDR: 10.0.0.0/8,fd00::/8,fd01::/8", "at most two CIDRs"),
-        ("bindAddress: localhost", "bindAddress: invalid value \"localhost\": must be an IP address"),
-        ("healthzBindAddress: 'host:80'", "healthzBindAddress: invalid value \"host:80\""),
-        ("metricsBindAddress: '127.0.0.1:99999'", "metricsBindAddress: invalid value \"127.0.0.1:99999\""),
-        ("metricsBindAddress: '127.0.0.1:0'", "port must be between 1 and 65535"),
-        ("nodePortAddresses: [primary, 10.0.0.0/8]", "nodePortAddresses[0]: invalid value \"primary\""),
-        ("nodePortAddresses: [10.0.0.1]", "nodePortAddresses[0]: invalid value \"10.0.0.1\": must be a CIDR"),
+        (
+            "mode: nftables\nnftables: {masqueradeBit: 40}",
+            "nftables.masqueradeBit: invalid value \"40\"",
+        ),
+        (
+            "clusterCIDR: 10.0.0.0/33",
+            "clusterCIDR: invalid value \"10.0.0.0/33\"",
+        ),
+        (
+            "clusterCIDR: 10.0.0.0/8,10.1.0.0/16",
+            "two CIDRs must be one IPv4 and one IPv6",
+        ),
+        (
+            "clusterCIDR: 10.0.0.0/8,fd00::/8,fd01::/8",
+            "at most two CIDRs",
+        ),
+        (
+            "bindAddress: localhost",
+            "bindAddress: invalid value \"localhost\": must be an IP address",
+        ),
+        (
+            "healthzBindAddress: 'host:80'",
+            "healthzBindAddress: invalid value \"host:80\"",
+        ),
+        (
+            "metricsBindAddress: '127.0.0.1:99999'",
+            "metricsBindAddress: invalid value \"127.0.0.1:99999\"",
+        ),
+        (
+            "metricsBindAddress: '127.0.0.1:0'",
+            "port must be between 1 and 65535",
+        ),
+        (
+            "nodePortAddresses: [primary, 10.0.0.0/8]",
+            "nodePortAddresses[0]: invalid value \"primary\"",
+        ),
+        (
+            "nodePortAddresses: [10.0.0.1]",
+            "nodePortAddresses[0]: invalid value \"10.0.0.1\": must be a CIDR",
+        ),
         ("oomScoreAdj: 2000", "oomScoreAdj: invalid value \"2000\""),
-        ("conntrack: {maxPerCore: -1}", "conntrack.maxPerCore: invalid value \"-1\""),
-        ("detectLocalMode: Magic", "detectLocalMode: invalid value \"Magic\""),
-        ("detectLocalMode: BridgeInterface", "detectLocal.bridgeInterface: invalid value \"\": must be set"),
-        ("detectLocalMode: InterfaceNamePrefix", "detectLocal.interfaceNamePrefix: invalid value \"\""),
-        ("logging: {format: xml}", "logging.format: invalid value \"xml\""),
-        ("clientConnection: {burst: -3}", "clientConnection.burst: invalid value \"-3\""),
+        (
+            "conntrack: {maxPerCore: -1}",
+            "conntrack.maxPerCore: invalid value \"-1\"",
+        ),
+        (
+            "detectLocalMode: Magic",
+            "detectLocalMode: invalid value \"Magic\"",
+        ),
+        (
+            "detectLocalMode: BridgeInterface",
+            "detectLocal.bridgeInterface: invalid value \"\": must be set",
+        ),
+        (
+            "detectLocalMode: InterfaceNamePrefix",
+            "detectLocal.interfaceNamePrefix: invalid value \"\"",
+        ),
+        (
+            "logging: {format: xml}",
+            "logging.format: invalid value \"xml\"",
+        ),
+        (
+            "clientConnection: {burst: -3}",
+            "clientConnection.burst: invalid value \"-3\"",
+        ),
     ];
     for (text, want) in cases {
         let errors = errors_of(text);
-        assert!(errors.iter().any(|e| e.contains(want)), "{text:?}: got {errors:?}, want {want:?}");
+        assert!(
+            errors.iter().any(|e| e.contains(want)),
+            "{text:?}: got {errors:?}, want {want:?}"
+        );
     }
     // IPVS settings are only checked in IPVS mode, as upstream.
     assert!(errors_of("ipvs: {scheduler: fastest}").is_empty());
@@ -238,7 +355,10 @@ fn flags_parse_as_upstream_spells_them() {
         "--cleanup=false",
     ]);
     assert_eq!(f.masquerade_all, Some(true));
-    assert_eq!(f.nodeport_addresses, Some(vec!["10.0.0.0/8".into(), "192.168.0.0/16".into()]));
+    assert_eq!(
+        f.nodeport_addresses,
+        Some(vec!["10.0.0.0/8".into(), "192.168.0.0/16".into()])
+    );
     assert_eq!(f.proxy_mode.as_deref(), Some("ipvs"));
     assert_eq!(f.ipvs_scheduler.as_deref(), Some("lc"));
     assert_eq!(f.cleanup, Some(false));
@@ -247,21 +367,37 @@ fn flags_parse_as_upstream_spells_them() {
 
 #[test]
 fn flags_alone_make_a_config() {
-    let f = flags(&["--proxy-mode=ipvs", "--cluster-cidr=10.244.0.0/16", "--masquerade-all", "--hostname-override=N1"]);
+    let f = flags(&[
+        "--proxy-mode=ipvs",
+        "--cluster-cidr=10.244.0.0/16",
+        "--masquerade-all",
+        "--hostname-override=N1",
+    ]);
     let s = resolve(&f, &NodeNameSources::default()).unwrap();
     assert_eq!(s.config.proxy_mode(), Some(ProxyMode::Ipvs));
     assert_eq!(s.config.cluster_cidr, "10.244.0.0/16");
     assert!(s.config.iptables.masquerade_all);
     assert_eq!(s.node_name, "n1");
     assert!(s.ignored_flags.is_empty());
-    let bad = flags(&["--ipvs-scheduler=nope", "--proxy-mode=ipvs", "--hostname-override=n"]);
-    let err = resolve(&bad, &NodeNameSources::default()).unwrap_err().to_string();
-    assert!(err.contains("ipvs.scheduler: invalid value \"nope\""), "{err}");
+    let bad = flags(&[
+        "--ipvs-scheduler=nope",
+        "--proxy-mode=ipvs",
+        "--hostname-override=n",
+    ]);
+    let err = resolve(&bad, &NodeNameSources::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ipvs.scheduler: invalid value \"nope\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn config_file_wins_but_hostname_and_logging_flags_apply() {
-    let file = write_temp("mode: ipvs\nhostnameOverride: from-file\nclientConnection: {kubeconfig: /from/file}\n");
+    let file = write_temp(
+        "mode: ipvs\nhostnameOverride: from-file\nclientConnection: {kubeconfig: /from/file}\n",
+    );
     let path = file.path().to_str().unwrap().to_string();
     let f = flags(&[
         &format!("--config={path}"),
@@ -284,21 +420,41 @@ fn config_file_wins_but_hostname_and_logging_flags_apply() {
 
 #[test]
 fn node_name_falls_back_to_env_then_hostname() {
-    let sources = NodeNameSources { env_node_name: Some("Env-Node".into()), hostname: Some("host".into()) };
-    assert_eq!(resolve(&flags(&[]), &sources).unwrap().node_name, "env-node");
-    let sources = NodeNameSources { env_node_name: Some("  ".into()), hostname: Some("Host".into()) };
+    let sources = NodeNameSources {
+        env_node_name: Some("Env-Node".into()),
+        hostname: Some("host".into()),
+    };
+    assert_eq!(
+        resolve(&flags(&[]), &sources).unwrap().node_name,
+        "env-node"
+    );
+    let sources = NodeNameSources {
+        env_node_name: Some("  ".into()),
+        hostname: Some("Host".into()),
+    };
     assert_eq!(resolve(&flags(&[]), &sources).unwrap().node_name, "host");
     let err = resolve(&flags(&[]), &NodeNameSources::default()).unwrap_err();
     assert!(matches!(err, ConfigError::NoNodeName));
     let f = flags(&["--kubeconfig=/k"]);
-    let s = resolve(&f, &NodeNameSources { hostname: Some("h".into()), ..Default::default() }).unwrap();
+    let s = resolve(
+        &f,
+        &NodeNameSources {
+            hostname: Some("h".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(s.kubeconfig.unwrap().to_str(), Some("/k"));
 }
 
 #[test]
 fn missing_file_is_a_clear_error() {
     let f = flags(&["--config=/no/such/file.conf"]);
-    let err = resolve(&f, &NodeNameSources::default()).unwrap_err().to_string();
-    assert!(err.starts_with("failed to read config file /no/such/file.conf:"), "{err}");
-    let _ = Duration::ZERO;
+    let err = resolve(&f, &NodeNameSources::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("failed to read config file /no/such/file.conf:"),
+        "{err}"
+    );
 }

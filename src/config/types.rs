@@ -178,9 +178,15 @@ impl KubeProxyConfiguration {
         if self.bind_address.is_empty() {
             self.bind_address = "0.0.0.0".into();
         }
-        let (any, loopback) = if ipv6_bind { ("[::]", "[::1]") } else { ("0.0.0.0", "127.0.0.1") };
-        self.healthz_bind_address = default_host_port(&self.healthz_bind_address, any, HEALTHZ_PORT);
-        self.metrics_bind_address = default_host_port(&self.metrics_bind_address, loopback, METRICS_PORT);
+        let (any, loopback) = if ipv6_bind {
+            ("[::]", "[::1]")
+        } else {
+            ("0.0.0.0", "127.0.0.1")
+        };
+        self.healthz_bind_address =
+            default_host_port(&self.healthz_bind_address, any, HEALTHZ_PORT);
+        self.metrics_bind_address =
+            default_host_port(&self.metrics_bind_address, loopback, METRICS_PORT);
         self.oom_score_adj.get_or_insert(-999);
 
         let ipt = &mut self.iptables;
@@ -212,8 +218,10 @@ impl KubeProxyConfiguration {
         let ct = &mut self.conntrack;
         ct.max_per_core.get_or_insert(32 * 1024);
         ct.min.get_or_insert(128 * 1024);
-        ct.tcp_established_timeout.get_or_insert(GoDuration::from_secs(24 * 3600));
-        ct.tcp_close_wait_timeout.get_or_insert(GoDuration::from_secs(3600));
+        ct.tcp_established_timeout
+            .get_or_insert(GoDuration::from_secs(24 * 3600));
+        ct.tcp_close_wait_timeout
+            .get_or_insert(GoDuration::from_secs(3600));
 
         if self.logging.format.is_empty() {
             self.logging.format = "text".into();
@@ -258,8 +266,14 @@ fn default_host_port(value: &str, any: &str, port: u16) -> String {
     if is_bare_ipv6 {
         return format!("[{value}]:{port}");
     }
-    let has_port = value.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
-    if has_port { value.to_string() } else { format!("{value}:{port}") }
+    let has_port = value
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.contains(']'));
+    if has_port {
+        value.to_string()
+    } else {
+        format!("{value}:{port}")
+    }
 }
 
 fn default_duration(field: &mut GoDuration, secs: u64) {

@@ -10,7 +10,9 @@ use super::duration::GoDuration;
 use super::types::{DetectLocalMode, KubeProxyConfiguration, ProxyMode};
 
 /// The IPVS schedulers the kernel ships and upstream accepts.
-pub const IPVS_SCHEDULERS: [&str; 11] = ["rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"];
+pub const IPVS_SCHEDULERS: [&str; 11] = [
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+];
 
 /// One field that failed validation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +27,11 @@ pub struct FieldError {
 
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: invalid value {:?}: {}", self.field, self.value, self.reason)
+        write!(
+            f,
+            "{}: invalid value {:?}: {}",
+            self.field, self.value, self.reason
+        )
     }
 }
 
@@ -33,12 +39,20 @@ impl fmt::Display for FieldError {
 pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let mut fail = |field: &str, value: &dyn fmt::Display, reason: &str| {
-        errors.push(FieldError { field: field.into(), value: value.to_string(), reason: reason.into() })
+        errors.push(FieldError {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        })
     };
 
     let mode = config.proxy_mode();
     if mode.is_none() {
-        fail("mode", &config.mode, "must be one of \"iptables\", \"ipvs\", \"nftables\" or empty");
+        fail(
+            "mode",
+            &config.mode,
+            "must be one of \"iptables\", \"ipvs\", \"nftables\" or empty",
+        );
     }
 
     let ipt = &config.iptables;
@@ -49,11 +63,19 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         let ipvs = &config.ipvs;
         check_periods("ipvs", ipvs.sync_period, ipvs.min_sync_period, &mut fail);
         if !ipvs.scheduler.is_empty() && !IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
-            fail("ipvs.scheduler", &ipvs.scheduler, &format!("must be one of {}", IPVS_SCHEDULERS.join(", ")));
+            fail(
+                "ipvs.scheduler",
+                &ipvs.scheduler,
+                &format!("must be one of {}", IPVS_SCHEDULERS.join(", ")),
+            );
         }
         for (i, cidr) in ipvs.exclude_cidrs.iter().enumerate() {
             if cidr.parse::<IpNet>().is_err() {
-                fail(&format!("ipvs.excludeCIDRs[{i}]"), cidr, "must be a CIDR (like 10.0.0.0/8)");
+                fail(
+                    &format!("ipvs.excludeCIDRs[{i}]"),
+                    cidr,
+                    "must be a CIDR (like 10.0.0.0/8)",
+                );
             }
         }
     }
@@ -64,7 +86,11 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     }
 
     if config.config_sync_period.is_zero() {
-        fail("configSyncPeriod", &config.config_sync_period, "must be greater than 0");
+        fail(
+            "configSyncPeriod",
+            &config.config_sync_period,
+            "must be greater than 0",
+        );
     }
     if config.bind_address.parse::<IpAddr>().is_err() {
         fail("bindAddress", &config.bind_address, "must be an IP address");
@@ -76,17 +102,27 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         match value.parse::<SocketAddr>() {
             Ok(addr) if addr.port() == 0 => fail(field, value, "port must be between 1 and 65535"),
             Ok(_) => {}
-            Err(_) => fail(field, value, "must be IP:port (like 0.0.0.0:10256 or [::]:10256)"),
+            Err(_) => fail(
+                field,
+                value,
+                "must be IP:port (like 0.0.0.0:10256 or [::]:10256)",
+            ),
         }
     }
     check_cluster_cidr(&config.cluster_cidr, &mut fail);
     check_node_port_addresses(&config.node_port_addresses, &mut fail);
 
-    if let Some(adj) = config.oom_score_adj.filter(|adj| !(-1000..=1000).contains(adj)) {
+    if let Some(adj) = config
+        .oom_score_adj
+        .filter(|adj| !(-1000..=1000).contains(adj))
+    {
         fail("oomScoreAdj", &adj, "must be between -1000 and 1000");
     }
     let ct = &config.conntrack;
-    for (field, value) in [("conntrack.maxPerCore", ct.max_per_core), ("conntrack.min", ct.min)] {
+    for (field, value) in [
+        ("conntrack.maxPerCore", ct.max_per_core),
+        ("conntrack.min", ct.min),
+    ] {
         if let Some(v) = value.filter(|v| *v < 0) {
             fail(field, &v, "must be greater than or equal to 0");
         }
@@ -98,26 +134,46 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             &config.detect_local_mode,
             "must be one of \"ClusterCIDR\", \"NodeCIDR\", \"BridgeInterface\", \"InterfaceNamePrefix\" or empty",
         ),
-        Some(DetectLocalMode::BridgeInterface) if config.detect_local.bridge_interface.is_empty() => fail(
-            "detectLocal.bridgeInterface",
-            &"",
-            "must be set when detectLocalMode is BridgeInterface",
-        ),
-        Some(DetectLocalMode::InterfaceNamePrefix) if config.detect_local.interface_name_prefix.is_empty() => fail(
-            "detectLocal.interfaceNamePrefix",
-            &"",
-            "must be set when detectLocalMode is InterfaceNamePrefix",
-        ),
+        Some(DetectLocalMode::BridgeInterface)
+            if config.detect_local.bridge_interface.is_empty() =>
+        {
+            fail(
+                "detectLocal.bridgeInterface",
+                &"",
+                "must be set when detectLocalMode is BridgeInterface",
+            )
+        }
+        Some(DetectLocalMode::InterfaceNamePrefix)
+            if config.detect_local.interface_name_prefix.is_empty() =>
+        {
+            fail(
+                "detectLocal.interfaceNamePrefix",
+                &"",
+                "must be set when detectLocalMode is InterfaceNamePrefix",
+            )
+        }
         Some(_) => {}
     }
     if !matches!(config.logging.format.as_str(), "text" | "json") {
-        fail("logging.format", &config.logging.format, "must be \"text\" or \"json\"");
+        fail(
+            "logging.format",
+            &config.logging.format,
+            "must be \"text\" or \"json\"",
+        );
     }
     if config.client_connection.qps < 0.0 {
-        fail("clientConnection.qps", &config.client_connection.qps, "must be greater than or equal to 0");
+        fail(
+            "clientConnection.qps",
+            &config.client_connection.qps,
+            "must be greater than or equal to 0",
+        );
     }
     if config.client_connection.burst < 0 {
-        fail("clientConnection.burst", &config.client_connection.burst, "must be greater than or equal to 0");
+        fail(
+            "clientConnection.burst",
+            &config.client_connection.burst,
+            "must be greater than or equal to 0",
+        );
     }
     errors
 }
@@ -132,7 +188,11 @@ fn check_masquerade_bit(field: &str, bit: Option<i32>, fail: &mut Fail<'_>) {
 
 fn check_periods(section: &str, sync: GoDuration, min_sync: GoDuration, fail: &mut Fail<'_>) {
     if sync.is_zero() {
-        fail(&format!("{section}.syncPeriod"), &sync, "must be greater than 0");
+        fail(
+            &format!("{section}.syncPeriod"),
+            &sync,
+            "must be greater than 0",
+        );
     }
     if min_sync > sync {
         fail(
@@ -149,7 +209,11 @@ fn check_cluster_cidr(value: &str, fail: &mut Fail<'_>) {
     }
     let parts: Vec<&str> = value.split(',').map(str::trim).collect();
     if parts.len() > 2 {
-        fail("clusterCIDR", &value, "must hold at most two CIDRs, one IPv4 and one IPv6");
+        fail(
+            "clusterCIDR",
+            &value,
+            "must hold at most two CIDRs, one IPv4 and one IPv6",
+        );
         return;
     }
     let mut nets = Vec::new();
@@ -157,7 +221,11 @@ fn check_cluster_cidr(value: &str, fail: &mut Fail<'_>) {
         match part.parse::<IpNet>() {
             Ok(net) => nets.push(net),
             Err(_) => {
-                fail("clusterCIDR", &value, &format!("{part:?} is not a CIDR (like 10.244.0.0/16)"));
+                fail(
+                    "clusterCIDR",
+                    &value,
+                    &format!("{part:?} is not a CIDR (like 10.244.0.0/16)"),
+                );
                 return;
             }
         }
@@ -165,7 +233,11 @@ fn check_cluster_cidr(value: &str, fail: &mut Fail<'_>) {
     if let [a, b] = nets.as_slice()
         && matches!(a, IpNet::V4(_)) == matches!(b, IpNet::V4(_))
     {
-        fail("clusterCIDR", &value, "two CIDRs must be one IPv4 and one IPv6");
+        fail(
+            "clusterCIDR",
+            &value,
+            "two CIDRs must be one IPv4 and one IPv6",
+        );
     }
 }
 
@@ -174,10 +246,18 @@ fn check_node_port_addresses(values: &[String], fail: &mut Fail<'_>) {
         let field = format!("nodePortAddresses[{i}]");
         if value == "primary" {
             if values.len() > 1 {
-                fail(&field, value, "\"primary\" cannot be combined with other values");
+                fail(
+                    &field,
+                    value,
+                    "\"primary\" cannot be combined with other values",
+                );
             }
         } else if value.parse::<IpNet>().is_err() {
-            fail(&field, value, "must be a CIDR (like 192.168.0.0/16) or \"primary\"");
+            fail(
+                &field,
+                value,
+                "must be a CIDR (like 192.168.0.0/16) or \"primary\"",
+            );
         }
     }
 }

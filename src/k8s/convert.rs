@@ -11,8 +11,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::model::{
-    EndpointSlice, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortMap, ServicePortName,
-    SliceEndpoint, SlicePort,
+    EndpointSlice, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortMap,
+    ServicePortName, SliceEndpoint, SlicePort,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -29,7 +29,9 @@ pub struct ConvertError {
 }
 
 fn invalid(reason: impl Into<String>) -> ConvertError {
-    ConvertError { reason: reason.into() }
+    ConvertError {
+        reason: reason.into(),
+    }
 }
 
 /// A converted object with the entries that were dropped from it.
@@ -41,7 +43,11 @@ pub struct Converted<T> {
 
 /// An object's namespace/name, or an error when either is missing.
 pub fn object_key(meta: &ObjectMeta) -> Result<NamespacedName, ConvertError> {
-    let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| invalid("metadata.name is missing"))?;
+    let name = meta
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| invalid("metadata.name is missing"))?;
     let namespace = meta.namespace.clone().unwrap_or_default();
     Ok(NamespacedName { namespace, name })
 }
@@ -52,35 +58,62 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
     if key.namespace.is_empty() {
         return Err(invalid("metadata.namespace is missing"));
     }
-    let spec = service.spec.as_ref().ok_or_else(|| invalid("spec is missing"))?;
+    let spec = service
+        .spec
+        .as_ref()
+        .ok_or_else(|| invalid("spec is missing"))?;
     let mut warnings = Vec::new();
     let mut map = ServicePortMap::new();
     let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
     if service_type == "ExternalName" {
-        return Ok(Converted { value: map, warnings });
+        return Ok(Converted {
+            value: map,
+            warnings,
+        });
     }
 
-    let mut cluster_ip_texts: Vec<&str> = spec.cluster_ips.iter().flatten().map(String::as_str).collect();
+    let mut cluster_ip_texts: Vec<&str> = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
     if cluster_ip_texts.is_empty()
         && let Some(ip) = spec.cluster_ip.as_deref()
     {
         cluster_ip_texts.push(ip);
     }
-    if cluster_ip_texts.iter().any(|ip| *ip == "None") {
-        return Ok(Converted { value: map, warnings });
+    if cluster_ip_texts.contains(&"None") {
+        return Ok(Converted {
+            value: map,
+            warnings,
+        });
     }
     let mut cluster_ips = Vec::new();
     for text in cluster_ip_texts.iter().filter(|t| !t.is_empty()) {
-        let ip = parse_ip(text).ok_or_else(|| invalid(format!("spec.clusterIPs: {text:?} is not an IP address")))?;
+        let ip = parse_ip(text)
+            .ok_or_else(|| invalid(format!("spec.clusterIPs: {text:?} is not an IP address")))?;
         cluster_ips.push(ip);
     }
     if cluster_ips.is_empty() {
-        return Ok(Converted { value: map, warnings });
+        return Ok(Converted {
+            value: map,
+            warnings,
+        });
     }
 
-    let external_ips = parse_list(spec.external_ips.iter().flatten(), "spec.externalIPs", parse_ip, &mut warnings);
+    let external_ips = parse_list(
+        spec.external_ips.iter().flatten(),
+        "spec.externalIPs",
+        parse_ip,
+        &mut warnings,
+    );
     let mut load_balancer_ips = Vec::new();
-    let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
     for entry in ingress.into_iter().flatten() {
         // With ipMode Proxy the load balancer sends traffic to the node, not to the VIP.
         if entry.ip_mode.as_deref() == Some("Proxy") {
@@ -89,7 +122,9 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
         if let Some(text) = entry.ip.as_deref() {
             match parse_ip(text) {
                 Some(ip) => load_balancer_ips.push(ip),
-                None => warnings.push(format!("status.loadBalancer.ingress: {text:?} is not an IP address; ignored")),
+                None => warnings.push(format!(
+                    "status.loadBalancer.ingress: {text:?} is not an IP address; ignored"
+                )),
             }
         }
     }
@@ -118,7 +153,11 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
             }
         }
         None | Some("None") | Some("") => None,
-        Some(other) => return Err(invalid(format!("spec.sessionAffinity: {other:?} is not ClientIP or None"))),
+        Some(other) => {
+            return Err(invalid(format!(
+                "spec.sessionAffinity: {other:?} is not ClientIP or None"
+            )));
+        }
     };
     let is_load_balancer = service_type == "LoadBalancer";
     let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
@@ -126,14 +165,24 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
 
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let field = format!("spec.ports[{index}]");
-        let port_number = port_u16(port.port)
-            .ok_or_else(|| invalid(format!("{field}.port: {} is not a port between 1 and 65535", port.port)))?;
+        let port_number = port_u16(port.port).ok_or_else(|| {
+            invalid(format!(
+                "{field}.port: {} is not a port between 1 and 65535",
+                port.port
+            ))
+        })?;
         let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
-        let protocol = Protocol::from_api(protocol_text)
-            .ok_or_else(|| invalid(format!("{field}.protocol: {protocol_text:?} is not TCP, UDP or SCTP")))?;
+        let protocol = Protocol::from_api(protocol_text).ok_or_else(|| {
+            invalid(format!(
+                "{field}.protocol: {protocol_text:?} is not TCP, UDP or SCTP"
+            ))
+        })?;
         let node_port = match port.node_port {
             None | Some(0) => None,
-            Some(p) => Some(port_u16(p).ok_or_else(|| invalid(format!("{field}.nodePort: {p} is not a port")))?),
+            Some(p) => Some(
+                port_u16(p)
+                    .ok_or_else(|| invalid(format!("{field}.nodePort: {p} is not a port")))?,
+            ),
         };
         let name = ServicePortName {
             service: key.clone(),
@@ -153,26 +202,43 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
             internal_policy_local,
             health_check_node_port: None,
         };
-        service_port.external_policy_local = wants_external_local && service_port.externally_accessible();
+        service_port.external_policy_local =
+            wants_external_local && service_port.externally_accessible();
         if is_load_balancer && service_port.external_policy_local {
             service_port.health_check_node_port = spec.health_check_node_port.and_then(port_u16);
         }
         if map.insert(name.clone(), service_port).is_some() {
-            return Err(invalid(format!("{field}: port {name} ({protocol}) is listed twice")));
+            return Err(invalid(format!(
+                "{field}: port {name} ({protocol}) is listed twice"
+            )));
         }
     }
-    Ok(Converted { value: map, warnings })
+    Ok(Converted {
+        value: map,
+        warnings,
+    })
 }
 
 /// An EndpointSlice, or `None` for one kube-proxy ignores (FQDN).
-pub fn endpoint_slice(slice: &ApiEndpointSlice) -> Result<Converted<Option<EndpointSlice>>, ConvertError> {
+pub fn endpoint_slice(
+    slice: &ApiEndpointSlice,
+) -> Result<Converted<Option<EndpointSlice>>, ConvertError> {
     let key = object_key(&slice.metadata)?;
     let mut warnings = Vec::new();
     let family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
-        "FQDN" => return Ok(Converted { value: None, warnings }),
-        other => return Err(invalid(format!("addressType: {other:?} is not IPv4, IPv6 or FQDN"))),
+        "FQDN" => {
+            return Ok(Converted {
+                value: None,
+                warnings,
+            });
+        }
+        other => {
+            return Err(invalid(format!(
+                "addressType: {other:?} is not IPv4, IPv6 or FQDN"
+            )));
+        }
     };
     let service_name = slice
         .metadata
@@ -187,15 +253,23 @@ pub fn endpoint_slice(slice: &ApiEndpointSlice) -> Result<Converted<Option<Endpo
         // A port without a number means "all ports", which kube-proxy cannot program.
         let Some(number) = port.port else { continue };
         let Some(number) = port_u16(number) else {
-            warnings.push(format!("ports[{index}].port: {number} is not a port between 1 and 65535; ignored"));
+            warnings.push(format!(
+                "ports[{index}].port: {number} is not a port between 1 and 65535; ignored"
+            ));
             continue;
         };
         let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::from_api(protocol_text) else {
-            warnings.push(format!("ports[{index}].protocol: {protocol_text:?} is not TCP, UDP or SCTP; ignored"));
+            warnings.push(format!(
+                "ports[{index}].protocol: {protocol_text:?} is not TCP, UDP or SCTP; ignored"
+            ));
             continue;
         };
-        ports.push(SlicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
+        ports.push(SlicePort {
+            name: port.name.clone().unwrap_or_default(),
+            port: number,
+            protocol,
+        });
     }
 
     let mut endpoints = Vec::new();
@@ -207,8 +281,14 @@ pub fn endpoint_slice(slice: &ApiEndpointSlice) -> Result<Converted<Option<Endpo
         let ip = match parse_ip(text) {
             Some(ip) if IpFamily::of(&ip) == family => ip,
             _ => {
-                let want = if family == IpFamily::V4 { "IPv4" } else { "IPv6" };
-                warnings.push(format!("endpoints[{index}].addresses: {text:?} is not an {want} address; ignored"));
+                let want = if family == IpFamily::V4 {
+                    "IPv4"
+                } else {
+                    "IPv6"
+                };
+                warnings.push(format!(
+                    "endpoints[{index}].addresses: {text:?} is not an {want} address; ignored"
+                ));
                 continue;
             }
         };
@@ -235,37 +315,76 @@ pub fn endpoint_slice(slice: &ApiEndpointSlice) -> Result<Converted<Option<Endpo
         });
     }
     let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
-    Ok(Converted { value: Some(EndpointSlice { name: key, service, family, ports, endpoints }), warnings })
+    Ok(Converted {
+        value: Some(EndpointSlice {
+            name: key,
+            service,
+            family,
+            ports,
+            endpoints,
+        }),
+        warnings,
+    })
 }
 
 /// This node's addresses, labels and pod CIDRs.
 pub fn node_info(node: &Node) -> Converted<NodeInfo> {
     let mut warnings = Vec::new();
     let name = node.metadata.name.clone().unwrap_or_default();
-    let labels: BTreeMap<String, String> = node.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+    let labels: BTreeMap<String, String> = node
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     let status = node.status.as_ref();
     let mut addresses = Vec::new();
     for wanted in ["InternalIP", "ExternalIP"] {
-        for address in status.and_then(|s| s.addresses.as_ref()).into_iter().flatten() {
+        for address in status
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+        {
             if address.type_ != wanted {
                 continue;
             }
             match parse_ip(&address.address) {
                 Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
                 Some(_) => {}
-                None => warnings.push(format!("status.addresses: {:?} is not an IP address; ignored", address.address)),
+                None => warnings.push(format!(
+                    "status.addresses: {:?} is not an IP address; ignored",
+                    address.address
+                )),
             }
         }
     }
     let spec = node.spec.as_ref();
-    let mut cidr_texts: Vec<&String> = spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten().collect();
+    let mut cidr_texts: Vec<&String> = spec
+        .and_then(|s| s.pod_cidrs.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
     if cidr_texts.is_empty()
         && let Some(cidr) = spec.and_then(|s| s.pod_cidr.as_ref())
     {
         cidr_texts.push(cidr);
     }
-    let pod_cidrs = parse_list(cidr_texts.into_iter(), "spec.podCIDRs", |t| t.parse::<IpNet>().ok(), &mut warnings);
-    Converted { value: NodeInfo { name, labels, addresses, pod_cidrs }, warnings }
+    let pod_cidrs = parse_list(
+        cidr_texts.into_iter(),
+        "spec.podCIDRs",
+        |t| t.parse::<IpNet>().ok(),
+        &mut warnings,
+    );
+    Converted {
+        value: NodeInfo {
+            name,
+            labels,
+            addresses,
+            pod_cidrs,
+        },
+        warnings,
+    }
 }
 
 fn parse_ip(text: &str) -> Option<IpAddr> {

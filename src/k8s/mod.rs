@@ -1,4 +1,9 @@
 //! Everything that speaks to the Kubernetes API: conversion of its objects, the client, the watches.
 //! This is the only module that imports kube.
 
+mod client;
 pub mod convert;
+mod watch;
+
+pub use client::{ClientError, build_client};
+pub use watch::{PROXY_LABEL_SELECTOR, Synced, WatchSink, spawn_watches};

@@ -11,7 +11,11 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> 
     let mut merged: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
     for slice in slices {
         for port in &slice.ports {
-            let name = ServicePortName { service: slice.service.clone(), port: port.name.clone(), protocol: port.protocol };
+            let name = ServicePortName {
+                service: slice.service.clone(),
+                port: port.name.clone(),
+                protocol: port.protocol,
+            };
             let by_address = merged.entry(name).or_default();
             for ep in &slice.endpoints {
                 let endpoint = Endpoint {
@@ -53,7 +57,11 @@ mod tests {
             family: IpFamily::V4,
             ports: ports
                 .iter()
-                .map(|(n, p)| SlicePort { name: (*n).into(), port: *p, protocol: Protocol::Tcp })
+                .map(|(n, p)| SlicePort {
+                    name: (*n).into(),
+                    port: *p,
+                    protocol: Protocol::Tcp,
+                })
                 .collect(),
             endpoints: endpoints
                 .iter()
@@ -72,14 +80,26 @@ mod tests {
 
     #[test]
     fn merges_ports_and_deduplicates_preferring_ready() {
-        let a = slice("a", &[("http", 80), ("https", 443)], &[("10.0.0.2", true), ("10.0.0.1", false)]);
-        let b = slice("b", &[("http", 80)], &[("10.0.0.1", true), ("10.0.0.3", true)]);
+        let a = slice(
+            "a",
+            &[("http", 80), ("https", 443)],
+            &[("10.0.0.2", true), ("10.0.0.1", false)],
+        );
+        let b = slice(
+            "b",
+            &[("http", 80)],
+            &[("10.0.0.1", true), ("10.0.0.3", true)],
+        );
         let merged = merge_slices([&a, &b]);
         let http = &merged[&ServicePortName::new("ns", "svc", "http", Protocol::Tcp)];
         let shown: Vec<_> = http.iter().map(|e| (e.address(), e.ready)).collect();
         assert_eq!(
             shown,
-            vec![("10.0.0.1:80".into(), true), ("10.0.0.2:80".into(), true), ("10.0.0.3:80".into(), true)]
+            vec![
+                ("10.0.0.1:80".into(), true),
+                ("10.0.0.2:80".into(), true),
+                ("10.0.0.3:80".into(), true)
+            ]
         );
         let https = &merged[&ServicePortName::new("ns", "svc", "https", Protocol::Tcp)];
         assert_eq!(https.len(), 2);

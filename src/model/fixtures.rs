@@ -49,12 +49,21 @@ pub fn hinted(mut ep: Endpoint, zones: &[&str]) -> Endpoint {
 }
 
 /// A one-port EndpointSlice `ns/slice` of service `ns/svc` with the given endpoints (ip, node).
-pub fn slice(namespace: &str, slice: &str, service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
+pub fn slice(
+    namespace: &str,
+    slice: &str,
+    service: &str,
+    endpoints: &[(&str, &str)],
+) -> EndpointSlice {
     EndpointSlice {
         name: NamespacedName::new(namespace, slice),
         service: NamespacedName::new(namespace, service),
         family: IpFamily::V4,
-        ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
+        ports: vec![SlicePort {
+            name: "http".into(),
+            port: 8080,
+            protocol: Protocol::Tcp,
+        }],
         endpoints: endpoints
             .iter()
             .map(|(ip, node)| SliceEndpoint {

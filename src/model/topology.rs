@@ -40,7 +40,9 @@ pub fn select_endpoints<'a>(
         use_topology = can_use_topology(endpoints, node.zone);
         selected.cluster = endpoints
             .iter()
-            .filter(|ep| ep.ready && (!use_topology || node.zone.is_some_and(|z| ep.zone_hints.contains(z))))
+            .filter(|ep| {
+                ep.ready && (!use_topology || node.zone.is_some_and(|z| ep.zone_hints.contains(z)))
+            })
             .collect();
         if selected.cluster.is_empty() {
             selected.cluster = endpoints.iter().filter(serving_terminating).collect();
@@ -53,11 +55,21 @@ pub fn select_endpoints<'a>(
     }
 
     let local = |ep: &&Endpoint| ep.is_local(node.node_name);
-    selected.has_any_endpoints |= endpoints.iter().any(|ep| ep.ready || (ep.serving && ep.terminating));
-    let local_ready: Vec<&Endpoint> = endpoints.iter().filter(local).filter(|ep| ep.ready).collect();
+    selected.has_any_endpoints |= endpoints
+        .iter()
+        .any(|ep| ep.ready || (ep.serving && ep.terminating));
+    let local_ready: Vec<&Endpoint> = endpoints
+        .iter()
+        .filter(local)
+        .filter(|ep| ep.ready)
+        .collect();
     let local_fallback = local_ready.is_empty();
     selected.local = if local_fallback {
-        endpoints.iter().filter(local).filter(serving_terminating).collect()
+        endpoints
+            .iter()
+            .filter(local)
+            .filter(serving_terminating)
+            .collect()
     } else {
         local_ready
     };

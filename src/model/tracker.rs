@@ -22,15 +22,25 @@ pub struct PendingChanges<V> {
 
 impl<V> Default for PendingChanges<V> {
     fn default() -> Self {
-        PendingChanges { items: BTreeMap::new() }
+        PendingChanges {
+            items: BTreeMap::new(),
+        }
     }
 }
 
 impl<V: PartialEq + Clone> PendingChanges<V> {
     /// Records that `key` went from `previous` to `current`; keeps the oldest `previous` when the key
     /// already had a pending change. Returns whether anything is pending for `key` afterwards.
-    pub fn record(&mut self, key: &NamespacedName, previous: Option<V>, current: Option<V>) -> bool {
-        let change = self.items.entry(key.clone()).or_insert(Change { previous, current: None });
+    pub fn record(
+        &mut self,
+        key: &NamespacedName,
+        previous: Option<V>,
+        current: Option<V>,
+    ) -> bool {
+        let change = self.items.entry(key.clone()).or_insert(Change {
+            previous,
+            current: None,
+        });
         change.current = current;
         if change.previous == change.current {
             self.items.remove(key);
@@ -89,12 +99,19 @@ impl ChangeTracker {
 
     /// An EndpointSlice was added, changed (`Some`) or deleted (`None`), named by its own
     /// namespace/name. Returns whether a change is pending.
-    pub fn slice_updated(&mut self, slice_key: &NamespacedName, slice: Option<EndpointSlice>) -> bool {
+    pub fn slice_updated(
+        &mut self,
+        slice_key: &NamespacedName,
+        slice: Option<EndpointSlice>,
+    ) -> bool {
         let new_owner = slice.as_ref().map(|s| s.service.clone());
         let old_owner = self.slice_owner.get(slice_key).cloned();
-        let affected: BTreeSet<NamespacedName> = old_owner.iter().chain(new_owner.iter()).cloned().collect();
-        let before: BTreeMap<NamespacedName, EndpointsMap> =
-            affected.iter().map(|svc| (svc.clone(), self.merged(svc))).collect();
+        let affected: BTreeSet<NamespacedName> =
+            old_owner.iter().chain(new_owner.iter()).cloned().collect();
+        let before: BTreeMap<NamespacedName, EndpointsMap> = affected
+            .iter()
+            .map(|svc| (svc.clone(), self.merged(svc)))
+            .collect();
 
         if let Some(owner) = &old_owner
             && let Some(of_service) = self.slices.get_mut(owner)
@@ -106,14 +123,20 @@ impl ChangeTracker {
         }
         self.slice_owner.remove(slice_key);
         if let Some(slice) = slice {
-            self.slice_owner.insert(slice_key.clone(), slice.service.clone());
-            self.slices.entry(slice.service.clone()).or_default().insert(slice_key.name.clone(), slice);
+            self.slice_owner
+                .insert(slice_key.clone(), slice.service.clone());
+            self.slices
+                .entry(slice.service.clone())
+                .or_default()
+                .insert(slice_key.name.clone(), slice);
         }
 
         let mut pending = false;
         for (svc, previous) in before {
             let current = self.merged(&svc);
-            pending |= self.pending_endpoints.record(&svc, non_empty(previous), non_empty(current));
+            pending |= self
+                .pending_endpoints
+                .record(&svc, non_empty(previous), non_empty(current));
         }
         pending
     }
@@ -129,8 +152,18 @@ impl ChangeTracker {
     }
 
     /// Replaces every Service with a complete listing (after a relist), as updates and deletes.
-    pub fn replace_services(&mut self, listing: BTreeMap<NamespacedName, ServicePortMap>) -> bool {
-        let gone: Vec<NamespacedName> = self.services.keys().filter(|k| !listing.contains_key(*k)).cloned().collect();
+    /// Services named in `keep` were listed but could not be read: they keep their last state.
+    pub fn replace_services(
+        &mut self,
+        listing: BTreeMap<NamespacedName, ServicePortMap>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        let gone: Vec<NamespacedName> = self
+            .services
+            .keys()
+            .filter(|k| !listing.contains_key(*k) && !keep.contains(*k))
+            .cloned()
+            .collect();
         let mut pending = false;
         for key in gone {
             pending |= self.service_updated(&key, None);
@@ -142,9 +175,18 @@ impl ChangeTracker {
     }
 
     /// Replaces every EndpointSlice with a complete listing (after a relist), as updates and deletes.
-    pub fn replace_slices(&mut self, listing: BTreeMap<NamespacedName, EndpointSlice>) -> bool {
-        let gone: Vec<NamespacedName> =
-            self.slice_owner.keys().filter(|k| !listing.contains_key(*k)).cloned().collect();
+    /// Slices named in `keep` were listed but could not be read: they keep their last state.
+    pub fn replace_slices(
+        &mut self,
+        listing: BTreeMap<NamespacedName, EndpointSlice>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        let gone: Vec<NamespacedName> = self
+            .slice_owner
+            .keys()
+            .filter(|k| !listing.contains_key(*k) && !keep.contains(*k))
+            .cloned()
+            .collect();
         let mut pending = false;
         for key in gone {
             pending |= self.slice_updated(&key, None);
@@ -165,7 +207,9 @@ impl ChangeTracker {
 
     /// True when a sync has something to do.
     pub fn has_pending(&self) -> bool {
-        !self.pending_services.is_empty() || !self.pending_endpoints.is_empty() || self.pending_node.is_some()
+        !self.pending_services.is_empty()
+            || !self.pending_endpoints.is_empty()
+            || self.pending_node.is_some()
     }
 
     /// Takes every pending change, for one sync.
@@ -183,7 +227,10 @@ impl ChangeTracker {
     }
 
     fn merged(&self, service: &NamespacedName) -> EndpointsMap {
-        self.slices.get(service).map(|s| merge_slices(s.values())).unwrap_or_default()
+        self.slices
+            .get(service)
+            .map(|s| merge_slices(s.values()))
+            .unwrap_or_default()
     }
 }
 

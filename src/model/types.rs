@@ -16,7 +16,10 @@ pub struct NamespacedName {
 impl NamespacedName {
     /// Builds one from its parts.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        NamespacedName { namespace: namespace.into(), name: name.into() }
+        NamespacedName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 
@@ -75,7 +78,11 @@ pub enum IpFamily {
 impl IpFamily {
     /// The family of an address.
     pub fn of(ip: &IpAddr) -> Self {
-        if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
+        if ip.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
     }
 }
 
@@ -91,14 +98,22 @@ pub struct ServicePortName {
 impl ServicePortName {
     /// Builds one from its parts.
     pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> Self {
-        ServicePortName { service: NamespacedName::new(namespace, name), port: port.into(), protocol }
+        ServicePortName {
+            service: NamespacedName::new(namespace, name),
+            port: port.into(),
+            protocol,
+        }
     }
 }
 
 impl fmt::Display for ServicePortName {
     /// `ns/name:port`, or `ns/name` for an unnamed port, as upstream prints (and hashes) it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.port.is_empty() { write!(f, "{}", self.service) } else { write!(f, "{}:{}", self.service, self.port) }
+        if self.port.is_empty() {
+            write!(f, "{}", self.service)
+        } else {
+            write!(f, "{}:{}", self.service, self.port)
+        }
     }
 }
 
@@ -128,7 +143,9 @@ pub struct ServicePort {
 impl ServicePort {
     /// Reachable from outside the cluster: a NodePort, an external IP or a LoadBalancer IP.
     pub fn externally_accessible(&self) -> bool {
-        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
     }
 
     /// Some traffic to it may go to any endpoint in the cluster.
@@ -143,7 +160,10 @@ impl ServicePort {
 
     /// The cluster IP of one family, if the service has one.
     pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
-        self.cluster_ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
     }
 }
 
@@ -221,7 +241,10 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 impl NodeInfo {
     /// The node's zone, from its `topology.kubernetes.io/zone` label.
     pub fn zone(&self) -> Option<&str> {
-        self.labels.get(ZONE_LABEL).map(String::as_str).filter(|z| !z.is_empty())
+        self.labels
+            .get(ZONE_LABEL)
+            .map(String::as_str)
+            .filter(|z| !z.is_empty())
     }
 }
 

@@ -11,7 +11,7 @@ struct Recorder {
 }
 
 impl Syncer for Recorder {
-    fn sync(&mut self) -> Pin<Box<dyn Future<Output = Result<(), ()>> + Send + '_>> {
+    fn sync(&mut self) -> futures::future::BoxFuture<'_, Result<(), ()>> {
         self.runs.lock().unwrap().push(self.start.elapsed());
         let outcome = self.outcomes.pop_front().unwrap_or(Ok(()));
         Box::pin(async move { outcome })
@@ -35,15 +35,29 @@ fn start(outcomes: Vec<Result<(), ()>>) -> Harness {
     let runs = Arc::new(Mutex::new(Vec::new()));
     let requester = SyncRequester::default();
     let (stop, shutdown) = watch::channel(false);
-    let mut recorder = Recorder { start: Instant::now(), runs: runs.clone(), outcomes: outcomes.into() };
+    let mut recorder = Recorder {
+        start: Instant::now(),
+        runs: runs.clone(),
+        outcomes: outcomes.into(),
+    };
     let r = requester.clone();
     let task = tokio::spawn(async move { run(INTERVALS, r, shutdown, &mut recorder).await });
-    Harness { runs, requester, stop, task }
+    Harness {
+        runs,
+        requester,
+        stop,
+        task,
+    }
 }
 
 impl Harness {
     fn secs(&self) -> Vec<f64> {
-        self.runs.lock().unwrap().iter().map(|d| (d.as_secs_f64() * 10.0).round() / 10.0).collect()
+        self.runs
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| (d.as_secs_f64() * 10.0).round() / 10.0)
+            .collect()
     }
 }
 

@@ -28,7 +28,9 @@ pub(crate) async fn serve_connection(shared: Arc<Shared>, stream: TcpStream) {
         let shared = shared.clone();
         async move { Ok::<_, Infallible>(handle(shared, request).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 /// What a request names, once its path is read.
@@ -38,8 +40,14 @@ enum Target {
     Groups,
     Group,
     Resources(&'static str),
-    Collection { resource: Resource, namespace: Option<String> },
-    Object { resource: Resource, key: ObjectKey },
+    Collection {
+        resource: Resource,
+        namespace: Option<String>,
+    },
+    Object {
+        resource: Resource,
+        key: ObjectKey,
+    },
 }
 
 async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Body> {
@@ -53,7 +61,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         Some(q) => format!("{} {path}?{q}", request.method()),
         None => format!("{} {path}", request.method()),
     };
-    shared.requests.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(line);
 
     let mut stalled = shared.stalled.subscribe();
     while *stalled.borrow_and_update() {
@@ -61,18 +73,32 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             break;
         }
     }
-    let failure = shared.failures.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+    let failure = shared
+        .failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop_front();
     if let Some(code) = failure {
-        let reason = if code == 429 { "TooManyRequests" } else { "InternalError" };
+        let reason = if code == 429 {
+            "TooManyRequests"
+        } else {
+            "InternalError"
+        };
         let mut response = status(code, reason, "injected failure");
         if code == 429 {
-            response.headers_mut().insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
         }
         return response;
     }
 
     let Some(target) = route(&path) else {
-        return status(404, "NotFound", &format!("the server could not find the requested resource ({path})"));
+        return status(
+            404,
+            "NotFound",
+            &format!("the server could not find the requested resource ({path})"),
+        );
     };
     let method = request.method().clone();
     match (method, target) {
@@ -84,10 +110,21 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             200,
             json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
         ),
-        (Method::GET, Target::Groups) => json_response(200, json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group()]})),
+        (Method::GET, Target::Groups) => json_response(
+            200,
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group()]}),
+        ),
         (Method::GET, Target::Group) => json_response(200, group()),
-        (Method::GET, Target::Resources(api_version)) => json_response(200, resource_list(api_version)),
-        (Method::GET, Target::Collection { resource, namespace }) => {
+        (Method::GET, Target::Resources(api_version)) => {
+            json_response(200, resource_list(api_version))
+        }
+        (
+            Method::GET,
+            Target::Collection {
+                resource,
+                namespace,
+            },
+        ) => {
             let selectors = match selectors(&query) {
                 Ok(s) => s,
                 Err(message) => return status(400, "BadRequest", &message),
@@ -98,11 +135,18 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
                 list(&shared, resource, namespace.as_deref(), &selectors, &query)
             }
         }
-        (Method::GET, Target::Object { resource, key }) => match shared.store().get(resource, &key) {
+        (Method::GET, Target::Object { resource, key }) => match shared.store().get(resource, &key)
+        {
             Some(object) => json_response(200, object.clone()),
             None => not_found(resource, &key),
         },
-        (Method::POST, Target::Collection { resource, namespace }) => {
+        (
+            Method::POST,
+            Target::Collection {
+                resource,
+                namespace,
+            },
+        ) => {
             let mut object = match read_json(request).await {
                 Ok(object) => object,
                 Err(response) => return response,
@@ -136,7 +180,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             Ok(object) => json_response(200, object),
             Err(_) => not_found(resource, &key),
         },
-        _ => status(405, "MethodNotAllowed", "the server does not allow this method on the requested resource"),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
     }
 }
 
@@ -148,25 +196,39 @@ fn route(path: &str) -> Option<Target> {
         ["apis"] => return Some(Target::Groups),
         ["apis", "discovery.k8s.io"] => return Some(Target::Group),
         ["api", "v1"] => return Some(Target::Resources("v1")),
-        ["apis", "discovery.k8s.io", "v1"] => return Some(Target::Resources("discovery.k8s.io/v1")),
+        ["apis", "discovery.k8s.io", "v1"] => {
+            return Some(Target::Resources("discovery.k8s.io/v1"));
+        }
         ["api", "v1", rest @ ..] => ("v1", rest),
         ["apis", "discovery.k8s.io", "v1", rest @ ..] => ("discovery.k8s.io/v1", rest),
         _ => return None,
     };
     let found = |plural: &str| Resource::from_path(api_version, plural);
     match rest {
-        [plural] => Some(Target::Collection { resource: found(plural)?, namespace: None }),
+        [plural] => Some(Target::Collection {
+            resource: found(plural)?,
+            namespace: None,
+        }),
         [plural, name] => {
             let resource = found(plural).filter(|r| !r.namespaced())?;
-            Some(Target::Object { resource, key: (String::new(), name.to_string()) })
+            Some(Target::Object {
+                resource,
+                key: (String::new(), name.to_string()),
+            })
         }
         ["namespaces", namespace, plural] => {
             let resource = found(plural).filter(|r| r.namespaced())?;
-            Some(Target::Collection { resource, namespace: Some(namespace.to_string()) })
+            Some(Target::Collection {
+                resource,
+                namespace: Some(namespace.to_string()),
+            })
         }
         ["namespaces", namespace, plural, name] => {
             let resource = found(plural).filter(|r| r.namespaced())?;
-            Some(Target::Object { resource, key: (namespace.to_string(), name.to_string()) })
+            Some(Target::Object {
+                resource,
+                key: (namespace.to_string(), name.to_string()),
+            })
         }
         _ => None,
     }
@@ -185,7 +247,10 @@ impl Selectors {
 
 fn selectors(query: &HashMap<String, String>) -> Result<Selectors, String> {
     let parse = |name: &str| Selector::parse(query.get(name).map(String::as_str).unwrap_or(""));
-    Ok(Selectors { labels: parse("labelSelector")?, fields: parse("fieldSelector")? })
+    Ok(Selectors {
+        labels: parse("labelSelector")?,
+        fields: parse("fieldSelector")?,
+    })
 }
 
 fn in_namespace(object: &Value, namespace: Option<&str>) -> bool {
@@ -204,7 +269,11 @@ fn list(
     let (list_version, after) = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match parse_continue(token) {
             Some((version, _)) if version < store.compacted => {
-                return status(410, "Expired", "The provided continue parameter is too old to display a consistent list result.");
+                return status(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result.",
+                );
             }
             Some((version, key)) => (version, Some(key)),
             None => return status(400, "BadRequest", "invalid continue token"),
@@ -235,12 +304,20 @@ fn list(
 fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
     let mut parts = token.splitn(3, '/');
     let version = parts.next()?.parse().ok()?;
-    Some((version, (parts.next()?.to_string(), parts.next()?.to_string())))
+    Some((
+        version,
+        (parts.next()?.to_string(), parts.next()?.to_string()),
+    ))
 }
 
 /// The watch event a stream with these filters shows for a stored event, if any. A label change
 /// that moves an object into or out of the selection shows as ADDED or DELETED, as upstream.
-fn visible(event: &StoredEvent, resource: Resource, namespace: Option<&str>, selectors: &Selectors) -> Option<Value> {
+fn visible(
+    event: &StoredEvent,
+    resource: Resource,
+    namespace: Option<&str>,
+    selectors: &Selectors,
+) -> Option<Value> {
     if event.resource != resource || !in_namespace(&event.object, namespace) {
         return None;
     }
@@ -278,10 +355,18 @@ fn watch(
     selectors: Selectors,
     query: &HashMap<String, String>,
 ) -> Response<Body> {
-    let from = query.get("resourceVersion").filter(|v| !v.is_empty() && *v != "0").and_then(|v| v.parse::<u64>().ok());
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let from = query
+        .get("resourceVersion")
+        .filter(|v| !v.is_empty() && *v != "0")
+        .and_then(|v| v.parse::<u64>().ok());
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
     let initial_events_end = query.get("sendInitialEvents").is_some_and(|v| v == "true");
-    let timeout = query.get("timeoutSeconds").and_then(|t| t.parse().ok()).map(Duration::from_secs);
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(Duration::from_secs);
     let mut epoch = shared.watch_epoch.subscribe();
     epoch.mark_unchanged();
 
@@ -300,11 +385,19 @@ fn watch(
                 }
                 None => {
                     let gone = gone_event(version, store.compacted);
-                    return stream_response(futures::stream::iter([Ok(Frame::data(line(&gone)))]).boxed());
+                    return stream_response(
+                        futures::stream::iter([Ok(Frame::data(line(&gone)))]).boxed(),
+                    );
                 }
             },
             _ => {
-                initial_objects(&store, resource, namespace.as_deref(), &selectors, &mut lines);
+                initial_objects(
+                    &store,
+                    resource,
+                    namespace.as_deref(),
+                    &selectors,
+                    &mut lines,
+                );
                 if initial_events_end {
                     lines.push(bookmark(resource, store.resource_version, true));
                 }
@@ -323,7 +416,10 @@ fn watch(
         }
         let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(24 * 3600)));
         tokio::pin!(deadline);
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + bookmark_interval, bookmark_interval);
+        let mut ticks = tokio::time::interval_at(
+            tokio::time::Instant::now() + bookmark_interval,
+            bookmark_interval,
+        );
         loop {
             let out = tokio::select! {
                 _ = &mut deadline => return,
@@ -355,7 +451,13 @@ fn watch(
     stream_response(frames.boxed())
 }
 
-fn initial_objects(store: &Store, resource: Resource, namespace: Option<&str>, selectors: &Selectors, lines: &mut Vec<Value>) {
+fn initial_objects(
+    store: &Store,
+    resource: Resource,
+    namespace: Option<&str>,
+    selectors: &Selectors,
+    lines: &mut Vec<Value>,
+) {
     for (_, object) in store.list(resource) {
         if in_namespace(object, namespace) && selectors.matches(object) {
             lines.push(json!({"type": "ADDED", "object": object}));
@@ -367,9 +469,14 @@ fn gone_event(version: u64, compacted: u64) -> Value {
     json!({"type": "ERROR", "object": status_body(410, "Expired", &format!("too old resource version: {version} ({compacted})"))})
 }
 
-fn stream_response(frames: futures::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>) -> Response<Body> {
+fn stream_response(
+    frames: futures::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>,
+) -> Response<Body> {
     let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
-    response.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -378,14 +485,21 @@ async fn read_json(request: Request<Incoming>) -> Result<Value, Response<Body>> 
         Ok(collected) => collected.to_bytes(),
         Err(err) => return Err(status(400, "BadRequest", &format!("reading body: {err}"))),
     };
-    serde_json::from_slice(&bytes).map_err(|err| status(400, "BadRequest", &format!("body is not JSON: {err}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|err| status(400, "BadRequest", &format!("body is not JSON: {err}")))
 }
 
 fn written(resource: Resource, result: Result<Value, WriteError>, code: u16) -> Response<Body> {
     match result {
         Ok(object) => json_response(code, object),
-        Err(WriteError::AlreadyExists) => status(409, "AlreadyExists", &format!("{} already exists", resource.plural())),
-        Err(WriteError::NotFound) => status(404, "NotFound", &format!("{} not found", resource.plural())),
+        Err(WriteError::AlreadyExists) => status(
+            409,
+            "AlreadyExists",
+            &format!("{} already exists", resource.plural()),
+        ),
+        Err(WriteError::NotFound) => {
+            status(404, "NotFound", &format!("{} not found", resource.plural()))
+        }
         Err(WriteError::Invalid(message)) => status(422, "Invalid", &message),
     }
 }
@@ -411,7 +525,11 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 fn not_found(resource: Resource, key: &ObjectKey) -> Response<Body> {
-    status(404, "NotFound", &format!("{} \"{}\" not found", resource.plural(), key.1))
+    status(
+        404,
+        "NotFound",
+        &format!("{} \"{}\" not found", resource.plural(), key.1),
+    )
 }
 
 fn status_body(code: u16, reason: &str, message: &str) -> Value {
@@ -423,9 +541,15 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
 }
 
 fn json_response(code: u16, value: Value) -> Response<Body> {
-    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(value.to_string()))));
-    *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(
+        value.to_string(),
+    ))));
+    *response.status_mut() =
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 

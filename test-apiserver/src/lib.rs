@@ -6,6 +6,7 @@
 //! restarts and compaction.
 
 mod http;
+mod load;
 mod selector;
 mod store;
 
@@ -20,9 +21,10 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use load::objects_from_yaml;
 pub use selector::Selector;
 pub use store::{EventType, Resource, WriteError};
-use store::{StoredEvent, Store};
+use store::{Store, StoredEvent};
 
 /// How many events the server keeps for watches to resume from, unless told otherwise.
 pub const DEFAULT_HISTORY: usize = 10_000;
@@ -40,11 +42,19 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn store(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Writes under the store's lock and publishes the event in the same order as the history.
-    pub fn write(&self, resource: Resource, object: Value, must_exist: bool, may_exist: bool) -> Result<Value, WriteError> {
+    pub fn write(
+        &self,
+        resource: Resource,
+        object: Value,
+        must_exist: bool,
+        may_exist: bool,
+    ) -> Result<Value, WriteError> {
         let mut store = self.store();
         let (object, event) = store.write(resource, object, must_exist, may_exist)?;
         let _ = self.events.send(event);
@@ -107,7 +117,11 @@ impl ApiServer {
         });
         let listener = bind(options.addr)?;
         let addr = listener.local_addr()?;
-        let server = ApiServer { shared, addr, listener: Mutex::new(None) };
+        let server = ApiServer {
+            shared,
+            addr,
+            listener: Mutex::new(None),
+        };
         server.serve(listener);
         Ok(server)
     }
@@ -156,18 +170,31 @@ impl ApiServer {
     }
 
     /// Deletes an object.
-    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> Result<Value, WriteError> {
-        self.shared.delete(resource, &(namespace.to_string(), name.to_string()))
+    pub fn delete(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, WriteError> {
+        self.shared
+            .delete(resource, &(namespace.to_string(), name.to_string()))
     }
 
     /// Reads an object.
     pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.store().get(resource, &(namespace.to_string(), name.to_string())).cloned()
+        self.shared
+            .store()
+            .get(resource, &(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// Every object of a resource.
     pub fn list(&self, resource: Resource) -> Vec<Value> {
-        self.shared.store().list(resource).map(|(_, v)| v.clone()).collect()
+        self.shared
+            .store()
+            .list(resource)
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// The current resource version.
@@ -182,7 +209,11 @@ impl ApiServer {
 
     /// Answers the next `count` requests with `status` (500, 429, ...).
     pub fn fail_next(&self, count: usize, status: u16) {
-        let mut failures = self.shared.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failures = self
+            .shared
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         failures.extend(std::iter::repeat_n(status, count));
     }
 
@@ -198,7 +229,11 @@ impl ApiServer {
 
     /// Stops listening and drops every connection and watch; the objects stay.
     pub async fn stop(&self) {
-        let task = self.listener.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let task = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(task) = task {
             task.abort();
             let _ = task.await;
@@ -222,13 +257,22 @@ impl ApiServer {
 
     /// Every request seen so far, as `METHOD path?query`.
     pub fn requests(&self) -> Vec<String> {
-        self.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        if let Some(task) = self.listener.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(task) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             task.abort();
         }
         self.close_watches();
@@ -237,11 +281,16 @@ impl Drop for ApiServer {
 
 fn resource_of(object: &Value) -> Result<Resource, WriteError> {
     let kind = object["kind"].as_str().unwrap_or_default();
-    Resource::from_kind(kind).ok_or_else(|| WriteError::Invalid(format!("kind {kind:?} is not served")))
+    Resource::from_kind(kind)
+        .ok_or_else(|| WriteError::Invalid(format!("kind {kind:?} is not served")))
 }
 
 fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(128)

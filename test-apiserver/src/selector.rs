@@ -30,13 +30,18 @@ impl Selector {
                 Requirement::NotExists(key.trim().to_string())
             } else if let Some((key, value)) = term.split_once("!=") {
                 Requirement::NotIn(key.trim().into(), vec![value.trim().into()])
-            } else if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            } else if let Some((key, value)) =
+                term.split_once("==").or_else(|| term.split_once('='))
+            {
                 Requirement::In(key.trim().into(), vec![value.trim().into()])
             } else if let Some((key, rest)) = term.split_once(" notin ") {
                 Requirement::NotIn(key.trim().into(), set_values(rest)?)
             } else if let Some((key, rest)) = term.split_once(" in ") {
                 Requirement::In(key.trim().into(), set_values(rest)?)
-            } else if term.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+            } else if term
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
                 Requirement::Exists(term.to_string())
             } else {
                 return Err(format!("unable to parse requirement: {term:?}"));
@@ -81,19 +86,30 @@ fn set_values(text: &str) -> Result<Vec<String>, String> {
         .strip_prefix('(')
         .and_then(|t| t.strip_suffix(')'))
         .ok_or_else(|| format!("expected a parenthesised set, got {text:?}"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 /// The labels of an object, for a label selector.
 pub fn label_of(object: &Value, key: &str) -> Option<String> {
-    object["metadata"]["labels"][key].as_str().map(str::to_string)
+    object["metadata"]["labels"][key]
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The fields an API server lets every kind be selected on.
 pub fn field_of(object: &Value, key: &str) -> Option<String> {
     match key {
         "metadata.name" => object["metadata"]["name"].as_str().map(str::to_string),
-        "metadata.namespace" => Some(object["metadata"]["namespace"].as_str().unwrap_or("").to_string()),
+        "metadata.namespace" => Some(
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        ),
         _ => None,
     }
 }
@@ -105,7 +121,10 @@ mod tests {
 
     #[test]
     fn kube_proxy_selector() {
-        let s = Selector::parse("!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless").unwrap();
+        let s = Selector::parse(
+            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless",
+        )
+        .unwrap();
         let plain = json!({"metadata": {"labels": {"app": "x"}}});
         let headless = json!({"metadata": {"labels": {"service.kubernetes.io/headless": ""}}});
         assert!(s.matches(|k| label_of(&plain, k)));

@@ -17,8 +17,13 @@ pub enum Resource {
 
 impl Resource {
     /// Every served resource.
-    pub const ALL: [Resource; 5] =
-        [Resource::Services, Resource::EndpointSlices, Resource::Nodes, Resource::ConfigMaps, Resource::Events];
+    pub const ALL: [Resource; 5] = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::ConfigMaps,
+        Resource::Events,
+    ];
 
     /// The URL plural.
     pub fn plural(self) -> &'static str {
@@ -62,7 +67,9 @@ impl Resource {
 
     /// The resource served at `api_version` + `plural`.
     pub fn from_path(api_version: &str, plural: &str) -> Option<Resource> {
-        Resource::ALL.into_iter().find(|r| r.api_version() == api_version && r.plural() == plural)
+        Resource::ALL
+            .into_iter()
+            .find(|r| r.api_version() == api_version && r.plural() == plural)
     }
 }
 
@@ -135,10 +142,15 @@ impl Store {
 
     /// The key an object is stored under, from its metadata.
     pub fn key_of(resource: Resource, object: &Value) -> Result<ObjectKey, WriteError> {
-        let name = object["metadata"]["name"].as_str().filter(|n| !n.is_empty());
+        let name = object["metadata"]["name"]
+            .as_str()
+            .filter(|n| !n.is_empty());
         let name = name.ok_or_else(|| WriteError::Invalid("metadata.name is required".into()))?;
         let namespace = if resource.namespaced() {
-            object["metadata"]["namespace"].as_str().unwrap_or("default").to_string()
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
         } else {
             String::new()
         };
@@ -193,23 +205,55 @@ impl Store {
         }
         object["kind"] = json!(resource.kind());
         object["apiVersion"] = json!(resource.api_version());
-        self.objects.entry(resource).or_default().insert(key, object.clone());
-        let event_type = if old.is_some() { EventType::Modified } else { EventType::Added };
+        self.objects
+            .entry(resource)
+            .or_default()
+            .insert(key, object.clone());
+        let event_type = if old.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
         let event = self.record(resource, event_type, old, object.clone());
         Ok((object, event))
     }
 
     /// Deletes an object.
-    pub fn delete(&mut self, resource: Resource, key: &ObjectKey) -> Result<(Value, Arc<StoredEvent>), WriteError> {
-        let mut object = self.objects.get_mut(&resource).and_then(|m| m.remove(key)).ok_or(WriteError::NotFound)?;
+    pub fn delete(
+        &mut self,
+        resource: Resource,
+        key: &ObjectKey,
+    ) -> Result<(Value, Arc<StoredEvent>), WriteError> {
+        let mut object = self
+            .objects
+            .get_mut(&resource)
+            .and_then(|m| m.remove(key))
+            .ok_or(WriteError::NotFound)?;
         self.resource_version += 1;
         object["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
-        let event = self.record(resource, EventType::Deleted, Some(object.clone()), object.clone());
+        let event = self.record(
+            resource,
+            EventType::Deleted,
+            Some(object.clone()),
+            object.clone(),
+        );
         Ok((object, event))
     }
 
-    fn record(&mut self, resource: Resource, event_type: EventType, old: Option<Value>, object: Value) -> Arc<StoredEvent> {
-        let event = Arc::new(StoredEvent { resource_version: self.resource_version, resource, event_type, old, object });
+    fn record(
+        &mut self,
+        resource: Resource,
+        event_type: EventType,
+        old: Option<Value>,
+        object: Value,
+    ) -> Arc<StoredEvent> {
+        let event = Arc::new(StoredEvent {
+            resource_version: self.resource_version,
+            resource,
+            event_type,
+            old,
+            object,
+        });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_limit {
             if let Some(evicted) = self.history.pop_front() {
@@ -224,7 +268,13 @@ impl Store {
         if resource_version < self.compacted {
             return None;
         }
-        Some(self.history.iter().filter(|e| e.resource_version > resource_version).cloned().collect())
+        Some(
+            self.history
+                .iter()
+                .filter(|e| e.resource_version > resource_version)
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Forgets all history: every watch from an older version must relist.

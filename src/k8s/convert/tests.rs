@@ -9,7 +9,13 @@ const CLUSTER: &str = include_str!("../../../tests/testdata/cluster.yaml");
 
 fn items(kind: &str) -> Vec<serde_json::Value> {
     let list: serde_json::Value = serde_yaml_ng::from_str(CLUSTER).unwrap();
-    list["items"].as_array().unwrap().iter().filter(|i| i["kind"] == kind).cloned().collect()
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == kind)
+        .cloned()
+        .collect()
 }
 
 fn services() -> BTreeMap<String, Converted<ServicePortMap>> {
@@ -37,13 +43,23 @@ fn cluster_ip_and_multi_port() {
     let all = services();
     let kubernetes = only_port(&all["default/kubernetes"].value);
     assert_eq!(kubernetes.name.to_string(), "default/kubernetes:https");
-    assert_eq!(kubernetes.cluster_ips, vec!["10.96.0.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        kubernetes.cluster_ips,
+        vec!["10.96.0.1".parse::<IpAddr>().unwrap()]
+    );
     assert_eq!((kubernetes.port, kubernetes.node_port), (443, None));
     assert!(!kubernetes.externally_accessible());
 
     let dns = &all["kube-system/kube-dns"].value;
     let names: Vec<String> = dns.keys().map(|n| format!("{n} {}", n.protocol)).collect();
-    assert_eq!(names, vec!["kube-system/kube-dns:dns UDP", "kube-system/kube-dns:dns-tcp TCP", "kube-system/kube-dns:metrics TCP"]);
+    assert_eq!(
+        names,
+        vec![
+            "kube-system/kube-dns:dns UDP",
+            "kube-system/kube-dns:dns-tcp TCP",
+            "kube-system/kube-dns:metrics TCP"
+        ]
+    );
 }
 
 #[test]
@@ -62,14 +78,27 @@ fn load_balancer_dual_stack_local() {
     let lb = &all["shop/web-lb"];
     let port = only_port(&lb.value);
     assert_eq!(port.cluster_ips.len(), 2);
-    assert_eq!(port.cluster_ip(IpFamily::V6), Some("fd00:10:96::5".parse().unwrap()));
-    assert_eq!(port.external_ips, vec!["192.168.50.10".parse::<IpAddr>().unwrap()]);
-    assert_eq!(port.load_balancer_ips, vec!["192.168.60.1".parse::<IpAddr>().unwrap()], "ipMode Proxy skipped");
+    assert_eq!(
+        port.cluster_ip(IpFamily::V6),
+        Some("fd00:10:96::5".parse().unwrap())
+    );
+    assert_eq!(
+        port.external_ips,
+        vec!["192.168.50.10".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        port.load_balancer_ips,
+        vec!["192.168.60.1".parse::<IpAddr>().unwrap()],
+        "ipMode Proxy skipped"
+    );
     assert_eq!(port.load_balancer_source_ranges.len(), 2);
     assert!(port.external_policy_local);
     assert_eq!(port.health_check_node_port, Some(31999));
     assert_eq!(port.node_port, Some(31080));
-    assert_eq!(lb.warnings, vec!["spec.externalIPs: \"not-an-ip\" is not valid; ignored"]);
+    assert_eq!(
+        lb.warnings,
+        vec!["spec.externalIPs: \"not-an-ip\" is not valid; ignored"]
+    );
 }
 
 #[test]
@@ -85,13 +114,27 @@ fn headless_external_name_and_v6() {
 
 #[test]
 fn endpoint_slices_convert_with_conditions_and_hints() {
-    let slices: Vec<ApiEndpointSlice> = items("EndpointSlice").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+    let slices: Vec<ApiEndpointSlice> = items("EndpointSlice")
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
     let web = endpoint_slice(&slices[0]).unwrap();
     let slice = web.value.unwrap();
     assert_eq!(slice.service.to_string(), "shop/web-lb");
     assert_eq!(slice.name.to_string(), "shop/web-lb-abcde");
-    assert_eq!(slice.ports, vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }]);
-    let states: Vec<_> = slice.endpoints.iter().map(|e| (e.ip.to_string(), e.ready, e.serving, e.terminating)).collect();
+    assert_eq!(
+        slice.ports,
+        vec![SlicePort {
+            name: "http".into(),
+            port: 8080,
+            protocol: Protocol::Tcp
+        }]
+    );
+    let states: Vec<_> = slice
+        .endpoints
+        .iter()
+        .map(|e| (e.ip.to_string(), e.ready, e.serving, e.terminating))
+        .collect();
     assert_eq!(
         states,
         vec![
@@ -100,23 +143,54 @@ fn endpoint_slices_convert_with_conditions_and_hints() {
             ("10.244.2.7".into(), true, true, false),
         ]
     );
-    assert_eq!(slice.endpoints[0].zone_hints.iter().collect::<Vec<_>>(), vec!["zone-a"]);
+    assert_eq!(
+        slice.endpoints[0].zone_hints.iter().collect::<Vec<_>>(),
+        vec!["zone-a"]
+    );
     assert_eq!(slice.endpoints[0].node_name.as_deref(), Some("node-a"));
-    assert_eq!(web.warnings, vec!["endpoints[3].addresses: \"bad-address\" is not an IPv4 address; ignored"]);
-    assert_eq!(endpoint_slice(&slices[1]).unwrap().value, None, "FQDN slices are ignored");
+    assert_eq!(
+        web.warnings,
+        vec!["endpoints[3].addresses: \"bad-address\" is not an IPv4 address; ignored"]
+    );
+    assert_eq!(
+        endpoint_slice(&slices[1]).unwrap().value,
+        None,
+        "FQDN slices are ignored"
+    );
 }
 
 #[test]
 fn malformed_objects_are_refused_with_reasons() {
     let cases = [
-        ("metadata: {namespace: a}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}", "metadata.name is missing"),
-        ("metadata: {name: a}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}", "metadata.namespace is missing"),
+        (
+            "metadata: {namespace: a}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
+            "metadata.name is missing",
+        ),
+        (
+            "metadata: {name: a}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
+            "metadata.namespace is missing",
+        ),
         ("metadata: {name: a, namespace: b}", "spec is missing"),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.300, ports: [{port: 80}]}", "spec.clusterIPs: \"10.0.0.300\" is not an IP address"),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 0}]}", "spec.ports[0].port: 0 is not a port"),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 70000}]}", "spec.ports[0].port: 70000"),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, protocol: ICMP}]}", "spec.ports[0].protocol: \"ICMP\""),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, nodePort: -5}]}", "spec.ports[0].nodePort: -5"),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.300, ports: [{port: 80}]}",
+            "spec.clusterIPs: \"10.0.0.300\" is not an IP address",
+        ),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 0}]}",
+            "spec.ports[0].port: 0 is not a port",
+        ),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 70000}]}",
+            "spec.ports[0].port: 70000",
+        ),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, protocol: ICMP}]}",
+            "spec.ports[0].protocol: \"ICMP\"",
+        ),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, nodePort: -5}]}",
+            "spec.ports[0].nodePort: -5",
+        ),
         (
             "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}, {port: 80}]}",
             "spec.ports[1]: port b/a (TCP) is listed twice",
@@ -125,7 +199,10 @@ fn malformed_objects_are_refused_with_reasons() {
             "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}, ports: [{port: 80}]}",
             "timeoutSeconds: 0 is not between 1 and 86400",
         ),
-        ("metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, sessionAffinity: Sticky, ports: [{port: 80}]}", "spec.sessionAffinity: \"Sticky\""),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, sessionAffinity: Sticky, ports: [{port: 80}]}",
+            "spec.sessionAffinity: \"Sticky\"",
+        ),
     ];
     for (text, want) in cases {
         let err = service_ports(&yaml_service(text)).unwrap_err();
@@ -137,9 +214,21 @@ fn malformed_objects_are_refused_with_reasons() {
 fn malformed_slices_are_refused_or_trimmed() {
     let slice = |text: &str| -> ApiEndpointSlice { serde_yaml_ng::from_str(text).unwrap() };
     let no_label = slice("addressType: IPv4\nmetadata: {name: s, namespace: n}\nendpoints: []");
-    assert!(endpoint_slice(&no_label).unwrap_err().reason.contains("kubernetes.io/service-name is missing"));
-    let bad_type = slice("addressType: IPX\nmetadata: {name: s, namespace: n, labels: {kubernetes.io/service-name: x}}\nendpoints: []");
-    assert!(endpoint_slice(&bad_type).unwrap_err().reason.contains("addressType: \"IPX\""));
+    assert!(
+        endpoint_slice(&no_label)
+            .unwrap_err()
+            .reason
+            .contains("kubernetes.io/service-name is missing")
+    );
+    let bad_type = slice(
+        "addressType: IPX\nmetadata: {name: s, namespace: n, labels: {kubernetes.io/service-name: x}}\nendpoints: []",
+    );
+    assert!(
+        endpoint_slice(&bad_type)
+            .unwrap_err()
+            .reason
+            .contains("addressType: \"IPX\"")
+    );
     let bad_ports = slice(
         "addressType: IPv6\nmetadata: {name: s, namespace: n, labels: {kubernetes.io/service-name: x}}\n\
          endpoints: [{addresses: ['fd00::1']}, {addresses: [10.0.0.1]}]\n\

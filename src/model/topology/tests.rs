@@ -2,7 +2,10 @@ use super::*;
 use crate::model::fixtures::{endpoint, hinted, service_port, terminating};
 use crate::model::types::ServicePort;
 
-const NODE: NodeContext<'static> = NodeContext { node_name: "node-a", zone: Some("zone-a") };
+const NODE: NodeContext<'static> = NodeContext {
+    node_name: "node-a",
+    zone: Some("zone-a"),
+};
 
 fn ips(eps: &[&Endpoint]) -> Vec<String> {
     eps.iter().map(|e| e.ip.to_string()).collect()
@@ -144,7 +147,11 @@ fn selection_table() {
             internal_local: false,
             external_local: false,
             node_port: false,
-            endpoints: vec![hinted(a1(), &["zone-a"]), hinted(b1(), &["zone-b"]), hinted(b2(), &["zone-a", "zone-b"])],
+            endpoints: vec![
+                hinted(a1(), &["zone-a"]),
+                hinted(b1(), &["zone-b"]),
+                hinted(b2(), &["zone-a", "zone-b"]),
+            ],
             cluster: &["10.0.0.1", "10.0.1.2"],
             local: &[],
             all: &["10.0.0.1", "10.0.1.2"],
@@ -190,14 +197,28 @@ fn selection_table() {
         assert_eq!(ips(&got.cluster), case.cluster, "{}: cluster", case.name);
         assert_eq!(ips(&got.local), case.local, "{}: local", case.name);
         assert_eq!(ips(&got.all_reachable), case.all, "{}: all", case.name);
-        assert_eq!(got.has_any_endpoints, case.has_any, "{}: has_any", case.name);
+        assert_eq!(
+            got.has_any_endpoints, case.has_any,
+            "{}: has_any",
+            case.name
+        );
     }
 }
 
 #[test]
 fn hints_need_a_zone_on_the_node() {
     let svc = service_port("ns", "svc", "p");
-    let eps = vec![hinted(endpoint("10.0.0.1", "a"), &["zone-a"]), hinted(endpoint("10.0.0.2", "b"), &["zone-b"])];
-    let got = select_endpoints(&svc, &eps, NodeContext { node_name: "a", zone: None });
+    let eps = vec![
+        hinted(endpoint("10.0.0.1", "a"), &["zone-a"]),
+        hinted(endpoint("10.0.0.2", "b"), &["zone-b"]),
+    ];
+    let got = select_endpoints(
+        &svc,
+        &eps,
+        NodeContext {
+            node_name: "a",
+            zone: None,
+        },
+    );
     assert_eq!(got.cluster.len(), 2);
 }

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::model::fixtures::{service_port, slice};
@@ -20,7 +20,10 @@ fn no_op_updates_are_dropped() {
     assert!(tracker.service_updated(&key("a"), Some(ports("ns", "a", 80))));
     let mut state = ProxyState::default();
     state.apply(tracker.take_changes());
-    assert!(!tracker.service_updated(&key("a"), Some(ports("ns", "a", 80))), "same value again");
+    assert!(
+        !tracker.service_updated(&key("a"), Some(ports("ns", "a", 80))),
+        "same value again"
+    );
     assert!(!tracker.has_pending());
     // A change and its undo cancel out before the sync sees them.
     assert!(tracker.service_updated(&key("a"), Some(ports("ns", "a", 81))));
@@ -44,7 +47,10 @@ fn delete_then_readd_after_sync_is_one_change_each() {
     state.apply(tracker.take_changes());
     tracker.service_updated(&key("a"), None);
     let summary = state.apply(tracker.take_changes());
-    assert_eq!(summary.changed_services.into_iter().collect::<Vec<_>>(), vec![key("a")]);
+    assert_eq!(
+        summary.changed_services.into_iter().collect::<Vec<_>>(),
+        vec![key("a")]
+    );
     assert!(state.services.is_empty());
     tracker.service_updated(&key("a"), Some(ports("ns", "a", 81)));
     let summary = state.apply(tracker.take_changes());
@@ -58,13 +64,32 @@ fn only_changed_services_are_reported() {
     let mut state = ProxyState::default();
     for name in ["a", "b", "c"] {
         tracker.service_updated(&key(name), Some(ports("ns", name, 80)));
-        tracker.slice_updated(&key(&format!("{name}-1")), Some(slice("ns", &format!("{name}-1"), name, &[("10.0.0.1", "n")])));
+        tracker.slice_updated(
+            &key(&format!("{name}-1")),
+            Some(slice(
+                "ns",
+                &format!("{name}-1"),
+                name,
+                &[("10.0.0.1", "n")],
+            )),
+        );
     }
     let summary = state.apply(tracker.take_changes());
     assert_eq!(summary.changed_services.len(), 3);
-    tracker.slice_updated(&key("b-1"), Some(slice("ns", "b-1", "b", &[("10.0.0.1", "n"), ("10.0.0.2", "n")])));
+    tracker.slice_updated(
+        &key("b-1"),
+        Some(slice(
+            "ns",
+            "b-1",
+            "b",
+            &[("10.0.0.1", "n"), ("10.0.0.2", "n")],
+        )),
+    );
     let summary = state.apply(tracker.take_changes());
-    assert_eq!(summary.changed_services.into_iter().collect::<Vec<_>>(), vec![key("b")]);
+    assert_eq!(
+        summary.changed_services.into_iter().collect::<Vec<_>>(),
+        vec![key("b")]
+    );
     assert_eq!(summary.endpoint_changes, 1);
     assert_eq!(summary.service_changes, 0);
     let eps = state.endpoints[&key("b")].values().next().unwrap();
@@ -75,19 +100,36 @@ fn only_changed_services_are_reported() {
 fn slices_merge_and_move_between_services() {
     let mut tracker = ChangeTracker::default();
     let mut state = ProxyState::default();
-    tracker.slice_updated(&key("s1"), Some(slice("ns", "s1", "a", &[("10.0.0.1", "n")])));
-    tracker.slice_updated(&key("s2"), Some(slice("ns", "s2", "a", &[("10.0.0.2", "n"), ("10.0.0.1", "n")])));
+    tracker.slice_updated(
+        &key("s1"),
+        Some(slice("ns", "s1", "a", &[("10.0.0.1", "n")])),
+    );
+    tracker.slice_updated(
+        &key("s2"),
+        Some(slice(
+            "ns",
+            "s2",
+            "a",
+            &[("10.0.0.2", "n"), ("10.0.0.1", "n")],
+        )),
+    );
     state.apply(tracker.take_changes());
     assert_eq!(state.endpoints[&key("a")].values().next().unwrap().len(), 2);
     // The slice's label now names service b: a loses its endpoints, b gains them.
-    tracker.slice_updated(&key("s2"), Some(slice("ns", "s2", "b", &[("10.0.0.2", "n")])));
+    tracker.slice_updated(
+        &key("s2"),
+        Some(slice("ns", "s2", "b", &[("10.0.0.2", "n")])),
+    );
     let summary = state.apply(tracker.take_changes());
     assert_eq!(summary.changed_services.len(), 2);
     assert_eq!(state.endpoints[&key("a")].values().next().unwrap().len(), 1);
     assert_eq!(state.endpoints[&key("b")].values().next().unwrap().len(), 1);
     tracker.slice_updated(&key("s1"), None);
     state.apply(tracker.take_changes());
-    assert!(!state.endpoints.contains_key(&key("a")), "no slices left: no entry");
+    assert!(
+        !state.endpoints.contains_key(&key("a")),
+        "no slices left: no entry"
+    );
 }
 
 #[test]
@@ -96,15 +138,30 @@ fn relist_replaces_only_what_differs() {
     let mut state = ProxyState::default();
     tracker.service_updated(&key("a"), Some(ports("ns", "a", 80)));
     tracker.service_updated(&key("b"), Some(ports("ns", "b", 80)));
-    tracker.slice_updated(&key("a-1"), Some(slice("ns", "a-1", "a", &[("10.0.0.1", "n")])));
+    tracker.slice_updated(
+        &key("a-1"),
+        Some(slice("ns", "a-1", "a", &[("10.0.0.1", "n")])),
+    );
     state.apply(tracker.take_changes());
 
-    let listing = BTreeMap::from([(key("a"), ports("ns", "a", 80)), (key("c"), ports("ns", "c", 80))]);
-    assert!(tracker.replace_services(listing));
-    assert!(!tracker.replace_slices(BTreeMap::from([(key("a-1"), slice("ns", "a-1", "a", &[("10.0.0.1", "n")]))])));
+    let listing = BTreeMap::from([
+        (key("a"), ports("ns", "a", 80)),
+        (key("c"), ports("ns", "c", 80)),
+    ]);
+    assert!(tracker.replace_services(listing, &BTreeSet::new()));
+    assert!(!tracker.replace_slices(
+        BTreeMap::from([(key("a-1"), slice("ns", "a-1", "a", &[("10.0.0.1", "n")]))]),
+        &BTreeSet::new()
+    ));
     let summary = state.apply(tracker.take_changes());
-    assert_eq!(summary.changed_services.into_iter().collect::<Vec<_>>(), vec![key("b"), key("c")]);
-    assert_eq!(state.services.keys().cloned().collect::<Vec<_>>(), vec![key("a"), key("c")]);
+    assert_eq!(
+        summary.changed_services.into_iter().collect::<Vec<_>>(),
+        vec![key("b"), key("c")]
+    );
+    assert_eq!(
+        state.services.keys().cloned().collect::<Vec<_>>(),
+        vec![key("a"), key("c")]
+    );
     assert_eq!(tracker.counts(), (2, 1));
 }
 
@@ -112,11 +169,29 @@ fn relist_replaces_only_what_differs() {
 fn node_changes_are_tracked() {
     let mut tracker = ChangeTracker::default();
     let mut state = ProxyState::default();
-    let node = NodeInfo { name: "n".into(), ..NodeInfo::default() };
+    let node = NodeInfo {
+        name: "n".into(),
+        ..NodeInfo::default()
+    };
     assert!(tracker.node_updated(Some(node.clone())));
     let summary = state.apply(tracker.take_changes());
     assert!(summary.node_changed);
     assert_eq!(state.node, node);
     assert!(!tracker.node_updated(Some(node)));
     assert!(!tracker.has_pending());
+}
+
+#[test]
+fn relist_keeps_malformed_objects_as_they_were() {
+    let mut tracker = ChangeTracker::default();
+    tracker.service_updated(&key("a"), Some(ports("ns", "a", 80)));
+    tracker.slice_updated(
+        &key("a-1"),
+        Some(slice("ns", "a-1", "a", &[("10.0.0.1", "n")])),
+    );
+    tracker.take_changes();
+    let keep = BTreeSet::from([key("a"), key("a-1")]);
+    assert!(!tracker.replace_services(BTreeMap::new(), &keep));
+    assert!(!tracker.replace_slices(BTreeMap::new(), &keep));
+    assert_eq!(tracker.counts(), (1, 1));
 }

@@ -1,0 +1,148 @@
+//! Wiring: the client, the watches, the change tracker, the runner and the proxier.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{ProxyMode, Settings};
+use crate::k8s::{self, ClientError, Synced, WatchSink};
+use crate::model::{ChangeTracker, ProxyState};
+use crate::proxier::{LoggingProxier, Proxier};
+use crate::runner::{self, Intervals, SyncRequester, Syncer};
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No API client could be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The configured mode is valid upstream but not something this program implements.
+    #[error("proxy mode {0:?} is not supported by kube-proxy-rs; use \"iptables\" or \"ipvs\"")]
+    UnsupportedMode(&'static str),
+}
+
+/// Runs until `shutdown` turns true. Rules stay in place when it returns.
+pub async fn run(
+    settings: Settings,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), DaemonError> {
+    let config = &settings.config;
+    info!(version = env!("CARGO_PKG_VERSION"), node = %settings.node_name, "Starting kube-proxy-rs");
+    if !settings.unknown_fields.is_empty() {
+        warn!(
+            fields = %settings.unknown_fields.join(","),
+            "Using lenient decoding as strict decoding failed: unknown fields in the configuration file were ignored"
+        );
+    }
+    if !settings.ignored_flags.is_empty() {
+        warn!(flags = %settings.ignored_flags.join(","), "Flags ignored because --config was given");
+    }
+    let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
+    if config.mode.is_empty() {
+        info!("Using iptables proxy");
+    }
+    let intervals = match mode {
+        ProxyMode::Nftables => return Err(DaemonError::UnsupportedMode("nftables")),
+        ProxyMode::Iptables => sync_intervals(
+            config.iptables.min_sync_period.0,
+            config.iptables.sync_period.0,
+        ),
+        ProxyMode::Ipvs => sync_intervals(config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
+    };
+    info!(
+        mode = mode.as_str(),
+        "No kernel proxier is built yet; logging the rules that would be programmed"
+    );
+    let proxier: Box<dyn Proxier> = Box::new(LoggingProxier::default());
+
+    let client =
+        k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
+    let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
+    let requester = SyncRequester::default();
+    let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
+    let on_change = {
+        let requester = requester.clone();
+        Arc::new(move || requester.request())
+    };
+    let sink = WatchSink {
+        tracker: tracker.clone(),
+        on_change,
+        synced: synced_tx,
+    };
+    let _watches = k8s::spawn_watches(client, &settings.node_name, sink);
+
+    info!("Waiting for caches to sync");
+    tokio::select! {
+        result = synced_rx.wait_for(Synced::all) => {
+            if result.is_err() {
+                return Ok(());
+            }
+        }
+        _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+    }
+    info!("Caches are synced");
+
+    let mut sync_loop = SyncLoop {
+        tracker,
+        state: ProxyState::default(),
+        proxier,
+    };
+    runner::run(intervals, requester, shutdown, &mut sync_loop).await;
+    info!("Shutting down; the programmed rules stay in place");
+    Ok(())
+}
+
+/// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after
+/// a second (at least minSyncPeriod), doubling up to syncPeriod; upstream waits a whole syncPeriod.
+fn sync_intervals(min_sync: Duration, sync: Duration) -> Intervals {
+    Intervals {
+        min_interval: min_sync,
+        max_interval: sync,
+        retry_interval: min_sync.max(Duration::from_secs(1)).min(sync),
+    }
+}
+
+/// One sync: take the pending changes, apply them to the state, hand both to the proxier.
+struct SyncLoop {
+    tracker: Arc<Mutex<ChangeTracker>>,
+    state: ProxyState,
+    proxier: Box<dyn Proxier>,
+}
+
+impl Syncer for SyncLoop {
+    fn sync(&mut self) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async move {
+            let changes = self
+                .tracker
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take_changes();
+            let summary = self.state.apply(changes);
+            let started = Instant::now();
+            match self.proxier.sync(&self.state, &summary).await {
+                Ok(report) => {
+                    debug!(
+                        mode = self.proxier.mode(),
+                        full = report.full,
+                        services = self.state.services.len(),
+                        service_ports = report.service_ports,
+                        services_written = report.services_written,
+                        service_changes = summary.service_changes,
+                        endpoint_changes = summary.endpoint_changes,
+                        elapsed = ?started.elapsed(),
+                        "Synced proxy rules"
+                    );
+                    Ok(())
+                }
+                Err(err) => {
+                    error!(error = %err, "Failed to sync proxy rules; retrying");
+                    Err(())
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,343 @@
+//! The watches: Services, EndpointSlices and this node's Node, each a kube-runtime watcher with
+//! backoff, feeding the change tracker. A relist (at start, after 410 Gone, after a reconnect)
+//! is buffered and applied as one diff when complete, so the state is never cleared while the API
+//! server is away and nothing is reported until every kind has finished its first list.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::convert::{self, ConvertError, Converted};
+use crate::model::{ChangeTracker, EndpointSlice, NamespacedName, NodeInfo, ServicePortMap};
+
+/// The label selector upstream watches Services and EndpointSlices with: objects that another
+/// proxy owns, and headless services, are not ours.
+pub const PROXY_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// Which kinds have finished their first list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Synced {
+    pub services: bool,
+    pub endpoint_slices: bool,
+    pub node: bool,
+}
+
+impl Synced {
+    /// Every kind has been listed once.
+    pub fn all(&self) -> bool {
+        self.services && self.endpoint_slices && self.node
+    }
+}
+
+/// Where the watches deliver: the tracker, a callback that asks for a sync, and the synced flags.
+#[derive(Clone)]
+pub struct WatchSink {
+    pub tracker: Arc<Mutex<ChangeTracker>>,
+    pub on_change: Arc<dyn Fn() + Send + Sync>,
+    pub synced: watch::Sender<Synced>,
+}
+
+impl WatchSink {
+    fn tracker(&self) -> MutexGuard<'_, ChangeTracker> {
+        self.tracker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed(&self, pending: bool) {
+        if pending {
+            (self.on_change)();
+        }
+    }
+}
+
+/// Starts the three watches; they run until the returned set is dropped.
+pub fn spawn_watches(client: Client, node_name: &str, sink: WatchSink) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    let selector = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+    let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
+    tasks.spawn(follow(services, ServiceKind, sink.clone()));
+    let slices = watcher(Api::<ApiEndpointSlice>::all(client.clone()), selector).default_backoff();
+    tasks.spawn(follow(slices, SliceKind, sink.clone()));
+    let node_selector = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let nodes = watcher(Api::<Node>::all(client), node_selector).default_backoff();
+    tasks.spawn(follow(
+        nodes,
+        NodeKind {
+            name: node_name.to_string(),
+        },
+        sink,
+    ));
+    tasks
+}
+
+fn watcher<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    K: Resource + Clone + Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    watcher::watcher(api, config)
+}
+
+/// How one kind's objects reach the tracker.
+trait Kind: Send + 'static {
+    type Object: Resource + Send;
+    type Value: Send;
+    /// The name logs use.
+    const NAME: &'static str;
+    fn convert(&self, object: &Self::Object) -> Result<Converted<Self::Value>, ConvertError>;
+    fn apply(
+        &self,
+        tracker: &mut ChangeTracker,
+        key: &NamespacedName,
+        value: Option<Self::Value>,
+    ) -> bool;
+    /// Applies a complete listing; keys in `keep` were present but malformed and keep their last state.
+    fn replace(
+        &self,
+        tracker: &mut ChangeTracker,
+        listing: BTreeMap<NamespacedName, Self::Value>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool;
+    fn mark_synced(&self, synced: &mut Synced);
+}
+
+fn key_of<K: Resource>(object: &K) -> NamespacedName {
+    NamespacedName::new(object.namespace().unwrap_or_default(), object.name_any())
+}
+
+async fn follow<K: Kind>(
+    stream: impl Stream<Item = watcher::Result<Event<K::Object>>> + Send,
+    kind: K,
+    sink: WatchSink,
+) {
+    futures::pin_mut!(stream);
+    let mut listing: BTreeMap<NamespacedName, K::Value> = BTreeMap::new();
+    let mut malformed: BTreeSet<NamespacedName> = BTreeSet::new();
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(err) => {
+                log_watch_error(K::NAME, &err);
+                failing = true;
+                continue;
+            }
+        };
+        if std::mem::take(&mut failing) {
+            info!(kind = K::NAME, "Watch of {} is working again", K::NAME);
+        }
+        match event {
+            Event::Init => {
+                debug!(kind = K::NAME, "Listing {}", K::NAME);
+                listing.clear();
+                malformed.clear();
+            }
+            Event::InitApply(object) => {
+                let key = key_of(&object);
+                match converted(&kind, &object, &key) {
+                    Some(value) => {
+                        listing.insert(key, value);
+                    }
+                    None => {
+                        malformed.insert(key);
+                    }
+                }
+            }
+            Event::InitDone => {
+                let count = listing.len();
+                let pending = kind.replace(
+                    &mut sink.tracker(),
+                    std::mem::take(&mut listing),
+                    &malformed,
+                );
+                sink.synced.send_modify(|synced| kind.mark_synced(synced));
+                info!(kind = K::NAME, count, "Listed {}", K::NAME);
+                sink.changed(pending);
+            }
+            Event::Apply(object) => {
+                let key = key_of(&object);
+                if let Some(value) = converted(&kind, &object, &key) {
+                    let pending = kind.apply(&mut sink.tracker(), &key, Some(value));
+                    sink.changed(pending);
+                }
+            }
+            Event::Delete(object) => {
+                let key = key_of(&object);
+                let pending = kind.apply(&mut sink.tracker(), &key, None);
+                sink.changed(pending);
+            }
+        }
+    }
+}
+
+fn converted<K: Kind>(kind: &K, object: &K::Object, key: &NamespacedName) -> Option<K::Value> {
+    match kind.convert(object) {
+        Ok(converted) => {
+            for warning in &converted.warnings {
+                warn!(kind = K::NAME, object = %key, reason = %warning, "Ignoring an invalid entry of {}", K::NAME);
+            }
+            Some(converted.value)
+        }
+        Err(err) => {
+            warn!(kind = K::NAME, object = %key, reason = %err, "Skipping malformed {}", K::NAME);
+            None
+        }
+    }
+}
+
+fn log_watch_error(kind: &str, err: &watcher::Error) {
+    match err {
+        watcher::Error::WatchError(status) if status.code == 410 => {
+            info!(kind, "Watch of {kind} expired (410 Gone); listing again");
+        }
+        watcher::Error::WatchFailed(source) => {
+            info!(kind, error = %source, "Watch of {kind} ended; reconnecting");
+        }
+        watcher::Error::InitialListFailed(source) => {
+            warn!(kind, error = %source, "Failed to list {kind}; retrying with backoff, keeping the last state");
+        }
+        watcher::Error::WatchStartFailed(source) => {
+            warn!(kind, error = %source, "Failed to watch {kind}; retrying with backoff, keeping the last state");
+        }
+        other => warn!(kind, error = %other, "Watch of {kind} failed; retrying with backoff"),
+    }
+}
+
+struct ServiceKind;
+
+impl Kind for ServiceKind {
+    type Object = Service;
+    type Value = ServicePortMap;
+    const NAME: &'static str = "Service";
+
+    fn convert(&self, object: &Service) -> Result<Converted<ServicePortMap>, ConvertError> {
+        convert::service_ports(object)
+    }
+
+    fn apply(
+        &self,
+        tracker: &mut ChangeTracker,
+        key: &NamespacedName,
+        value: Option<ServicePortMap>,
+    ) -> bool {
+        tracker.service_updated(key, value)
+    }
+
+    fn replace(
+        &self,
+        tracker: &mut ChangeTracker,
+        listing: BTreeMap<NamespacedName, ServicePortMap>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        tracker.replace_services(listing, keep)
+    }
+
+    fn mark_synced(&self, synced: &mut Synced) {
+        synced.services = true;
+    }
+}
+
+struct SliceKind;
+
+impl Kind for SliceKind {
+    type Object = ApiEndpointSlice;
+    /// `None` for a slice kube-proxy ignores (FQDN): it is listed, so it is not malformed.
+    type Value = Option<EndpointSlice>;
+    const NAME: &'static str = "EndpointSlice";
+
+    fn convert(
+        &self,
+        object: &ApiEndpointSlice,
+    ) -> Result<Converted<Option<EndpointSlice>>, ConvertError> {
+        convert::endpoint_slice(object)
+    }
+
+    fn apply(
+        &self,
+        tracker: &mut ChangeTracker,
+        key: &NamespacedName,
+        value: Option<Option<EndpointSlice>>,
+    ) -> bool {
+        tracker.slice_updated(key, value.flatten())
+    }
+
+    fn replace(
+        &self,
+        tracker: &mut ChangeTracker,
+        listing: BTreeMap<NamespacedName, Option<EndpointSlice>>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        let usable = listing
+            .into_iter()
+            .filter_map(|(key, slice)| Some((key, slice?)))
+            .collect();
+        tracker.replace_slices(usable, keep)
+    }
+
+    fn mark_synced(&self, synced: &mut Synced) {
+        synced.endpoint_slices = true;
+    }
+}
+
+struct NodeKind {
+    name: String,
+}
+
+impl Kind for NodeKind {
+    type Object = Node;
+    type Value = NodeInfo;
+    const NAME: &'static str = "Node";
+
+    fn convert(&self, object: &Node) -> Result<Converted<NodeInfo>, ConvertError> {
+        Ok(convert::node_info(object))
+    }
+
+    fn apply(
+        &self,
+        tracker: &mut ChangeTracker,
+        _key: &NamespacedName,
+        value: Option<NodeInfo>,
+    ) -> bool {
+        match value {
+            Some(node) => tracker.node_updated(Some(node)),
+            None => {
+                // Addresses and zone stay as last seen: forgetting them would break NodePorts.
+                warn!(node = %self.name, "This node's Node object was deleted; keeping its last known state");
+                false
+            }
+        }
+    }
+
+    fn replace(
+        &self,
+        tracker: &mut ChangeTracker,
+        listing: BTreeMap<NamespacedName, NodeInfo>,
+        _keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        match listing.into_values().next() {
+            Some(node) => tracker.node_updated(Some(node)),
+            None => {
+                warn!(node = %self.name, "Node not found; its addresses, zone and pod CIDRs are unknown until it appears");
+                false
+            }
+        }
+    }
+
+    fn mark_synced(&self, synced: &mut Synced) {
+        synced.node = true;
+    }
+}

@@ -1,0 +1,82 @@
+//! A proxier that programs nothing and logs what it would program: every service port with the
+//! endpoints it would use on this node, for the services that changed.
+
+use futures::future::BoxFuture;
+use tracing::info;
+
+use super::{Proxier, SyncError, SyncReport};
+use crate::model::{ChangeSummary, NamespacedName, NodeContext, ProxyState, select_endpoints};
+
+/// Logs the services and endpoints a sync would program.
+#[derive(Debug, Default)]
+pub struct LoggingProxier {
+    synced_once: bool,
+}
+
+impl LoggingProxier {
+    fn log_service(&self, state: &ProxyState, name: &NamespacedName) -> usize {
+        let node = NodeContext {
+            node_name: &state.node.name,
+            zone: state.node.zone(),
+        };
+        let Some(ports) = state.services.get(name) else {
+            info!(service = %name, "Service removed; would delete its rules");
+            return 0;
+        };
+        let no_endpoints = Default::default();
+        let endpoints = state.endpoints.get(name).unwrap_or(&no_endpoints);
+        for port in ports.values() {
+            let all = endpoints
+                .get(&port.name)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let selected = select_endpoints(port, all, node);
+            let shown: Vec<String> = selected
+                .all_reachable
+                .iter()
+                .map(|ep| ep.address())
+                .collect();
+            let ips: Vec<String> = port.cluster_ips.iter().map(ToString::to_string).collect();
+            info!(
+                service_port = %port.name,
+                protocol = %port.name.protocol,
+                cluster_ips = %ips.join(","),
+                port = port.port,
+                node_port = port.node_port.unwrap_or(0),
+                endpoints = %shown.join(","),
+                "Would program service port"
+            );
+        }
+        ports.len()
+    }
+}
+
+impl Proxier for LoggingProxier {
+    fn mode(&self) -> &'static str {
+        "logging"
+    }
+
+    fn sync<'a>(
+        &'a mut self,
+        state: &'a ProxyState,
+        changes: &'a ChangeSummary,
+    ) -> BoxFuture<'a, Result<SyncReport, SyncError>> {
+        Box::pin(async move {
+            let full = !self.synced_once || changes.node_changed;
+            let names: Vec<&NamespacedName> = if full {
+                state.services.keys().collect()
+            } else {
+                changes.changed_services.iter().collect()
+            };
+            for name in &names {
+                self.log_service(state, name);
+            }
+            self.synced_once = true;
+            Ok(SyncReport {
+                full,
+                service_ports: state.services.values().map(|ports| ports.len()).sum(),
+                services_written: names.len(),
+            })
+        })
+    }
+}

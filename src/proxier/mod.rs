@@ -1,0 +1,44 @@
+//! Proxiers: what turns the model into kernel state. Each mode renders the desired state (pure)
+//! and applies it (thin); the sync loop only sees this trait.
+
+mod logging;
+
+use futures::future::BoxFuture;
+
+pub use logging::LoggingProxier;
+
+use crate::model::{ChangeSummary, ProxyState};
+
+/// Why a sync failed; the runner retries and the proxier does a full sync next time.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Programming the kernel failed.
+    #[error("{0}")]
+    Apply(String),
+}
+
+/// What one sync did, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Whether this sync rewrote everything rather than the changed services only.
+    pub full: bool,
+    /// Service ports programmed in total.
+    pub service_ports: usize,
+    /// Services whose rules this sync rewrote.
+    pub services_written: usize,
+}
+
+/// A proxy mode's programmer of kernel state.
+pub trait Proxier: Send {
+    /// The mode's name, as `/proxyMode` and the logs say it.
+    fn mode(&self) -> &'static str;
+
+    /// Brings the kernel in line with `state`. `changes` says what changed since the last sync
+    /// handed to this proxier (successful or not); a proxier that failed keeps its own note to
+    /// resync everything.
+    fn sync<'a>(
+        &'a mut self,
+        state: &'a ProxyState,
+        changes: &'a ChangeSummary,
+    ) -> BoxFuture<'a, Result<SyncReport, SyncError>>;
+}

@@ -1,0 +1,270 @@
+//! The binary as kubeadm's DaemonSet starts it, against the test API server: it logs what it
+//! would program, follows changes, and refuses bad configs with one clear line.
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use support::{Cluster, WAIT, eventually, node, service, slice};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
+
+struct Daemon {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    fn spawn(args: &[&str]) -> Daemon {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("NODE_NAME")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn daemon");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().expect("stderr");
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Daemon { child, lines }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    async fn wait_for(&self, needle: &str) {
+        let found = eventually(WAIT, || self.count(needle) > 0).await;
+        assert!(
+            found,
+            "no log line with {needle:?}; got:\n{}",
+            self.lines.lock().unwrap().join("\n")
+        );
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_the_cluster_and_stops_on_sigterm() {
+    let cluster = Cluster::start().await;
+    let s = &cluster.server;
+    s.apply(node("node-a", "192.168.1.10", "zone-a")).unwrap();
+    s.apply(service("default", "web", "10.96.0.10", &[80]))
+        .unwrap();
+    s.apply(slice(
+        "default",
+        "web",
+        "1",
+        80,
+        &["10.244.1.5", "10.244.1.6"],
+    ))
+    .unwrap();
+    let config = cluster.write_file(
+        "config.conf",
+        &include_str!("testdata/kubeadm-config.conf").replace(
+            "/var/lib/kube-proxy/kubeconfig.conf",
+            cluster.kubeconfig.to_str().unwrap(),
+        ),
+    );
+    let config_arg = format!("--config={}", config.display());
+    let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);
+    d.wait_for("\"Using iptables proxy\"").await;
+    d.wait_for("\"Caches are synced\"").await;
+    d.wait_for("endpoints=\"10.244.1.5:8080,10.244.1.6:8080\"")
+        .await;
+    d.wait_for("\"Synced proxy rules\"").await;
+    assert!(
+        d.log().contains("service_port=\"default/web:p80\""),
+        "{}",
+        d.log()
+    );
+
+    // A scale-up is followed; only the changed service is logged again.
+    s.apply(service("default", "other", "10.96.0.11", &[81]))
+        .unwrap();
+    s.apply(slice(
+        "default",
+        "web",
+        "1",
+        80,
+        &["10.244.1.5", "10.244.1.6", "10.244.1.7"],
+    ))
+    .unwrap();
+    d.wait_for("endpoints=\"10.244.1.5:8080,10.244.1.6:8080,10.244.1.7:8080\"")
+        .await;
+    d.wait_for("service_port=\"default/other:p81\"").await;
+    // Deletion is followed too.
+    s.delete(test_apiserver::Resource::Services, "default", "other")
+        .unwrap();
+    d.wait_for("\"Service removed; would delete its rules\" service=\"default/other\"")
+        .await;
+
+    let pid = d.child.id().expect("pid") as i32;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    let mut child = d.child;
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        d.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("rules stay in place"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_warn_and_api_outage_keeps_running() {
+    let cluster = Cluster::start().await;
+    cluster
+        .server
+        .apply(service("default", "web", "10.96.0.10", &[80]))
+        .unwrap();
+    let config = cluster.write_file(
+        "config.conf",
+        "kind: KubeProxyConfiguration\nmode: ipvs\nmysteryField: 1\n",
+    );
+    let config_arg = format!("--config={}", config.display());
+    let kubeconfig_arg = format!("--kubeconfig={}", cluster.kubeconfig.display());
+    let d = Daemon::spawn(&[
+        &config_arg,
+        &kubeconfig_arg,
+        "--hostname-override=node-a",
+        "--proxy-mode=iptables",
+    ]);
+    d.wait_for("fields=\"mysteryField\"").await;
+    d.wait_for("\"Flags ignored because --config was given\" flags=\"--proxy-mode\"")
+        .await;
+    d.wait_for("\"Caches are synced\"").await;
+    d.wait_for("service_port=\"default/web:p80\"").await;
+    cluster.server.stop().await;
+    d.wait_for("Failed to ").await;
+    cluster.server.resume().await.expect("resume");
+    cluster
+        .server
+        .apply(service("default", "back", "10.96.0.12", &[80]))
+        .unwrap();
+    d.wait_for("service_port=\"default/back:p80\"").await;
+    assert_eq!(
+        d.count("service_port=\"default/web:p80\""),
+        1,
+        "web was never forgotten and re-added:\n{}",
+        d.log()
+    );
+}
+
+/// Runs the binary to completion with a config file; returns (exit code, stderr).
+async fn run_with_config(text: &str, extra: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(&path, text).unwrap();
+    let config_arg = format!("--config={}", path.display());
+    let mut args = vec![config_arg.as_str(), "--hostname-override=n"];
+    args.extend_from_slice(extra);
+    let output = tokio::time::timeout(WAIT, Command::new(BIN).args(&args).output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn bad_configs_exit_with_one_clear_line() {
+    let cases = [
+        ("mode: userspace\n", "mode: invalid value \"userspace\""),
+        (
+            "iptables: {syncPeriod: 3x}\n",
+            "field iptables.syncPeriod: invalid duration \"3x\"",
+        ),
+        (
+            "iptables: {masqueradeBit: 99}\n",
+            "iptables.masqueradeBit: invalid value \"99\"",
+        ),
+        (
+            "clusterCIDR: 10.0.0.0/40\n",
+            "clusterCIDR: invalid value \"10.0.0.0/40\"",
+        ),
+        (
+            "mode: ipvs\nipvs: {scheduler: best}\n",
+            "ipvs.scheduler: invalid value \"best\"",
+        ),
+        ("kind: Pod\n", "kind \"Pod\" is not supported"),
+        ("mode: [oops\n", "is not valid YAML"),
+    ];
+    for (text, want) in cases {
+        let (code, stderr) = run_with_config(text, &[]).await;
+        assert_eq!(code, 64, "{text}: {stderr}");
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{text}: one line, got {stderr:?}"
+        );
+        assert!(
+            stderr.contains(want),
+            "{text}: want {want:?}, got {stderr:?}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let output = Command::new(BIN)
+        .args(["--config=/does/not/exist"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("failed to read config file /does/not/exist")
+    );
+}
+
+#[tokio::test]
+async fn print_config_shows_defaults_and_nftables_is_refused() {
+    let (code, _) = run_with_config(
+        "mode: nftables\nclientConnection: {kubeconfig: /nonexistent}\n",
+        &[],
+    )
+    .await;
+    assert_eq!(code, 1);
+    let output = Command::new(BIN)
+        .args(["--hostname-override=n", "print-config"])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("syncPeriod: 30s"), "{text}");
+    assert!(
+        text.contains("metricsBindAddress: 127.0.0.1:10249"),
+        "{text}"
+    );
+    let version = Command::new(BIN).arg("--version").output().await.unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("kube-proxy-rs "));
+}

@@ -1,0 +1,377 @@
+//! The watch layer against the test API server, through kube-rs unmodified: first-list gating,
+//! adds/updates/deletes, closed watches, 410 Gone, error answers, and a server restart.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube_proxy_rs::k8s::{Synced, WatchSink, build_client, spawn_watches};
+use kube_proxy_rs::model::{ChangeTracker, NamespacedName, ProxyState};
+use support::{Cluster, WAIT, eventually, node, service, slice};
+use test_apiserver::Resource;
+use tokio::sync::watch;
+
+/// The daemon's view, minus the proxier: a tracker fed by the watches, drained into a state.
+struct Follower {
+    tracker: Arc<Mutex<ChangeTracker>>,
+    state: ProxyState,
+    synced: watch::Receiver<Synced>,
+    notified: Arc<AtomicUsize>,
+    _tasks: tokio::task::JoinSet<()>,
+}
+
+impl Follower {
+    async fn start(cluster: &Cluster) -> Follower {
+        let client = build_client(Some(&cluster.kubeconfig), None)
+            .await
+            .expect("client");
+        let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
+        let notified = Arc::new(AtomicUsize::new(0));
+        let (synced_tx, synced) = watch::channel(Synced::default());
+        let counter = notified.clone();
+        let sink = WatchSink {
+            tracker: tracker.clone(),
+            on_change: Arc::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }),
+            synced: synced_tx,
+        };
+        let tasks = spawn_watches(client, "node-a", sink);
+        Follower {
+            tracker,
+            state: ProxyState::default(),
+            synced,
+            notified,
+            _tasks: tasks,
+        }
+    }
+
+    /// Applies what is pending, as a sync would.
+    fn sync(&mut self) {
+        let changes = self.tracker.lock().unwrap().take_changes();
+        self.state.apply(changes);
+    }
+
+    fn services(&mut self) -> BTreeSet<String> {
+        self.sync();
+        self.state
+            .services
+            .keys()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn endpoint_ips(&mut self, ns: &str, svc: &str) -> Vec<String> {
+        self.sync();
+        let key = NamespacedName::new(ns, svc);
+        let mut ips: Vec<String> = self
+            .state
+            .endpoints
+            .get(&key)
+            .into_iter()
+            .flat_map(|m| m.values().flatten())
+            .map(|e| e.ip.to_string())
+            .collect();
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
+    async fn wait_synced(&mut self) {
+        tokio::time::timeout(WAIT, self.synced.wait_for(Synced::all))
+            .await
+            .expect("synced in time")
+            .expect("watch alive");
+    }
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+async fn seeded() -> Cluster {
+    let cluster = Cluster::start().await;
+    let s = &cluster.server;
+    s.apply(node("node-a", "192.168.1.10", "zone-a")).unwrap();
+    s.apply(service("default", "web", "10.96.0.10", &[80]))
+        .unwrap();
+    s.apply(slice(
+        "default",
+        "web",
+        "1",
+        80,
+        &["10.244.1.5", "10.244.1.6"],
+    ))
+    .unwrap();
+    s.apply(service("default", "api", "10.96.0.11", &[443, 8443]))
+        .unwrap();
+    cluster
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_list_gates_and_fills_the_state() {
+    let cluster = seeded().await;
+    // Services answer, EndpointSlice lists stall: nothing may count as synced until both are done.
+    cluster.server.set_stalled(true);
+    let mut f = Follower::start(&cluster).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!f.synced.borrow().all());
+    cluster.server.set_stalled(false);
+    f.wait_synced().await;
+    assert_eq!(f.services(), set(&["default/api", "default/web"]));
+    assert_eq!(
+        f.endpoint_ips("default", "web"),
+        vec!["10.244.1.5", "10.244.1.6"]
+    );
+    assert_eq!(f.state.node.name, "node-a");
+    assert_eq!(
+        f.state.node.addresses,
+        vec!["192.168.1.10".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(f.state.node.zone(), Some("zone-a"));
+    assert!(f.notified.load(Ordering::SeqCst) > 0);
+    // The requests carry upstream's selectors.
+    let requests = cluster.server.requests();
+    assert!(requests.iter().any(|r| r.starts_with("GET /api/v1/services?") && r.contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless")), "{requests:#?}");
+    assert!(
+        requests.iter().any(|r| r.starts_with("GET /api/v1/nodes?")
+            && r.contains("fieldSelector=metadata.name%3Dnode-a")),
+        "{requests:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_node_still_counts_as_listed() {
+    let cluster = Cluster::start().await;
+    cluster
+        .server
+        .apply(service("default", "web", "10.96.0.10", &[80]))
+        .unwrap();
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    assert_eq!(f.services(), set(&["default/web"]));
+    // The node appearing later is picked up.
+    cluster
+        .server
+        .apply(node("node-a", "192.168.1.10", "zone-a"))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || {
+            f.sync();
+            f.state.node.name == "node-a"
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_updates_deletes_and_selectors() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+
+    s.apply(service("shop", "cart", "10.96.1.1", &[80]))
+        .unwrap();
+    s.apply(slice(
+        "default",
+        "web",
+        "1",
+        80,
+        &["10.244.1.5", "10.244.1.7"],
+    ))
+    .unwrap();
+    s.delete(Resource::Services, "default", "api").unwrap();
+    assert!(
+        eventually(WAIT, || f.services() == set(&["default/web", "shop/cart"])).await,
+        "{:?}",
+        f.services()
+    );
+    assert!(
+        eventually(WAIT, || f.endpoint_ips("default", "web")
+            == ["10.244.1.5", "10.244.1.7"])
+        .await
+    );
+
+    // Objects another proxy owns, and headless-labelled ones, are not ours; a label change moves
+    // an object out of the selection, which reads as a delete.
+    let mut other = service("shop", "other", "10.96.1.2", &[80]);
+    other["metadata"]["labels"] =
+        serde_json::json!({"service.kubernetes.io/service-proxy-name": "cilium"});
+    s.apply(other).unwrap();
+    let mut cart = service("shop", "cart", "10.96.1.1", &[80]);
+    cart["metadata"]["labels"] = serde_json::json!({"service.kubernetes.io/headless": ""});
+    s.apply(cart).unwrap();
+    s.apply(service("shop", "marker", "10.96.1.3", &[80]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || f.services()
+            == set(&["default/web", "shop/marker"]))
+        .await,
+        "{:?}",
+        f.services()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_objects_are_skipped_and_the_rest_works() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    let mut bad = service("default", "bad", "10.96.0.99", &[80]);
+    bad["spec"]["ports"][0]["protocol"] = "ICMP".into();
+    s.apply(bad).unwrap();
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    assert_eq!(f.services(), set(&["default/api", "default/web"]));
+    s.apply(service("default", "good", "10.96.0.98", &[80]))
+        .unwrap();
+    assert!(eventually(WAIT, || f.services().contains("default/good")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_watches_reconnect() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    let watches_before = s
+        .requests()
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count();
+    s.close_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.apply(service("default", "after-close", "10.96.0.20", &[80]))
+        .unwrap();
+    assert!(eventually(WAIT, || f.services().contains("default/after-close")).await);
+    let watches_after = s
+        .requests()
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count();
+    assert!(
+        watches_after > watches_before,
+        "{watches_before} -> {watches_after}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_watch_relists_without_losing_state() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    let lists = |s: &test_apiserver::ApiServer| {
+        s.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /api/v1/services?") && !r.contains("watch=true"))
+            .count()
+    };
+    let lists_before = lists(s);
+    // Watches are cut and cannot reconnect while the cluster changes and the history is compacted
+    // past them: resuming gets 410 Gone and must relist.
+    s.set_stalled(true);
+    s.close_watches();
+    s.delete(Resource::Services, "default", "api").unwrap();
+    s.apply(service("default", "new", "10.96.0.21", &[80]))
+        .unwrap();
+    s.compact();
+    s.set_stalled(false);
+    assert!(
+        eventually(WAIT, || f.services()
+            == set(&["default/new", "default/web"]))
+        .await,
+        "{:?}",
+        f.services()
+    );
+    assert!(lists(s) > lists_before, "a relist happened");
+    assert_eq!(
+        f.endpoint_ips("default", "web"),
+        vec!["10.244.1.5", "10.244.1.6"],
+        "unchanged state kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_answers_back_off_and_recover() {
+    for code in [500, 429] {
+        let cluster = seeded().await;
+        let s = &cluster.server;
+        let mut f = Follower::start(&cluster).await;
+        f.wait_synced().await;
+        s.fail_next(6, code);
+        s.compact();
+        s.close_watches();
+        // While requests fail, the last state stays.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            f.services(),
+            set(&["default/api", "default/web"]),
+            "state kept during {code}s"
+        );
+        s.apply(service("default", "later", "10.96.0.22", &[80]))
+            .unwrap();
+        assert!(
+            eventually(WAIT, || f.services().contains("default/later")).await,
+            "recovered after {code}s"
+        );
+        let failed = s.requests().len();
+        assert!(failed > 6, "the failures were seen");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_keeps_state_then_reconverges() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    s.stop().await;
+    // While the server is away, the cluster changes.
+    s.delete(Resource::Services, "default", "api").unwrap();
+    s.apply(slice("default", "web", "1", 80, &["10.244.1.9"]))
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        f.services(),
+        set(&["default/api", "default/web"]),
+        "nothing cleared while away"
+    );
+    assert_eq!(
+        f.endpoint_ips("default", "web"),
+        vec!["10.244.1.5", "10.244.1.6"]
+    );
+    s.restart().await.expect("restart");
+    assert!(
+        eventually(WAIT, || f.services() == set(&["default/web"])).await,
+        "{:?}",
+        f.services()
+    );
+    assert!(eventually(WAIT, || f.endpoint_ips("default", "web") == ["10.244.1.9"]).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_lists_are_paginated() {
+    let cluster = Cluster::start().await;
+    for i in 0..1200u32 {
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        cluster
+            .server
+            .apply(service("bulk", &format!("svc-{i}"), &ip, &[80]))
+            .unwrap();
+    }
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    assert_eq!(f.services().len(), 1200);
+    let pages = cluster
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/services?") && r.contains("continue="))
+        .count();
+    assert!(pages >= 2, "kube-rs followed continue tokens");
+}
