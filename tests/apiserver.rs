@@ -9,20 +9,34 @@ use kube::{Api, Client};
 use support::{Cluster, service};
 
 async fn client(cluster: &Cluster) -> Client {
-    kube_proxy_rs::k8s::build_client(Some(&cluster.kubeconfig), None).await.expect("client")
+    kube_proxy_rs::k8s::build_client(Some(&cluster.kubeconfig), None)
+        .await
+        .expect("client")
 }
 
 #[tokio::test]
 async fn discovery_lists_the_served_kinds() {
     let cluster = Cluster::start().await;
-    let discovery = Discovery::new(client(&cluster).await).run().await.expect("discovery");
+    let discovery = Discovery::new(client(&cluster).await)
+        .run()
+        .await
+        .expect("discovery");
     let mut kinds: Vec<String> = discovery
         .groups()
         .flat_map(|group| group.recommended_resources())
         .map(|(resource, _)| format!("{}/{}", resource.api_version, resource.kind))
         .collect();
     kinds.sort();
-    assert_eq!(kinds, vec!["discovery.k8s.io/v1/EndpointSlice", "v1/ConfigMap", "v1/Event", "v1/Node", "v1/Service"]);
+    assert_eq!(
+        kinds,
+        vec![
+            "discovery.k8s.io/v1/EndpointSlice",
+            "v1/ConfigMap",
+            "v1/Event",
+            "v1/Node",
+            "v1/Service"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -31,25 +45,46 @@ async fn create_replace_patch_delete() {
     let client = client(&cluster).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "shop");
     let svc: Service = serde_json::from_value(service("shop", "cart", "10.96.1.1", &[80])).unwrap();
-    let created = services.create(&PostParams::default(), &svc).await.expect("create");
+    let created = services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create");
     assert!(created.metadata.resource_version.is_some());
-    assert!(services.create(&PostParams::default(), &svc).await.is_err(), "409 on a second create");
+    assert!(
+        services.create(&PostParams::default(), &svc).await.is_err(),
+        "409 on a second create"
+    );
 
     let patch = serde_json::json!({"metadata": {"labels": {"tier": "front"}}});
-    let patched = services.patch("cart", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    let patched = services
+        .patch("cart", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
     assert_eq!(patched.metadata.labels.unwrap()["tier"], "front");
 
     let mut replaced = services.get("cart").await.expect("get");
     replaced.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
-    let replaced = services.replace("cart", &PostParams::default(), &replaced).await.expect("replace");
+    let replaced = services
+        .replace("cart", &PostParams::default(), &replaced)
+        .await
+        .expect("replace");
     assert_eq!(replaced.spec.unwrap().ports.unwrap()[0].port, 81);
 
-    let labelled = services.list(&ListParams::default().labels("tier=front")).await.expect("list");
+    let labelled = services
+        .list(&ListParams::default().labels("tier=front"))
+        .await
+        .expect("list");
     assert_eq!(labelled.items.len(), 1);
-    let none = services.list(&ListParams::default().labels("tier!=front")).await.expect("list");
+    let none = services
+        .list(&ListParams::default().labels("tier!=front"))
+        .await
+        .expect("list");
     assert!(none.items.is_empty());
 
-    services.delete("cart", &DeleteParams::default()).await.expect("delete");
+    services
+        .delete("cart", &DeleteParams::default())
+        .await
+        .expect("delete");
     assert!(services.get_opt("cart").await.expect("get_opt").is_none());
 
     let maps: Api<ConfigMap> = Api::namespaced(client, "kube-system");
@@ -57,8 +92,13 @@ async fn create_replace_patch_delete() {
         "metadata": {"name": "kube-proxy"}, "data": {"config.conf": "mode: ipvs\n"}
     }))
     .unwrap();
-    maps.create(&PostParams::default(), &map).await.expect("create configmap");
-    assert_eq!(maps.get("kube-proxy").await.unwrap().data.unwrap()["config.conf"], "mode: ipvs\n");
+    maps.create(&PostParams::default(), &map)
+        .await
+        .expect("create configmap");
+    assert_eq!(
+        maps.get("kube-proxy").await.unwrap().data.unwrap()["config.conf"],
+        "mode: ipvs\n"
+    );
 }
 
 #[test]

@@ -421,9 +421,11 @@ fn watch(
             bookmark_interval,
         );
         loop {
+            // Biased: once watches are closed, no later event may slip out on this stream.
             let out = tokio::select! {
-                _ = &mut deadline => return,
+                biased;
                 _ = epoch.changed() => return,
+                _ = &mut deadline => return,
                 _ = tx.closed() => return,
                 _ = ticks.tick(), if bookmarks => bookmark(resource, last_version, false),
                 received = live.recv() => match received {

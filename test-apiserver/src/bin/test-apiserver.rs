@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use test_apiserver::{ApiServer, Options, objects_from_yaml};
 
-const USAGE: &str = "usage: test-apiserver [--listen IP:PORT] [--kubeconfig-out PATH] [FILE.yaml ...]";
+const USAGE: &str =
+    "usage: test-apiserver [--listen IP:PORT] [--kubeconfig-out PATH] [FILE.yaml ...]";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
