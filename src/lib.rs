@@ -8,3 +8,4 @@ pub mod logging;
 pub mod model;
 pub mod proxier;
 pub mod runner;
+pub mod sys;

@@ -1,6 +1,7 @@
 //! Proxiers: what turns the model into kernel state. Each mode renders the desired state (pure)
 //! and applies it (thin); the sync loop only sees this trait.
 
+pub mod iptables;
 mod logging;
 
 use futures::future::BoxFuture;

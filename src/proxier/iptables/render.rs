@@ -1,0 +1,487 @@
+//! The pure renderer: model -> the iptables rules of one IP family, service by service, with
+//! upstream's chains, jumps, comments and ordering (pkg/proxy/iptables/proxier.go syncProxyRules).
+//! Rules are kept per service so a sync can rewrite only the services that changed.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::names;
+use crate::model::{Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, select_endpoints};
+
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+
+/// The filter chains every sync declares (and so flushes on a full sync).
+pub const FILTER_CHAINS: [&str; 6] =
+    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_FIREWALL];
+/// The nat chains every sync declares.
+pub const NAT_CHAINS: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
+
+/// How traffic from this node's pods is recognised (upstream's LocalTrafficDetector).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalDetector {
+    /// Not possible with this configuration: no masquerade of off-cluster traffic, no short-circuit.
+    None,
+    /// Source inside the pod CIDR(s).
+    Cidrs(Vec<IpNet>),
+    /// Arriving from the bridge.
+    Bridge(String),
+    /// Arriving from interfaces with this name prefix.
+    InterfacePrefix(String),
+}
+
+impl LocalDetector {
+    fn if_local(&self) -> Option<String> {
+        match self {
+            LocalDetector::None => None,
+            LocalDetector::Cidrs(nets) => Some(nets.iter().map(|n| format!("-s {n}")).collect::<Vec<_>>().join(" ")),
+            LocalDetector::Bridge(name) => Some(format!("-i {name}")),
+            LocalDetector::InterfacePrefix(prefix) => Some(format!("-i {prefix}+")),
+        }
+    }
+
+    fn if_not_local(&self) -> Option<String> {
+        match self {
+            LocalDetector::None => None,
+            LocalDetector::Cidrs(nets) => Some(nets.iter().map(|n| format!("! -s {n}")).collect::<Vec<_>>().join(" ")),
+            LocalDetector::Bridge(name) => Some(format!("! -i {name}")),
+            LocalDetector::InterfacePrefix(prefix) => Some(format!("! -i {prefix}+")),
+        }
+    }
+}
+
+/// Which local addresses accept NodePort traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every local address (`nodePortAddresses` empty).
+    All,
+    /// These addresses only.
+    Only(Vec<IpAddr>),
+}
+
+/// Everything besides the model that shapes one family's rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderContext {
+    pub family: IpFamily,
+    pub node_name: String,
+    pub zone: Option<String>,
+    /// The node's primary address in this family (for LoadBalancer source ranges that include it).
+    pub node_ip: Option<IpAddr>,
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    pub local_detector: LocalDetector,
+    pub localhost_node_ports: bool,
+    pub node_port_addresses: NodePortAddresses,
+    /// conntrack.tcpBeLiberal: INVALID packets are not dropped.
+    pub tcp_be_liberal: bool,
+}
+
+/// One rule in a chain: `-A <chain> <spec>`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rule {
+    pub chain: String,
+    pub spec: String,
+}
+
+impl Rule {
+    fn new(chain: &str, spec: String) -> Self {
+        Rule { chain: chain.to_string(), spec }
+    }
+}
+
+/// One service's rules in one family.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// Rules it adds to the shared filter chains.
+    pub filter: Vec<Rule>,
+    /// Rules it adds to the shared nat chains (KUBE-SERVICES, KUBE-NODEPORTS).
+    pub nat: Vec<Rule>,
+    /// Its own nat chains (KUBE-SVC/SVL/EXT/FW/SEP) with their rules in order.
+    pub chains: BTreeMap<String, Vec<String>>,
+    /// Service ports with no usable endpoint on this node for internal / external traffic.
+    pub no_local_endpoints_internal: usize,
+    pub no_local_endpoints_external: usize,
+}
+
+impl ServiceRules {
+    /// True when the service adds nothing to this family.
+    pub fn is_empty(&self) -> bool {
+        self.filter.is_empty() && self.nat.is_empty() && self.chains.is_empty()
+    }
+
+    fn push_chain_rule(&mut self, chain: &str, spec: String) {
+        self.chains.entry(chain.to_string()).or_default().push(spec);
+    }
+
+    fn add_filter(&mut self, rule: Rule) {
+        if !self.filter.contains(&rule) {
+            self.filter.push(rule);
+        }
+    }
+
+    fn add_nat(&mut self, rule: Rule) {
+        if !self.nat.contains(&rule) {
+            self.nat.push(rule);
+        }
+    }
+}
+
+/// `-m comment --comment X`, quoted as upstream does when the text has spaces.
+pub fn comment(text: &str) -> String {
+    if text.contains(' ') { format!("-m comment --comment \"{text}\"") } else { format!("-m comment --comment {text}") }
+}
+
+/// Upstream's probability format: ten decimals.
+pub fn probability(remaining: usize) -> String {
+    format!("{:.10}", 1.0 / remaining as f64)
+}
+
+/// Renders every port of one service in `ctx.family`.
+pub fn render_service(ports: &ServicePortMap, endpoints: Option<&EndpointsMap>, ctx: &RenderContext) -> ServiceRules {
+    let mut rules = ServiceRules::default();
+    for port in ports.values() {
+        let Some(port) = for_family(port, ctx.family) else { continue };
+        let all: Vec<Endpoint> = endpoints
+            .and_then(|map| map.get(&port.name))
+            .into_iter()
+            .flatten()
+            .filter(|ep| IpFamily::of(&ep.ip) == ctx.family)
+            .cloned()
+            .collect();
+        render_port(&port, &all, ctx, &mut rules);
+    }
+    rules
+}
+
+/// The port as this family sees it: its addresses of this family only; `None` without a cluster IP here.
+fn for_family(port: &ServicePort, family: IpFamily) -> Option<ServicePort> {
+    let cluster_ip = port.cluster_ip(family)?;
+    let mut view = port.clone();
+    view.cluster_ips = vec![cluster_ip];
+    view.external_ips.retain(|ip| IpFamily::of(ip) == family);
+    view.load_balancer_ips.retain(|ip| IpFamily::of(ip) == family);
+    view.load_balancer_source_ranges.retain(|net| IpFamily::of(&net.addr()) == family);
+    Some(view)
+}
+
+fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, out: &mut ServiceRules) {
+    let node = NodeContext { node_name: &ctx.node_name, zone: ctx.zone.as_deref() };
+    let selected = select_endpoints(port, endpoints, node);
+    let name = port.name.to_string();
+    let proto = port.name.protocol.lower();
+    let cluster_ip = port.cluster_ips[0];
+    let match_port = |dest: &dyn std::fmt::Display, dport: u16| format!("-m {proto} -p {proto} -d {dest} --dport {dport}");
+
+    let cluster_chain = names::cluster_policy_chain(&port.name);
+    let local_chain = names::local_policy_chain(&port.name);
+    let ext_chain = names::external_chain(&port.name);
+    let fw_chain = names::firewall_chain(&port.name);
+
+    let uses_cluster_chain = !selected.cluster.is_empty() && port.uses_cluster_endpoints();
+    let uses_local_chain = !selected.local.is_empty() && port.uses_local_endpoints();
+    let has_endpoints = selected.has_any_endpoints;
+    let (internal_chain, has_internal) = if port.internal_policy_local {
+        (&local_chain, has_endpoints && !selected.local.is_empty())
+    } else {
+        (&cluster_chain, has_endpoints)
+    };
+    let (external_policy_chain, has_external) = if port.external_policy_local {
+        (&local_chain, has_endpoints && !selected.local.is_empty())
+    } else {
+        (&cluster_chain, has_endpoints)
+    };
+    let uses_external_chain = has_endpoints && port.externally_accessible();
+    let uses_fw_chain = has_endpoints && !port.load_balancer_ips.is_empty() && !port.load_balancer_source_ranges.is_empty();
+    let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
+
+    let (internal_filter, external_filter) = if !has_endpoints {
+        let reject = ("REJECT", format!("{name} has no endpoints"));
+        (Some(reject.clone()), Some(reject))
+    } else {
+        let drop = ("DROP", format!("{name} has no local endpoints"));
+        (
+            (!has_internal).then(|| drop.clone()),
+            (!has_external).then_some(drop),
+        )
+    };
+    if has_endpoints && !has_internal {
+        out.no_local_endpoints_internal += 1;
+    }
+    if has_endpoints && !has_external {
+        out.no_local_endpoints_external += 1;
+    }
+
+    // Cluster IP.
+    if has_internal {
+        let spec = format!("{} {} -j {internal_chain}", comment(&format!("{name} cluster IP")), match_port(&cluster_ip, port.port));
+        out.add_nat(Rule::new(KUBE_SERVICES, spec));
+    } else if let Some((target, text)) = &internal_filter {
+        let spec = format!("{} {} -j {target}", comment(text), match_port(&cluster_ip, port.port));
+        out.add_filter(Rule::new(KUBE_SERVICES, spec));
+    }
+
+    // External IPs.
+    for ip in &port.external_ips {
+        if has_endpoints {
+            let spec = format!("{} {} -j {ext_chain}", comment(&format!("{name} external IP")), match_port(ip, port.port));
+            out.add_nat(Rule::new(KUBE_SERVICES, spec));
+        }
+        if let Some((target, text)) = &external_filter {
+            let spec = format!("{} {} -j {target}", comment(text), match_port(ip, port.port));
+            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
+        }
+    }
+
+    // LoadBalancer IPs.
+    for ip in &port.load_balancer_ips {
+        if has_endpoints {
+            let spec = format!("{} {} -j {lb_chain}", comment(&format!("{name} loadbalancer IP")), match_port(ip, port.port));
+            out.add_nat(Rule::new(KUBE_SERVICES, spec));
+        }
+        if uses_fw_chain {
+            let text = format!("{name} traffic not accepted by {fw_chain}");
+            let spec = format!("{} {} -j DROP", comment(&text), match_port(ip, port.port));
+            out.add_filter(Rule::new(KUBE_PROXY_FIREWALL, spec));
+        }
+    }
+    if let Some((target, text)) = &external_filter {
+        for ip in &port.load_balancer_ips {
+            let spec = format!("{} {} -j {target}", comment(text), match_port(ip, port.port));
+            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
+        }
+    }
+
+    // NodePort.
+    if let Some(node_port) = port.node_port {
+        if has_endpoints {
+            let spec = format!("{} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}", comment(&name));
+            out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
+        }
+        if let Some((target, text)) = &external_filter {
+            let spec = format!(
+                "{} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {target}",
+                comment(text)
+            );
+            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
+        }
+    }
+
+    // Health check node port: accepted whether or not there are local endpoints.
+    if let Some(health_port) = port.health_check_node_port {
+        let spec = format!(
+            "{} -m tcp -p tcp --dport {health_port} -j ACCEPT",
+            comment(&format!("{name} health check node port"))
+        );
+        out.add_filter(Rule::new(KUBE_NODEPORTS, spec));
+    }
+
+    // Internal traffic: masquerade what does not come from a local pod (or everything).
+    if has_internal {
+        let args = format!("{} {}", comment(&format!("{name} cluster IP")), match_port(&cluster_ip, port.port));
+        if ctx.masquerade_all {
+            out.push_chain_rule(internal_chain, format!("{args} -j {KUBE_MARK_MASQ}"));
+        } else if let Some(not_local) = ctx.local_detector.if_not_local() {
+            out.push_chain_rule(internal_chain, format!("{args} {not_local} -j {KUBE_MARK_MASQ}"));
+        }
+    }
+
+    // External traffic.
+    if uses_external_chain {
+        out.chains.entry(ext_chain.clone()).or_default();
+        if !port.external_policy_local {
+            let text = format!("masquerade traffic for {name} external destinations");
+            out.push_chain_rule(&ext_chain, format!("{} -j {KUBE_MARK_MASQ}", comment(&text)));
+        } else {
+            // Pod and node traffic to an external address is not subject to the Local policy
+            // (as if it went out to the load balancer and came back): it may use any endpoint.
+            let short_circuit = if uses_cluster_chain { Some(&cluster_chain) } else { uses_local_chain.then_some(&local_chain) };
+            if let Some(target) = short_circuit {
+                if let Some(local) = ctx.local_detector.if_local() {
+                    let text = format!("pod traffic for {name} external destinations");
+                    out.push_chain_rule(&ext_chain, format!("{} {local} -j {target}", comment(&text)));
+                }
+                let text = format!("masquerade LOCAL traffic for {name} external destinations");
+                out.push_chain_rule(&ext_chain, format!("{} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}", comment(&text)));
+                let text = format!("route LOCAL traffic for {name} external destinations");
+                out.push_chain_rule(&ext_chain, format!("{} -m addrtype --src-type LOCAL -j {target}", comment(&text)));
+            }
+        }
+        if has_external {
+            out.push_chain_rule(&ext_chain, format!("-j {external_policy_chain}"));
+        }
+    }
+
+    // LoadBalancer source ranges.
+    if uses_fw_chain {
+        out.chains.entry(fw_chain.clone()).or_default();
+        let allow = comment(&format!("{name} loadbalancer IP"));
+        let mut allow_from_node = false;
+        for net in &port.load_balancer_source_ranges {
+            out.push_chain_rule(&fw_chain, format!("{allow} -s {net} -j {ext_chain}"));
+            allow_from_node |= ctx.node_ip.is_some_and(|ip| net.contains(&ip));
+        }
+        // A VIP-like LB IP bound on the node loops back with the VIP as source.
+        if allow_from_node {
+            for ip in &port.load_balancer_ips {
+                out.push_chain_rule(&fw_chain, format!("{allow} -s {ip} -j {ext_chain}"));
+            }
+        }
+        let text = format!("other traffic to {name} will be dropped by {KUBE_PROXY_FIREWALL}");
+        out.push_chain_rule(&fw_chain, comment(&text));
+    }
+
+    if uses_cluster_chain {
+        endpoint_selection_rules(out, &cluster_chain, port, &selected.cluster);
+    }
+    if uses_local_chain {
+        endpoint_selection_rules(out, &local_chain, port, &selected.local);
+    }
+
+    for ep in &selected.all_reachable {
+        let address = ep.address();
+        let chain = names::endpoint_chain(&port.name, &address);
+        let service = comment(&name);
+        out.push_chain_rule(&chain, format!("{service} -s {} -j {KUBE_MARK_MASQ}", ep.ip));
+        let affinity = if port.session_affinity_seconds.is_some() { format!(" -m recent --name {chain} --set") } else { String::new() };
+        out.push_chain_rule(&chain, format!("{service}{affinity} -m {proto} -p {proto} -j DNAT --to-destination {address}"));
+    }
+}
+
+/// A policy chain's rules: affinity checks first, then one `statistic` rule per endpoint.
+fn endpoint_selection_rules(out: &mut ServiceRules, chain: &str, port: &ServicePort, endpoints: &[&Endpoint]) {
+    out.chains.entry(chain.to_string()).or_default();
+    let name = port.name.to_string();
+    if let Some(seconds) = port.session_affinity_seconds {
+        for ep in endpoints {
+            let address = ep.address();
+            let sep = names::endpoint_chain(&port.name, &address);
+            let text = comment(&format!("{name} -> {address}"));
+            out.push_chain_rule(chain, format!("{text} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}"));
+        }
+    }
+    let count = endpoints.len();
+    for (i, ep) in endpoints.iter().enumerate() {
+        let address = ep.address();
+        let sep = names::endpoint_chain(&port.name, &address);
+        let text = comment(&format!("{name} -> {address}"));
+        let spec = if i + 1 < count {
+            format!("{text} -m statistic --mode random --probability {} -j {sep}", probability(count - i))
+        } else {
+            format!("{text} -j {sep}")
+        };
+        out.push_chain_rule(chain, spec);
+    }
+}
+
+/// The rules that do not depend on services: masquerading, forwarding, the localnet firewall and
+/// the jump to KUBE-NODEPORTS that must stay last in nat KUBE-SERVICES.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BaseRules {
+    pub filter: Vec<Rule>,
+    pub nat: Vec<Rule>,
+    /// The last rules of nat KUBE-SERVICES.
+    pub nat_services_tail: Vec<Rule>,
+}
+
+/// Renders the rules that do not depend on services.
+pub fn render_base(ctx: &RenderContext) -> BaseRules {
+    let mark = format!("{:#x}", ctx.masquerade_mark);
+    let mut base = BaseRules::default();
+    let v4 = ctx.family == IpFamily::V4;
+    if v4 && ctx.localhost_node_ports {
+        base.filter.push(Rule::new(
+            KUBE_FIREWALL,
+            format!(
+                "{} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+                comment("block incoming localnet connections")
+            ),
+        ));
+    }
+    if !ctx.tcp_be_liberal {
+        base.filter.push(Rule::new(KUBE_FORWARD, "-m conntrack --ctstate INVALID -j DROP".into()));
+    }
+    base.filter.push(Rule::new(
+        KUBE_FORWARD,
+        format!("{} -m mark --mark {mark}/{mark} -j ACCEPT", comment("kubernetes forwarding rules")),
+    ));
+    base.filter.push(Rule::new(
+        KUBE_FORWARD,
+        format!("{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", comment("kubernetes forwarding conntrack rule")),
+    ));
+
+    base.nat.push(Rule::new(KUBE_POSTROUTING, format!("-m mark ! --mark {mark}/{mark} -j RETURN")));
+    base.nat.push(Rule::new(KUBE_POSTROUTING, format!("-j MARK --xor-mark {mark}")));
+    base.nat.push(Rule::new(
+        KUBE_POSTROUTING,
+        format!("{} -j MASQUERADE --random-fully", comment("kubernetes service traffic requiring SNAT")),
+    ));
+    base.nat.push(Rule::new(KUBE_MARK_MASQ, format!("-j MARK --or-mark {mark}")));
+
+    let last = comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+    match &ctx.node_port_addresses {
+        NodePortAddresses::All => {
+            let exclude = if !v4 {
+                " ! -d ::1/128"
+            } else if !ctx.localhost_node_ports {
+                " ! -d 127.0.0.0/8"
+            } else {
+                ""
+            };
+            base.nat_services_tail
+                .push(Rule::new(KUBE_SERVICES, format!("{last} -m addrtype --dst-type LOCAL{exclude} -j {KUBE_NODEPORTS}")));
+        }
+        NodePortAddresses::Only(ips) => {
+            for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ctx.family) {
+                if ip.is_loopback() && (!v4 || !ctx.localhost_node_ports) {
+                    continue;
+                }
+                base.nat_services_tail.push(Rule::new(KUBE_SERVICES, format!("{last} -d {ip} -j {KUBE_NODEPORTS}")));
+            }
+        }
+    }
+    base
+}
+
+/// A jump from a built-in chain to one of ours, kept at the top of the built-in chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JumpRule {
+    pub table: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+    /// Everything before `-j`.
+    pub spec: &'static str,
+}
+
+/// upstream's iptablesJumpChains plus the kubelet's KUBE-FIREWALL jumps.
+pub const JUMP_RULES: [JumpRule; 14] = [
+    JumpRule { table: "filter", from: "INPUT", to: KUBE_EXTERNAL_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"" },
+    JumpRule { table: "filter", from: "FORWARD", to: KUBE_EXTERNAL_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"" },
+    JumpRule { table: "filter", from: "INPUT", to: KUBE_NODEPORTS, spec: "-m comment --comment \"kubernetes health check service ports\"" },
+    JumpRule { table: "filter", from: "FORWARD", to: KUBE_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"" },
+    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"" },
+    JumpRule { table: "filter", from: "FORWARD", to: KUBE_FORWARD, spec: "-m comment --comment \"kubernetes forwarding rules\"" },
+    JumpRule { table: "filter", from: "INPUT", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
+    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
+    JumpRule { table: "filter", from: "FORWARD", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
+    JumpRule { table: "nat", from: "OUTPUT", to: KUBE_SERVICES, spec: "-m comment --comment \"kubernetes service portals\"" },
+    JumpRule { table: "nat", from: "PREROUTING", to: KUBE_SERVICES, spec: "-m comment --comment \"kubernetes service portals\"" },
+    JumpRule { table: "nat", from: "POSTROUTING", to: KUBE_POSTROUTING, spec: "-m comment --comment \"kubernetes postrouting rules\"" },
+    JumpRule { table: "filter", from: "INPUT", to: KUBE_FIREWALL, spec: "" },
+    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_FIREWALL, spec: "" },
+];
+
+impl JumpRule {
+    /// The rule's text after `-A <from> ` (or `-I <from> 1 `).
+    pub fn rule_spec(&self) -> String {
+        if self.spec.is_empty() { format!("-j {}", self.to) } else { format!("{} -j {}", self.spec, self.to) }
+    }
+}

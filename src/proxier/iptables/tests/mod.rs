@@ -1,0 +1,138 @@
+//! Tests of the pure iptables renderer: golden restore texts, jump-target consistency, the packet
+//! tracer, and incremental syncs against the stateful fake.
+
+mod golden;
+mod incremental;
+mod tracer;
+mod tracer_cases;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::render::{LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service};
+use super::restore::{FullSyncExtras, full_restore};
+use crate::model::{Endpoint, EndpointsMap, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName};
+
+pub const NODE: &str = "test-node";
+pub const NODE_IP: &str = "192.168.0.2";
+
+/// The context upstream's tests use: cluster CIDR 10.0.0.0/8, mark 0x4000, localhost NodePorts on.
+pub fn context() -> RenderContext {
+    RenderContext {
+        family: IpFamily::V4,
+        node_name: NODE.into(),
+        zone: None,
+        node_ip: Some(NODE_IP.parse().unwrap()),
+        masquerade_mark: 0x4000,
+        masquerade_all: false,
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        localhost_node_ports: true,
+        node_port_addresses: NodePortAddresses::All,
+        tcp_be_liberal: false,
+    }
+}
+
+/// One service: name, its ports, its endpoints.
+pub struct Svc {
+    pub key: NamespacedName,
+    pub ports: ServicePortMap,
+    pub endpoints: EndpointsMap,
+}
+
+/// A service `ns/name` with one TCP port `p80` (port 80), changed by `edit`.
+pub fn svc(ns: &str, name: &str, cluster_ip: &str, edit: impl FnOnce(&mut ServicePort)) -> Svc {
+    svc_port(ns, name, "p80", Protocol::Tcp, 80, cluster_ip, edit)
+}
+
+/// A service with one port of any name, protocol and number.
+pub fn svc_port(
+    ns: &str,
+    name: &str,
+    port_name: &str,
+    protocol: Protocol,
+    port: u16,
+    cluster_ip: &str,
+    edit: impl FnOnce(&mut ServicePort),
+) -> Svc {
+    let mut sp = ServicePort {
+        name: ServicePortName::new(ns, name, port_name, protocol),
+        cluster_ips: cluster_ip.split(',').map(|ip| ip.parse().unwrap()).collect(),
+        port,
+        node_port: None,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_seconds: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    };
+    edit(&mut sp);
+    Svc { key: NamespacedName::new(ns, name), ports: BTreeMap::from([(sp.name.clone(), sp)]), endpoints: BTreeMap::new() }
+}
+
+/// A ready endpoint at `ip:port` on `node` ("" for none).
+pub fn ep(ip: &str, port: u16, node: &str) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: (!node.is_empty()).then(|| node.to_string()),
+        zone: None,
+        zone_hints: BTreeSet::new(),
+    }
+}
+
+impl Svc {
+    /// Sets the endpoints of the service's only port (or of the named port).
+    pub fn with_endpoints(mut self, endpoints: Vec<Endpoint>) -> Self {
+        let name = self.ports.keys().next().unwrap().clone();
+        self.endpoints.insert(name, endpoints);
+        self
+    }
+
+    /// Adds another port to the service.
+    pub fn add_port(mut self, port_name: &str, protocol: Protocol, port: u16, endpoints: Vec<Endpoint>) -> Self {
+        let mut sp = self.ports.values().next().unwrap().clone();
+        sp.name = ServicePortName { service: self.key.clone(), port: port_name.into(), protocol };
+        sp.port = port;
+        self.endpoints.insert(sp.name.clone(), endpoints);
+        self.ports.insert(sp.name.clone(), sp);
+        self
+    }
+}
+
+/// Renders services in a context.
+pub fn render_all(services: &[Svc], ctx: &RenderContext) -> BTreeMap<NamespacedName, ServiceRules> {
+    services.iter().map(|s| (s.key.clone(), render_service(&s.ports, Some(&s.endpoints), ctx))).collect()
+}
+
+/// The full restore text for services in a context.
+pub fn full_text(services: &[Svc], ctx: &RenderContext) -> String {
+    full_restore(&render_base(ctx), &render_all(services, ctx), &FullSyncExtras::default()).0
+}
+
+/// Compares texts line by line with a readable diff.
+pub fn assert_text_eq(got: &str, want: &str) {
+    if got.trim() == want.trim() {
+        return;
+    }
+    let got_lines: Vec<&str> = got.trim().lines().collect();
+    let want_lines: Vec<&str> = want.trim().lines().map(str::trim).collect();
+    let mut report = String::new();
+    for line in &want_lines {
+        if !got_lines.contains(line) {
+            report.push_str(&format!("- {line}\n"));
+        }
+    }
+    for line in &got_lines {
+        if !want_lines.contains(line) {
+            report.push_str(&format!("+ {line}\n"));
+        }
+    }
+    if report.is_empty() {
+        report.push_str("same lines, different order");
+    }
+    panic!("restore text differs (- missing, + unexpected):\n{report}\nfull text:\n{got}");
+}

@@ -1,0 +1,4 @@
+//! Kernel access, each surface behind a narrow trait with a stateful fake for tests.
+
+pub mod iptables;
+pub mod iptables_fake;
