@@ -8,7 +8,7 @@ mod tracer_cases;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::render::{LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service};
+use super::render::{JUMP_RULES, LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service};
 use super::restore::{FullSyncExtras, full_restore};
 use crate::model::{Endpoint, EndpointsMap, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName};
 
@@ -108,9 +108,10 @@ pub fn render_all(services: &[Svc], ctx: &RenderContext) -> BTreeMap<NamespacedN
     services.iter().map(|s| (s.key.clone(), render_service(&s.ports, Some(&s.endpoints), ctx))).collect()
 }
 
-/// The full restore text for services in a context.
+/// The full restore text for services in a context, on a node with none of our rules yet.
 pub fn full_text(services: &[Svc], ctx: &RenderContext) -> String {
-    full_restore(&render_base(ctx), &render_all(services, ctx), &FullSyncExtras::default()).0
+    let extras = FullSyncExtras { stale_chains: &[], missing_jumps: &JUMP_RULES };
+    full_restore(&render_base(ctx), &render_all(services, ctx), &extras).0
 }
 
 /// Compares texts line by line with a readable diff.

@@ -1,0 +1,99 @@
+//! Tables of packets through the rules of upstream's overall scenario (and a few more).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use super::golden::overall_services;
+use super::tracer::{Packet, Verdict, trace};
+use super::*;
+use crate::sys::iptables::Iptables;
+use crate::sys::iptables_fake::FakeIptables;
+
+struct Case {
+    name: &'static str,
+    src: &'static str,
+    dst: &'static str,
+    port: u16,
+    from_node: bool,
+    want: Verdict,
+}
+
+fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
+    Verdict::Accept { endpoints: endpoints.iter().map(|e| e.to_string()).collect::<BTreeSet<_>>(), masquerade }
+}
+
+fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
+    let mut ipt = FakeIptables::default();
+    ipt.restore(ctx.family, &full_text(services, ctx)).unwrap();
+    let local: Vec<IpAddr> = vec![NODE_IP.parse().unwrap()];
+    for case in cases {
+        let packet = Packet {
+            src: case.src.parse().unwrap(),
+            dst: case.dst.parse().unwrap(),
+            dport: case.port,
+            protocol: Protocol::Tcp,
+            from_node: case.from_node,
+        };
+        assert_eq!(trace(&ipt, ctx.family, &local, &packet), case.want, "{}", case.name);
+    }
+}
+
+const POD: &str = "10.0.0.2";
+const OUTSIDE: &str = "203.0.113.200";
+
+#[test]
+fn overall_packet_flows() {
+    #[rustfmt::skip]
+    let cases = [
+        Case { name: "pod to cluster IP", src: POD, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "outside to cluster IP is masqueraded", src: OUTSIDE, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "node to cluster IP is masqueraded", src: NODE_IP, dst: "172.30.0.41", port: 80, from_node: true, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "hairpin: endpoint to its own service", src: "10.180.0.1", dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "wrong port to cluster IP is untouched", src: POD, dst: "172.30.0.41", port: 81, from_node: false, want: accept(&[], false) },
+        Case { name: "cluster IP without endpoints is rejected", src: POD, dst: "172.30.0.46", port: 80, from_node: false, want: Verdict::Reject },
+        Case { name: "ETP Local, no local endpoints: external IP from outside dropped", src: OUTSIDE, dst: "192.168.99.22", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local, no local endpoints: LB IP from outside dropped", src: OUTSIDE, dst: "1.2.3.4", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local, no local endpoints: NodePort from outside dropped", src: OUTSIDE, dst: NODE_IP, port: 3001, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local: pod to external IP short-circuits to any endpoint", src: POD, dst: "192.168.99.22", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "ETP Local: node to LB IP short-circuits, masqueraded", src: NODE_IP, dst: "1.2.3.4", port: 80, from_node: true, want: accept(&["10.180.0.2:80"], true) },
+        Case { name: "ETP Local: cluster IP still works", src: POD, dst: "172.30.0.42", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "NodePort from outside", src: OUTSIDE, dst: NODE_IP, port: 3003, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "NodePort on localhost", src: "127.0.0.1", dst: "127.0.0.1", port: 3003, from_node: true, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "external IP spreads over both endpoints", src: OUTSIDE, dst: "192.168.99.33", port: 80, from_node: false, want: accept(&["10.180.0.4:80", "10.180.0.5:80"], true) },
+        Case { name: "LB source range allows", src: "203.0.113.7", dst: "5.6.7.8", port: 80, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "LB source range refuses the rest", src: OUTSIDE, dst: "5.6.7.8", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "NodePort is not subject to source ranges", src: OUTSIDE, dst: NODE_IP, port: 3002, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "unrelated traffic to the node", src: OUTSIDE, dst: NODE_IP, port: 22, from_node: false, want: accept(&[], false) },
+    ];
+    run(&overall_services(), &context(), &cases);
+}
+
+#[test]
+fn local_policy_flows() {
+    let etp = svc("ns1", "etp", "172.30.0.51", |s| {
+        s.node_port = Some(30051);
+        s.external_policy_local = true;
+    })
+    .with_endpoints(vec![ep("10.180.0.1", 80, NODE), ep("10.180.1.1", 80, "other")]);
+    let itp = svc("ns1", "itp", "172.30.0.52", |s| s.internal_policy_local = true)
+        .with_endpoints(vec![ep("10.180.0.2", 80, NODE), ep("10.180.1.2", 80, "other")]);
+    let itp_none = svc("ns1", "itp-none", "172.30.0.53", |s| s.internal_policy_local = true)
+        .with_endpoints(vec![ep("10.180.1.3", 80, "other")]);
+    #[rustfmt::skip]
+    let cases = [
+        Case { name: "ETP Local from outside: local endpoint only, source kept", src: OUTSIDE, dst: NODE_IP, port: 30051, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "ETP Local cluster IP: every endpoint", src: POD, dst: "172.30.0.51", port: 80, from_node: false, want: accept(&["10.180.0.1:80", "10.180.1.1:80"], false) },
+        Case { name: "ITP Local: only the local endpoint", src: POD, dst: "172.30.0.52", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "ITP Local without local endpoints: dropped", src: POD, dst: "172.30.0.53", port: 80, from_node: false, want: Verdict::Drop },
+    ];
+    run(&[etp, itp, itp_none], &context(), &cases);
+}
+
+#[test]
+fn masquerade_all_flows() {
+    let s = svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    let mut ctx = context();
+    ctx.masquerade_all = true;
+    let cases = [Case { name: "pod traffic masqueraded too", src: POD, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) }];
+    run(&[s], &ctx, &cases);
+}
