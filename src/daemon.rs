@@ -8,11 +8,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{ProxyMode, Settings};
+use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
+use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
+use crate::sys::iptables::{Backend, SystemIptables};
+use crate::sys::net::{ProcSysctl, SystemAddresses};
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -25,11 +28,15 @@ pub enum DaemonError {
     UnsupportedMode(&'static str),
 }
 
+/// How the daemon runs besides its configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Program nothing; log the service ports and endpoints each sync would program.
+    pub dry_run: bool,
+}
+
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
-pub async fn run(
-    settings: Settings,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), DaemonError> {
+pub async fn run(settings: Settings, options: RunOptions, mut shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
     let config = &settings.config;
     info!(version = env!("CARGO_PKG_VERSION"), node = %settings.node_name, "Starting kube-proxy-rs");
     if !settings.unknown_fields.is_empty() {
@@ -47,20 +54,17 @@ pub async fn run(
     }
     let intervals = match mode {
         ProxyMode::Nftables => return Err(DaemonError::UnsupportedMode("nftables")),
-        ProxyMode::Iptables => sync_intervals(
-            config.iptables.min_sync_period.0,
-            config.iptables.sync_period.0,
-        ),
+        ProxyMode::Iptables => sync_intervals(config.iptables.min_sync_period.0, config.iptables.sync_period.0),
         ProxyMode::Ipvs => sync_intervals(config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
     };
-    info!(
-        mode = mode.as_str(),
-        "No kernel proxier is built yet; logging the rules that would be programmed"
-    );
-    let proxier: Box<dyn Proxier> = Box::new(LoggingProxier::default());
+    let proxier: Box<dyn Proxier> = if options.dry_run {
+        info!(mode = mode.as_str(), "Dry run: nothing is programmed; logging what each sync would program");
+        Box::new(LoggingProxier::default())
+    } else {
+        choose_proxier(mode, config)
+    };
 
-    let client =
-        k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
+    let client = k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
     let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
     let requester = SyncRequester::default();
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
@@ -68,11 +72,7 @@ pub async fn run(
         let requester = requester.clone();
         Arc::new(move || requester.request())
     };
-    let sink = WatchSink {
-        tracker: tracker.clone(),
-        on_change,
-        synced: synced_tx,
-    };
+    let sink = WatchSink { tracker: tracker.clone(), on_change, synced: synced_tx };
     let _watches = k8s::spawn_watches(client, &settings.node_name, sink);
 
     info!("Waiting for caches to sync");
@@ -86,24 +86,40 @@ pub async fn run(
     }
     info!("Caches are synced");
 
-    let mut sync_loop = SyncLoop {
-        tracker,
-        state: ProxyState::default(),
-        proxier,
-    };
-    runner::run(intervals, requester, shutdown, &mut sync_loop).await;
+    // Syncs block on iptables-restore and netlink; they get a thread of their own.
+    let mut sync_loop = SyncLoop { tracker, state: ProxyState::default(), proxier };
+    let runtime = tokio::runtime::Handle::current();
+    let sync_thread = tokio::task::spawn_blocking(move || {
+        runtime.block_on(runner::run(intervals, requester, shutdown, &mut sync_loop));
+    });
+    if let Err(err) = sync_thread.await {
+        error!(error = %err, "The sync loop stopped unexpectedly");
+    }
     info!("Shutting down; the programmed rules stay in place");
     Ok(())
+}
+
+/// The proxier for a mode, logging the choice as upstream does.
+fn choose_proxier(mode: ProxyMode, config: &KubeProxyConfiguration) -> Box<dyn Proxier> {
+    if mode == ProxyMode::Ipvs {
+        warn!("The IPVS proxier is not available in this build");
+        warn!("Can't use ipvs proxier, trying iptables proxier");
+    }
+    let backend = Backend::detect();
+    info!(backend = backend.as_str(), "Using iptables back end");
+    info!("Using iptables Proxier");
+    Box::new(IptablesProxier::new(
+        SystemIptables::new(backend),
+        IptablesSettings::from_config(config),
+        Box::new(SystemAddresses),
+        Box::new(ProcSysctl::default()),
+    ))
 }
 
 /// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after
 /// a second (at least minSyncPeriod), doubling up to syncPeriod; upstream waits a whole syncPeriod.
 fn sync_intervals(min_sync: Duration, sync: Duration) -> Intervals {
-    Intervals {
-        min_interval: min_sync,
-        max_interval: sync,
-        retry_interval: min_sync.max(Duration::from_secs(1)).min(sync),
-    }
+    Intervals { min_interval: min_sync, max_interval: sync, retry_interval: min_sync.max(Duration::from_secs(1)).min(sync) }
 }
 
 /// One sync: take the pending changes, apply them to the state, hand both to the proxier.
@@ -116,14 +132,10 @@ struct SyncLoop {
 impl Syncer for SyncLoop {
     fn sync(&mut self) -> BoxFuture<'_, Result<(), ()>> {
         Box::pin(async move {
-            let changes = self
-                .tracker
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take_changes();
+            let changes = self.tracker.lock().unwrap_or_else(|p| p.into_inner()).take_changes();
             let summary = self.state.apply(changes);
             let started = Instant::now();
-            match self.proxier.sync(&self.state, &summary).await {
+            match self.proxier.sync(&self.state, &summary) {
                 Ok(report) => {
                     debug!(
                         mode = self.proxier.mode(),
@@ -131,6 +143,7 @@ impl Syncer for SyncLoop {
                         services = self.state.services.len(),
                         service_ports = report.service_ports,
                         services_written = report.services_written,
+                        restore_lines = report.restore_lines,
                         service_changes = summary.service_changes,
                         endpoint_changes = summary.endpoint_changes,
                         elapsed = ?started.elapsed(),

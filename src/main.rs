@@ -50,7 +50,8 @@ fn main() -> ExitCode {
         eprintln!("kube-proxy-rs: --cleanup is not implemented yet in this build");
         return ExitCode::FAILURE;
     }
-    match run(settings) {
+    let options = daemon::RunOptions { dry_run: flags.dry_run };
+    match run(settings, options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = %format!("{err:#}"), "kube-proxy-rs stopped");
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(settings: config::Settings) -> anyhow::Result<()> {
+fn run(settings: config::Settings, options: daemon::RunOptions) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -71,7 +72,7 @@ fn run(settings: config::Settings) -> anyhow::Result<()> {
             tracing::info!("Received a stop signal");
             let _ = stop.send(true);
         });
-        daemon::run(settings, shutdown).await?;
+        daemon::run(settings, options, shutdown).await?;
         Ok(())
     })
 }

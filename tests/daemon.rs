@@ -19,7 +19,9 @@ struct Daemon {
 
 impl Daemon {
     fn spawn(args: &[&str]) -> Daemon {
+        // --dry-run: these tests run in the host's network namespace, which must never be programmed.
         let mut child = Command::new(BIN)
+            .arg("--dry-run")
             .args(args)
             .env_remove("RUST_LOG")
             .env_remove("NODE_NAME")
@@ -184,7 +186,7 @@ async fn run_with_config(text: &str, extra: &[&str]) -> (i32, String) {
     let path = dir.path().join("config.conf");
     std::fs::write(&path, text).unwrap();
     let config_arg = format!("--config={}", path.display());
-    let mut args = vec![config_arg.as_str(), "--hostname-override=n"];
+    let mut args = vec!["--dry-run", config_arg.as_str(), "--hostname-override=n"];
     args.extend_from_slice(extra);
     let output = tokio::time::timeout(WAIT, Command::new(BIN).args(&args).output())
         .await

@@ -71,6 +71,10 @@ pub struct Flags {
     #[arg(long, value_name = "FORMAT")]
     pub logging_format: Option<String>,
 
+    /// Program nothing: log the service ports and endpoints each sync would program (not upstream).
+    #[arg(long)]
+    pub dry_run: bool,
+
     /// Other commands (the daemon runs when none is given).
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -1,7 +1,6 @@
 //! A proxier that programs nothing and logs what it would program: every service port with the
 //! endpoints it would use on this node, for the services that changed.
 
-use futures::future::BoxFuture;
 use tracing::info;
 
 use super::{Proxier, SyncError, SyncReport};
@@ -56,12 +55,8 @@ impl Proxier for LoggingProxier {
         "logging"
     }
 
-    fn sync<'a>(
-        &'a mut self,
-        state: &'a ProxyState,
-        changes: &'a ChangeSummary,
-    ) -> BoxFuture<'a, Result<SyncReport, SyncError>> {
-        Box::pin(async move {
+    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+        {
             let full = !self.synced_once || changes.node_changed;
             let names: Vec<&NamespacedName> = if full {
                 state.services.keys().collect()
@@ -76,7 +71,8 @@ impl Proxier for LoggingProxier {
                 full,
                 service_ports: state.services.values().map(|ports| ports.len()).sum(),
                 services_written: names.len(),
+                ..SyncReport::default()
             })
-        })
+        }
     }
 }

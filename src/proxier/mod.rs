@@ -4,8 +4,6 @@
 pub mod iptables;
 mod logging;
 
-use futures::future::BoxFuture;
-
 pub use logging::LoggingProxier;
 
 use crate::model::{ChangeSummary, ProxyState};
@@ -27,6 +25,10 @@ pub struct SyncReport {
     pub service_ports: usize,
     /// Services whose rules this sync rewrote.
     pub services_written: usize,
+    /// Lines of kernel input written (restore lines).
+    pub restore_lines: usize,
+    /// Service ports without usable local endpoints for (internal, external) traffic.
+    pub no_local_endpoints: (usize, usize),
 }
 
 /// A proxy mode's programmer of kernel state.
@@ -37,9 +39,6 @@ pub trait Proxier: Send {
     /// Brings the kernel in line with `state`. `changes` says what changed since the last sync
     /// handed to this proxier (successful or not); a proxier that failed keeps its own note to
     /// resync everything.
-    fn sync<'a>(
-        &'a mut self,
-        state: &'a ProxyState,
-        changes: &'a ChangeSummary,
-    ) -> BoxFuture<'a, Result<SyncReport, SyncError>>;
+    /// Blocking: the sync loop runs on its own thread.
+    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError>;
 }

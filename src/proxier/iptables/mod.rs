@@ -1,8 +1,11 @@
 //! iptables mode: upstream's KUBE-SERVICES -> KUBE-SVC -> KUBE-SEP layout.
 
 pub mod names;
+mod proxier;
 pub mod render;
 pub mod restore;
+
+pub use proxier::{FULL_SYNC_PERIOD, IptablesProxier, IptablesSettings};
 
 #[cfg(test)]
 mod tests;

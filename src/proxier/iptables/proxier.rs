@@ -1,0 +1,343 @@
+//! The iptables proxier: renders per service and family, decides full or partial sync, applies
+//! with one iptables-restore per family, and remembers what it programmed so the next sync only
+//! touches what changed. Full syncs happen at start, after a failure, when the canary chains are
+//! gone (someone flushed the tables), when the node changes, and hourly as upstream.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use tracing::{debug, info, warn};
+
+use super::names::is_service_chain;
+use super::render::{
+    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, LocalDetector, NodePortAddresses, RenderContext, ServiceRules,
+    render_base, render_service,
+};
+use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
+use crate::config::{DetectLocalMode, KubeProxyConfiguration};
+use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
+use crate::proxier::{Proxier, SyncError, SyncReport};
+use crate::sys::iptables::Iptables;
+use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
+
+/// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+
+/// The parts of the configuration this proxier uses.
+#[derive(Clone, Debug)]
+pub struct IptablesSettings {
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    pub localhost_node_ports: bool,
+    pub cluster_cidrs: Vec<IpNet>,
+    pub detect_local: DetectLocalMode,
+    pub bridge_interface: String,
+    pub interface_name_prefix: String,
+    /// CIDRs or `primary`, as configured.
+    pub node_port_addresses: Vec<String>,
+    pub tcp_be_liberal: bool,
+    /// How often the canary chains are checked (syncPeriod).
+    pub canary_interval: Duration,
+}
+
+impl IptablesSettings {
+    /// Takes them from a validated configuration.
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        IptablesSettings {
+            masquerade_mark: config.masquerade_mark(),
+            masquerade_all: config.iptables.masquerade_all,
+            localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
+            cluster_cidrs: config.cluster_cidr.split(',').filter_map(|c| c.trim().parse().ok()).collect(),
+            detect_local: config.detect_local().unwrap_or(DetectLocalMode::ClusterCidr),
+            bridge_interface: config.detect_local.bridge_interface.clone(),
+            interface_name_prefix: config.detect_local.interface_name_prefix.clone(),
+            node_port_addresses: config.node_port_addresses.clone(),
+            tcp_be_liberal: config.conntrack.tcp_be_liberal,
+            canary_interval: config.iptables.sync_period.0,
+        }
+    }
+}
+
+/// What is programmed in one family.
+struct FamilyState {
+    ctx: RenderContext,
+    services: BTreeMap<NamespacedName, ServiceRules>,
+}
+
+/// The iptables proxier over any [`Iptables`] (the real tools or the fake).
+pub struct IptablesProxier<I: Iptables> {
+    iptables: I,
+    settings: IptablesSettings,
+    addresses: Box<dyn LocalAddresses>,
+    sysctl: Box<dyn Sysctl>,
+    /// Families in use, fixed at the first sync from the node's addresses.
+    families: Vec<IpFamily>,
+    programmed: BTreeMap<IpFamily, FamilyState>,
+    needs_full_sync: bool,
+    last_full_sync: Option<Instant>,
+    last_canary_check: Option<Instant>,
+    /// Failed restores so far (the metric's value).
+    pub restore_failures: u64,
+    /// Lines of restore input written by the last sync (for tests and benchmarks).
+    pub last_restore: Vec<(IpFamily, String)>,
+}
+
+impl<I: Iptables> IptablesProxier<I> {
+    /// A proxier that will do a full sync first.
+    pub fn new(iptables: I, settings: IptablesSettings, addresses: Box<dyn LocalAddresses>, sysctl: Box<dyn Sysctl>) -> Self {
+        IptablesProxier {
+            iptables,
+            settings,
+            addresses,
+            sysctl,
+            families: Vec::new(),
+            programmed: BTreeMap::new(),
+            needs_full_sync: true,
+            last_full_sync: None,
+            last_canary_check: None,
+            restore_failures: 0,
+            last_restore: Vec::new(),
+        }
+    }
+
+    /// The kernel interface (for tests).
+    pub fn iptables(&mut self) -> &mut I {
+        &mut self.iptables
+    }
+
+    /// Makes the next sync a full one.
+    pub fn force_full_sync(&mut self) {
+        self.needs_full_sync = true;
+    }
+
+    fn context(&self, family: IpFamily, node: &NodeInfo) -> RenderContext {
+        let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
+        let net_of_family = |net: &&IpNet| IpFamily::of(&net.addr()) == family;
+        let local_detector = match self.settings.detect_local {
+            DetectLocalMode::ClusterCidr => {
+                let nets: Vec<IpNet> = self.settings.cluster_cidrs.iter().filter(net_of_family).copied().collect();
+                if nets.is_empty() { LocalDetector::None } else { LocalDetector::Cidrs(nets) }
+            }
+            DetectLocalMode::NodeCidr => {
+                let nets: Vec<IpNet> = node.pod_cidrs.iter().filter(net_of_family).copied().collect();
+                if nets.is_empty() { LocalDetector::None } else { LocalDetector::Cidrs(nets) }
+            }
+            DetectLocalMode::BridgeInterface => LocalDetector::Bridge(self.settings.bridge_interface.clone()),
+            DetectLocalMode::InterfaceNamePrefix => LocalDetector::InterfacePrefix(self.settings.interface_name_prefix.clone()),
+        };
+        let node_ip = node.addresses.iter().copied().find(of_family);
+        let node_port_addresses = if self.settings.node_port_addresses.is_empty() {
+            NodePortAddresses::All
+        } else if self.settings.node_port_addresses.iter().any(|a| a == "primary") {
+            NodePortAddresses::Only(node_ip.into_iter().collect())
+        } else {
+            let nets: Vec<IpNet> = self.settings.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect();
+            let mut ips: Vec<IpAddr> =
+                self.addresses.addresses().into_iter().filter(|ip| of_family(ip) && nets.iter().any(|n| n.contains(ip))).collect();
+            ips.sort();
+            NodePortAddresses::Only(ips)
+        };
+        RenderContext {
+            family,
+            node_name: node.name.clone(),
+            zone: node.zone().map(str::to_string),
+            node_ip,
+            masquerade_mark: self.settings.masquerade_mark,
+            masquerade_all: self.settings.masquerade_all,
+            local_detector,
+            localhost_node_ports: self.settings.localhost_node_ports,
+            node_port_addresses,
+            tcp_be_liberal: self.settings.tcp_be_liberal,
+        }
+    }
+
+    /// IPv4 localhost NodePorts need route_localnet (upstream sets it for the same reason).
+    fn ensure_route_localnet(&mut self, ctx: &RenderContext) {
+        let wants = ctx.family == IpFamily::V4
+            && ctx.localhost_node_ports
+            && match &ctx.node_port_addresses {
+                NodePortAddresses::All => true,
+                NodePortAddresses::Only(ips) => ips.iter().any(IpAddr::is_loopback),
+            };
+        if wants && let Err(err) = ensure_sysctl(self.sysctl.as_mut(), ROUTE_LOCALNET, "1") {
+            warn!(error = %err, "Cannot enable route_localnet; NodePorts on 127.0.0.1 will not work");
+        }
+    }
+
+    fn canaries_present(&mut self, family: IpFamily) -> bool {
+        ["mangle", "nat", "filter"].into_iter().all(|table| {
+            self.iptables.chain_exists(family, table, KUBE_PROXY_CANARY).unwrap_or(false)
+        })
+    }
+
+    fn full_sync(&mut self, family: IpFamily, ctx: RenderContext, state: &ProxyState) -> Result<RestoreStats, SyncError> {
+        let base = render_base(&ctx);
+        let services: BTreeMap<NamespacedName, ServiceRules> = state
+            .services
+            .iter()
+            .map(|(key, ports)| (key.clone(), render_service(ports, state.endpoints.get(key), &ctx)))
+            .filter(|(_, rules)| !rules.is_empty())
+            .collect();
+        let nat = self.iptables.save(family, "nat").map_err(|e| SyncError::Apply(e.to_string()))?;
+        let filter = self.iptables.save(family, "filter").map_err(|e| SyncError::Apply(e.to_string()))?;
+        let wanted: std::collections::BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
+        let stale: Vec<String> = chains_in_save(&nat)
+            .into_iter()
+            .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
+            .collect();
+        let missing: Vec<JumpRule> = JUMP_RULES
+            .iter()
+            .filter(|jump| !has_jump(if jump.table == "nat" { &nat } else { &filter }, jump))
+            .copied()
+            .collect();
+        let (text, stats) = full_restore(&base, &services, &FullSyncExtras { stale_chains: &stale, missing_jumps: &missing });
+        self.restore(family, &text)?;
+        self.programmed.insert(family, FamilyState { ctx, services });
+        Ok(stats)
+    }
+
+    fn partial_sync(&mut self, family: IpFamily, state: &ProxyState, changes: &ChangeSummary) -> Result<RestoreStats, SyncError> {
+        let Some(current) = self.programmed.get(&family) else {
+            return Err(SyncError::Apply("no full sync yet".into()));
+        };
+        let rendered: Vec<(NamespacedName, Option<ServiceRules>)> = changes
+            .changed_services
+            .iter()
+            .map(|key| {
+                let rules = state
+                    .services
+                    .get(key)
+                    .map(|ports| render_service(ports, state.endpoints.get(key), &current.ctx))
+                    .filter(|rules| !rules.is_empty());
+                (key.clone(), rules)
+            })
+            .collect();
+        let deltas: Vec<ServiceDelta<'_>> = rendered
+            .iter()
+            .map(|(key, new)| ServiceDelta { old: current.services.get(key), new: new.as_ref() })
+            .collect();
+        let Some((text, stats)) = partial_restore(&deltas) else {
+            return Ok(RestoreStats::default());
+        };
+        self.restore(family, &text)?;
+        if let Some(current) = self.programmed.get_mut(&family) {
+            for (key, rules) in rendered {
+                match rules {
+                    Some(rules) => current.services.insert(key, rules),
+                    None => current.services.remove(&key),
+                };
+            }
+        }
+        Ok(stats)
+    }
+
+    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), SyncError> {
+        self.last_restore.push((family, text.to_string()));
+        self.iptables.restore(family, text).map_err(|err| {
+            self.restore_failures += 1;
+            SyncError::Apply(err.to_string())
+        })
+    }
+
+    /// Programs one sync; on any error the next sync is a full one.
+    fn sync_all(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+        self.last_restore.clear();
+        if self.families.is_empty() {
+            self.families = families_of(&state.node);
+            info!(families = ?self.families, "iptables proxier serving IP families");
+        }
+        let now = Instant::now();
+        let canary_due = self.last_canary_check.is_none_or(|t| now.duration_since(t) >= self.settings.canary_interval);
+        let mut full = self.needs_full_sync || self.last_full_sync.is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        if canary_due && !full {
+            self.last_canary_check = Some(now);
+            for family in self.families.clone() {
+                if !self.canaries_present(family) {
+                    warn!(?family, "iptables canary chain missing (tables were flushed?); doing a full sync");
+                    full = true;
+                }
+            }
+        }
+        let mut report = SyncReport { full, ..SyncReport::default() };
+        for family in self.families.clone() {
+            let ctx = self.context(family, &state.node);
+            let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
+            self.ensure_route_localnet(&ctx);
+            let result = if full || ctx_changed {
+                report.full = true;
+                self.full_sync(family, ctx, state)
+            } else {
+                self.partial_sync(family, state, changes)
+            };
+            match result {
+                Ok(stats) => {
+                    debug!(?family, full = report.full, filter_rules = stats.filter_rules, nat_rules = stats.nat_rules,
+                        nat_chains = stats.nat_chains, lines = stats.lines, "Reloaded iptables rules");
+                    report.restore_lines += stats.lines;
+                }
+                Err(err) => {
+                    self.needs_full_sync = true;
+                    return Err(err);
+                }
+            }
+        }
+        if report.full {
+            self.needs_full_sync = false;
+            self.last_full_sync = Some(now);
+            self.last_canary_check = Some(now);
+        }
+        report.service_ports = state.services.values().map(|ports| ports.len()).sum();
+        report.services_written = if report.full { state.services.len() } else { changes.changed_services.len() };
+        report.no_local_endpoints = self
+            .programmed
+            .values()
+            .flat_map(|p| p.services.values())
+            .map(|s| (s.no_local_endpoints_internal, s.no_local_endpoints_external))
+            .fold((0, 0), |acc, n| (acc.0 + n.0, acc.1 + n.1));
+        Ok(report)
+    }
+}
+
+impl<I: Iptables> Proxier for IptablesProxier<I> {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+        self.sync_all(state, changes)
+    }
+}
+
+/// The families a node serves: those of its addresses, IPv4 when it has none yet.
+fn families_of(node: &NodeInfo) -> Vec<IpFamily> {
+    let mut families: Vec<IpFamily> = node.addresses.iter().map(IpFamily::of).collect();
+    families.sort();
+    families.dedup();
+    if families.is_empty() {
+        families.push(IpFamily::V4);
+    }
+    families
+}
+
+/// Chain names declared in iptables-save output.
+fn chains_in_save(save: &str) -> Vec<String> {
+    save.lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|decl| decl.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether a built-in chain already jumps to our chain with our comment.
+fn has_jump(save: &str, jump: &JumpRule) -> bool {
+    let prefix = format!("-A {} ", jump.from);
+    let target = format!("-j {}", jump.to);
+    save.lines().any(|line| {
+        line.starts_with(&prefix)
+            && line.trim_end().ends_with(&target)
+            && (jump.spec.is_empty() || line.contains(jump.spec.split("--comment ").nth(1).unwrap_or("")))
+    })
+}
