@@ -36,7 +36,11 @@ pub struct RunOptions {
 }
 
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
-pub async fn run(settings: Settings, options: RunOptions, mut shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
+pub async fn run(
+    settings: Settings,
+    options: RunOptions,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), DaemonError> {
     let config = &settings.config;
     info!(version = env!("CARGO_PKG_VERSION"), node = %settings.node_name, "Starting kube-proxy-rs");
     if !settings.unknown_fields.is_empty() {
@@ -54,17 +58,24 @@ pub async fn run(settings: Settings, options: RunOptions, mut shutdown: watch::R
     }
     let intervals = match mode {
         ProxyMode::Nftables => return Err(DaemonError::UnsupportedMode("nftables")),
-        ProxyMode::Iptables => sync_intervals(config.iptables.min_sync_period.0, config.iptables.sync_period.0),
+        ProxyMode::Iptables => sync_intervals(
+            config.iptables.min_sync_period.0,
+            config.iptables.sync_period.0,
+        ),
         ProxyMode::Ipvs => sync_intervals(config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
     };
     let proxier: Box<dyn Proxier> = if options.dry_run {
-        info!(mode = mode.as_str(), "Dry run: nothing is programmed; logging what each sync would program");
+        info!(
+            mode = mode.as_str(),
+            "Dry run: nothing is programmed; logging what each sync would program"
+        );
         Box::new(LoggingProxier::default())
     } else {
         choose_proxier(mode, config)
     };
 
-    let client = k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
+    let client =
+        k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
     let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
     let requester = SyncRequester::default();
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
@@ -72,7 +83,11 @@ pub async fn run(settings: Settings, options: RunOptions, mut shutdown: watch::R
         let requester = requester.clone();
         Arc::new(move || requester.request())
     };
-    let sink = WatchSink { tracker: tracker.clone(), on_change, synced: synced_tx };
+    let sink = WatchSink {
+        tracker: tracker.clone(),
+        on_change,
+        synced: synced_tx,
+    };
     let _watches = k8s::spawn_watches(client, &settings.node_name, sink);
 
     info!("Waiting for caches to sync");
@@ -87,7 +102,11 @@ pub async fn run(settings: Settings, options: RunOptions, mut shutdown: watch::R
     info!("Caches are synced");
 
     // Syncs block on iptables-restore and netlink; they get a thread of their own.
-    let mut sync_loop = SyncLoop { tracker, state: ProxyState::default(), proxier };
+    let mut sync_loop = SyncLoop {
+        tracker,
+        state: ProxyState::default(),
+        proxier,
+    };
     let runtime = tokio::runtime::Handle::current();
     let sync_thread = tokio::task::spawn_blocking(move || {
         runtime.block_on(runner::run(intervals, requester, shutdown, &mut sync_loop));
@@ -119,7 +138,11 @@ fn choose_proxier(mode: ProxyMode, config: &KubeProxyConfiguration) -> Box<dyn P
 /// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after
 /// a second (at least minSyncPeriod), doubling up to syncPeriod; upstream waits a whole syncPeriod.
 fn sync_intervals(min_sync: Duration, sync: Duration) -> Intervals {
-    Intervals { min_interval: min_sync, max_interval: sync, retry_interval: min_sync.max(Duration::from_secs(1)).min(sync) }
+    Intervals {
+        min_interval: min_sync,
+        max_interval: sync,
+        retry_interval: min_sync.max(Duration::from_secs(1)).min(sync),
+    }
 }
 
 /// One sync: take the pending changes, apply them to the state, hand both to the proxier.
@@ -132,7 +155,11 @@ struct SyncLoop {
 impl Syncer for SyncLoop {
     fn sync(&mut self) -> BoxFuture<'_, Result<(), ()>> {
         Box::pin(async move {
-            let changes = self.tracker.lock().unwrap_or_else(|p| p.into_inner()).take_changes();
+            let changes = self
+                .tracker
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take_changes();
             let summary = self.state.apply(changes);
             let started = Instant::now();
             match self.proxier.sync(&self.state, &summary) {

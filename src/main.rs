@@ -50,7 +50,9 @@ fn main() -> ExitCode {
         eprintln!("kube-proxy-rs: --cleanup is not implemented yet in this build");
         return ExitCode::FAILURE;
     }
-    let options = daemon::RunOptions { dry_run: flags.dry_run };
+    let options = daemon::RunOptions {
+        dry_run: flags.dry_run,
+    };
     match run(settings, options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -55,7 +55,11 @@ impl Proxier for LoggingProxier {
         "logging"
     }
 
-    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
         {
             let full = !self.synced_once || changes.node_changed;
             let names: Vec<&NamespacedName> = if full {

@@ -40,5 +40,9 @@ pub trait Proxier: Send {
     /// handed to this proxier (successful or not); a proxier that failed keeps its own note to
     /// resync everything.
     /// Blocking: the sync loop runs on its own thread.
-    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError>;
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError>;
 }

@@ -29,7 +29,12 @@ pub trait Iptables: Send {
     /// `iptables-save -t <table>`.
     fn save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError>;
     /// Whether a chain exists (for the canary check).
-    fn chain_exists(&mut self, family: IpFamily, table: &str, chain: &str) -> Result<bool, IptablesError>;
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, IptablesError>;
 }
 
 /// Which kernel interface the iptables tools use.
@@ -53,7 +58,8 @@ impl Backend {
     pub fn detect() -> Backend {
         for backend in [Backend::Legacy, Backend::Nft] {
             let hinted = [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
-                run(&tool(family, backend, "save"), &["-t", "mangle"]).is_ok_and(|out| out.contains(":KUBE-IPTABLES-HINT"))
+                run(&tool(family, backend, "save"), &["-t", "mangle"])
+                    .is_ok_and(|out| out.contains(":KUBE-IPTABLES-HINT"))
             });
             if hinted {
                 return backend;
@@ -66,14 +72,26 @@ impl Backend {
                 .map(|out| out.lines().filter(|l| l.starts_with("-A ")).count())
                 .sum::<usize>()
         };
-        if count(Backend::Legacy) > count(Backend::Nft) { Backend::Legacy } else { Backend::Nft }
+        if count(Backend::Legacy) > count(Backend::Nft) {
+            Backend::Legacy
+        } else {
+            Backend::Nft
+        }
     }
 }
 
 /// The tool for a family, back end and job: `iptables-nft-restore`, `ip6tables-legacy-save`, `iptables-nft`.
 pub fn tool(family: IpFamily, backend: Backend, job: &str) -> String {
-    let base = if family == IpFamily::V4 { "iptables" } else { "ip6tables" };
-    if job.is_empty() { format!("{base}-{}", backend.as_str()) } else { format!("{base}-{}-{job}", backend.as_str()) }
+    let base = if family == IpFamily::V4 {
+        "iptables"
+    } else {
+        "ip6tables"
+    };
+    if job.is_empty() {
+        format!("{base}-{}", backend.as_str())
+    } else {
+        format!("{base}-{}-{job}", backend.as_str())
+    }
 }
 
 /// The real tools.
@@ -98,36 +116,60 @@ impl Iptables for SystemIptables {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|err| IptablesError::Exec { command: command.clone(), reason: err.to_string() })?;
+            .map_err(|err| IptablesError::Exec {
+                command: command.clone(),
+                reason: err.to_string(),
+            })?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
                 .write_all(input.as_bytes())
-                .map_err(|err| IptablesError::Exec { command: command.clone(), reason: err.to_string() })?;
+                .map_err(|err| IptablesError::Exec {
+                    command: command.clone(),
+                    reason: err.to_string(),
+                })?;
         }
         let output = child
             .wait_with_output()
-            .map_err(|err| IptablesError::Exec { command: command.clone(), reason: err.to_string() })?;
+            .map_err(|err| IptablesError::Exec {
+                command: command.clone(),
+                reason: err.to_string(),
+            })?;
         if output.status.success() {
             return Ok(());
         }
         let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
         let line = failed_line(&stderr).unwrap_or(0);
-        let context = input.lines().nth(line.saturating_sub(1)).filter(|_| line > 0).unwrap_or_default();
-        Err(IptablesError::Restore { line, reason: format!("{stderr} (input: {context})") })
+        let context = input
+            .lines()
+            .nth(line.saturating_sub(1))
+            .filter(|_| line > 0)
+            .unwrap_or_default();
+        Err(IptablesError::Restore {
+            line,
+            reason: format!("{stderr} (input: {context})"),
+        })
     }
 
     fn save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
         run(&tool(family, self.backend, "save"), &["-t", table])
     }
 
-    fn chain_exists(&mut self, family: IpFamily, table: &str, chain: &str) -> Result<bool, IptablesError> {
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
         let command = tool(family, self.backend, "");
         let status = Command::new(&command)
             .args(["-w", "5", "-t", table, "-S", chain])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
-            .map_err(|err| IptablesError::Exec { command, reason: err.to_string() })?;
+            .map_err(|err| IptablesError::Exec {
+                command,
+                reason: err.to_string(),
+            })?;
         Ok(status.success())
     }
 }
@@ -136,7 +178,10 @@ fn run(command: &str, args: &[&str]) -> Result<String, IptablesError> {
     let output = Command::new(command)
         .args(args)
         .output()
-        .map_err(|err| IptablesError::Exec { command: command.to_string(), reason: err.to_string() })?;
+        .map_err(|err| IptablesError::Exec {
+            command: command.to_string(),
+            reason: err.to_string(),
+        })?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
@@ -150,7 +195,10 @@ fn run(command: &str, args: &[&str]) -> Result<String, IptablesError> {
 /// iptables-restore says `line N failed`.
 fn failed_line(stderr: &str) -> Option<usize> {
     let words: Vec<&str> = stderr.split_whitespace().collect();
-    words.windows(3).find(|w| w[0] == "line" && w[2].starts_with("failed")).and_then(|w| w[1].parse().ok())
+    words
+        .windows(3)
+        .find(|w| w[0] == "line" && w[2].starts_with("failed"))
+        .and_then(|w| w[1].parse().ok())
 }
 
 #[cfg(test)]
@@ -159,8 +207,14 @@ mod tests {
 
     #[test]
     fn tool_names() {
-        assert_eq!(tool(IpFamily::V4, Backend::Nft, "restore"), "iptables-nft-restore");
-        assert_eq!(tool(IpFamily::V6, Backend::Legacy, "save"), "ip6tables-legacy-save");
+        assert_eq!(
+            tool(IpFamily::V4, Backend::Nft, "restore"),
+            "iptables-nft-restore"
+        );
+        assert_eq!(
+            tool(IpFamily::V6, Backend::Legacy, "save"),
+            "ip6tables-legacy-save"
+        );
         assert_eq!(tool(IpFamily::V4, Backend::Nft, ""), "iptables-nft");
         assert_eq!(failed_line("iptables-restore: line 7 failed"), Some(7));
         assert_eq!(failed_line("something else"), None);

@@ -8,7 +8,17 @@ use super::iptables::{Iptables, IptablesError};
 use crate::model::IpFamily;
 
 /// Targets that are not chains.
-const BUILTIN_TARGETS: [&str; 9] = ["ACCEPT", "DROP", "REJECT", "RETURN", "MARK", "MASQUERADE", "DNAT", "SNAT", "LOG"];
+const BUILTIN_TARGETS: [&str; 9] = [
+    "ACCEPT",
+    "DROP",
+    "REJECT",
+    "RETURN",
+    "MARK",
+    "MASQUERADE",
+    "DNAT",
+    "SNAT",
+    "LOG",
+];
 
 /// The built-in chains of each table.
 fn builtin_chains(table: &str) -> &'static [&'static str] {
@@ -29,20 +39,34 @@ pub struct Table {
 
 impl Table {
     fn with_builtins(name: &str) -> Self {
-        Table { chains: builtin_chains(name).iter().map(|c| (c.to_string(), Vec::new())).collect() }
+        Table {
+            chains: builtin_chains(name)
+                .iter()
+                .map(|c| (c.to_string(), Vec::new()))
+                .collect(),
+        }
     }
 
     /// The rules of a chain, if it exists.
     pub fn chain(&self, name: &str) -> Option<&Vec<String>> {
-        self.chains.iter().find(|(n, _)| n == name).map(|(_, rules)| rules)
+        self.chains
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, rules)| rules)
     }
 
     fn chain_mut(&mut self, name: &str) -> Option<&mut Vec<String>> {
-        self.chains.iter_mut().find(|(n, _)| n == name).map(|(_, rules)| rules)
+        self.chains
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, rules)| rules)
     }
 
     fn references(&self, target: &str) -> bool {
-        self.chains.iter().flat_map(|(_, rules)| rules).any(|rule| jump_target(rule) == Some(target))
+        self.chains
+            .iter()
+            .flat_map(|(_, rules)| rules)
+            .any(|rule| jump_target(rule) == Some(target))
     }
 }
 
@@ -59,12 +83,18 @@ pub struct FakeIptables {
 impl FakeIptables {
     /// A table as it is now (built-in chains only if never touched).
     pub fn table(&self, family: IpFamily, name: &str) -> Table {
-        self.tables.get(&(family, name.to_string())).cloned().unwrap_or_else(|| Table::with_builtins(name))
+        self.tables
+            .get(&(family, name.to_string()))
+            .cloned()
+            .unwrap_or_else(|| Table::with_builtins(name))
     }
 
     /// Adds a rule as another program would (`iptables -A`), creating the chain if needed.
     pub fn add_foreign_rule(&mut self, family: IpFamily, table: &str, chain: &str, spec: &str) {
-        let entry = self.tables.entry((family, table.to_string())).or_insert_with(|| Table::with_builtins(table));
+        let entry = self
+            .tables
+            .entry((family, table.to_string()))
+            .or_insert_with(|| Table::with_builtins(table));
         if entry.chain(chain).is_none() {
             entry.chains.push((chain.to_string(), Vec::new()));
         }
@@ -75,9 +105,15 @@ impl FakeIptables {
 
     /// Empties every table of a family, as `iptables -F; iptables -X` on each table would.
     pub fn flush_all(&mut self, family: IpFamily) {
-        let names: Vec<String> = self.tables.keys().filter(|(f, _)| *f == family).map(|(_, t)| t.clone()).collect();
+        let names: Vec<String> = self
+            .tables
+            .keys()
+            .filter(|(f, _)| *f == family)
+            .map(|(_, t)| t.clone())
+            .collect();
         for name in names {
-            self.tables.insert((family, name.clone()), Table::with_builtins(&name));
+            self.tables
+                .insert((family, name.clone()), Table::with_builtins(&name));
         }
     }
 
@@ -102,23 +138,36 @@ impl FakeIptables {
         let mut current: Option<String> = None;
         for (index, raw) in input.lines().enumerate() {
             let line = raw.trim();
-            let fail = |reason: String| IptablesError::Restore { line: index + 1, reason: format!("{reason}: {line}") };
+            let fail = |reason: String| IptablesError::Restore {
+                line: index + 1,
+                reason: format!("{reason}: {line}"),
+            };
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             if let Some(name) = line.strip_prefix('*') {
-                working.entry((family, name.to_string())).or_insert_with(|| Table::with_builtins(name));
+                working
+                    .entry((family, name.to_string()))
+                    .or_insert_with(|| Table::with_builtins(name));
                 current = Some(name.to_string());
                 continue;
             }
-            let Some(table_name) = current.clone() else { return Err(fail("no table selected".into())) };
+            let Some(table_name) = current.clone() else {
+                return Err(fail("no table selected".into()));
+            };
             if line == "COMMIT" {
                 current = None;
                 continue;
             }
-            let table = working.entry((family, table_name.clone())).or_insert_with(|| Table::with_builtins(&table_name));
+            let table = working
+                .entry((family, table_name.clone()))
+                .or_insert_with(|| Table::with_builtins(&table_name));
             if let Some(decl) = line.strip_prefix(':') {
-                let chain = decl.split_whitespace().next().unwrap_or_default().to_string();
+                let chain = decl
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
                 let builtin = builtin_chains(&table_name).contains(&chain.as_str());
                 match table.chain_mut(&chain) {
                     Some(rules) if !builtin => rules.clear(),
@@ -135,7 +184,9 @@ impl FakeIptables {
             match op {
                 "-A" | "-I" => {
                     let (position, spec_tokens) = match (op, rest.first()) {
-                        ("-I", Some(n)) if n.parse::<usize>().is_ok() => (n.parse::<usize>().unwrap_or(1), &rest[1..]),
+                        ("-I", Some(n)) if n.parse::<usize>().is_ok() => {
+                            (n.parse::<usize>().unwrap_or(1), &rest[1..])
+                        }
                         ("-I", _) => (1, rest),
                         _ => (usize::MAX, rest),
                     };
@@ -146,14 +197,21 @@ impl FakeIptables {
                     {
                         return Err(fail(format!("jump to missing chain {target}")));
                     }
-                    let rules = table.chain_mut(&chain).ok_or_else(|| fail(format!("no chain {chain}")))?;
+                    let rules = table
+                        .chain_mut(&chain)
+                        .ok_or_else(|| fail(format!("no chain {chain}")))?;
                     let at = position.saturating_sub(1).min(rules.len());
                     rules.insert(at, spec);
                 }
                 "-D" => {
                     let spec = join(rest);
-                    let rules = table.chain_mut(&chain).ok_or_else(|| fail(format!("no chain {chain}")))?;
-                    let at = rules.iter().position(|r| *r == spec).ok_or_else(|| fail("no such rule".into()))?;
+                    let rules = table
+                        .chain_mut(&chain)
+                        .ok_or_else(|| fail(format!("no chain {chain}")))?;
+                    let at = rules
+                        .iter()
+                        .position(|r| *r == spec)
+                        .ok_or_else(|| fail("no such rule".into()))?;
                     rules.remove(at);
                 }
                 "-X" => {
@@ -162,12 +220,19 @@ impl FakeIptables {
                     }
                     match table.chain(&chain) {
                         None => return Err(fail(format!("no chain {chain}"))),
-                        Some(rules) if !rules.is_empty() => return Err(fail("chain is not empty".into())),
-                        Some(_) if table.references(&chain) => return Err(fail("chain is referenced".into())),
+                        Some(rules) if !rules.is_empty() => {
+                            return Err(fail("chain is not empty".into()));
+                        }
+                        Some(_) if table.references(&chain) => {
+                            return Err(fail("chain is referenced".into()));
+                        }
                         Some(_) => table.chains.retain(|(name, _)| *name != chain),
                     }
                 }
-                "-F" => table.chain_mut(&chain).ok_or_else(|| fail(format!("no chain {chain}")))?.clear(),
+                "-F" => table
+                    .chain_mut(&chain)
+                    .ok_or_else(|| fail(format!("no chain {chain}")))?
+                    .clear(),
                 "-N" => {
                     if table.chain(&chain).is_some() {
                         return Err(fail("chain exists".into()));
@@ -178,7 +243,10 @@ impl FakeIptables {
             }
         }
         if current.is_some() {
-            return Err(IptablesError::Restore { line: input.lines().count(), reason: "missing COMMIT".into() });
+            return Err(IptablesError::Restore {
+                line: input.lines().count(),
+                reason: "missing COMMIT".into(),
+            });
         }
         self.tables = working;
         Ok(())
@@ -198,7 +266,12 @@ impl Iptables for FakeIptables {
         Ok(self.dump(family, table))
     }
 
-    fn chain_exists(&mut self, family: IpFamily, table: &str, chain: &str) -> Result<bool, IptablesError> {
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
         Ok(self.table(family, table).chain(chain).is_some())
     }
 }
@@ -251,7 +324,13 @@ pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
 fn join(tokens: &[String]) -> String {
     tokens
         .iter()
-        .map(|t| if t.contains(' ') || t.is_empty() { format!("\"{t}\"") } else { t.clone() })
+        .map(|t| {
+            if t.contains(' ') || t.is_empty() {
+                format!("\"{t}\"")
+            } else {
+                t.clone()
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -266,7 +345,10 @@ mod tests {
     fn enforces_kernel_rules_and_is_atomic() {
         let mut ipt = FakeIptables::default();
         ipt.restore(V4, "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-A -m comment --comment \"x y\" -j KUBE-B\nCOMMIT\n").unwrap();
-        assert_eq!(ipt.table(V4, "nat").chain("KUBE-A").unwrap(), &vec!["-m comment --comment \"x y\" -j KUBE-B".to_string()]);
+        assert_eq!(
+            ipt.table(V4, "nat").chain("KUBE-A").unwrap(),
+            &vec!["-m comment --comment \"x y\" -j KUBE-B".to_string()]
+        );
         let before = ipt.dump(V4, "nat");
         for bad in [
             "*nat\n-A KUBE-A -j KUBE-MISSING\nCOMMIT\n",
@@ -279,19 +361,32 @@ mod tests {
             assert_eq!(ipt.dump(V4, "nat"), before, "nothing changed by {bad}");
         }
         ipt.restore(V4, "*nat\n-D KUBE-A -m comment --comment \"x y\" -j KUBE-B\n-X KUBE-B\n-I KUBE-A 1 -j ACCEPT\n-I KUBE-A 1 -j DROP\nCOMMIT\n").unwrap();
-        assert_eq!(ipt.table(V4, "nat").chain("KUBE-A").unwrap(), &vec!["-j DROP".to_string(), "-j ACCEPT".to_string()]);
+        assert_eq!(
+            ipt.table(V4, "nat").chain("KUBE-A").unwrap(),
+            &vec!["-j DROP".to_string(), "-j ACCEPT".to_string()]
+        );
         assert!(ipt.table(V4, "nat").chain("KUBE-B").is_none());
         // Declaring a chain again flushes it; built-in chains keep their rules.
         ipt.add_foreign_rule(V4, "nat", "PREROUTING", "-j ACCEPT");
-        ipt.restore(V4, "*nat\n:KUBE-A - [0:0]\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n").unwrap();
+        ipt.restore(
+            V4,
+            "*nat\n:KUBE-A - [0:0]\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n",
+        )
+        .unwrap();
         assert!(ipt.table(V4, "nat").chain("KUBE-A").unwrap().is_empty());
         assert_eq!(ipt.table(V4, "nat").chain("PREROUTING").unwrap().len(), 1);
     }
 
     #[test]
     fn tokenizer_handles_quotes() {
-        assert_eq!(tokenize("-A X -m comment --comment \"a b\" -j Y").unwrap(), vec!["-A", "X", "-m", "comment", "--comment", "a b", "-j", "Y"]);
+        assert_eq!(
+            tokenize("-A X -m comment --comment \"a b\" -j Y").unwrap(),
+            vec!["-A", "X", "-m", "comment", "--comment", "a b", "-j", "Y"]
+        );
         assert!(tokenize("\"open").is_err());
-        assert_eq!(jump_target("-m comment --comment x -j KUBE-SVC-1"), Some("KUBE-SVC-1"));
+        assert_eq!(
+            jump_target("-m comment --comment x -j KUBE-SVC-1"),
+            Some("KUBE-SVC-1")
+        );
     }
 }

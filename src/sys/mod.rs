@@ -1,5 +1,5 @@
 //! Kernel access, each surface behind a narrow trait with a stateful fake for tests.
 
 pub mod iptables;
-pub mod net;
 pub mod iptables_fake;
+pub mod net;

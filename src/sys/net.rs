@@ -22,7 +22,9 @@ pub struct SystemAddresses;
 
 impl LocalAddresses for SystemAddresses {
     fn addresses(&self) -> Vec<IpAddr> {
-        let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+        let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+            return Vec::new();
+        };
         let mut found: Vec<IpAddr> = addrs
             .filter_map(|ifaddr| ifaddr.address)
             .filter_map(|addr| {
@@ -53,7 +55,9 @@ pub struct ProcSysctl {
 
 impl Default for ProcSysctl {
     fn default() -> Self {
-        ProcSysctl { root: PathBuf::from("/proc/sys") }
+        ProcSysctl {
+            root: PathBuf::from("/proc/sys"),
+        }
     }
 }
 
@@ -61,16 +65,26 @@ impl Sysctl for ProcSysctl {
     fn get(&self, name: &str) -> Result<String, SysctlError> {
         std::fs::read_to_string(self.root.join(name))
             .map(|v| v.trim().to_string())
-            .map_err(|err| SysctlError { name: name.into(), reason: err.to_string() })
+            .map_err(|err| SysctlError {
+                name: name.into(),
+                reason: err.to_string(),
+            })
     }
 
     fn set(&mut self, name: &str, value: &str) -> Result<(), SysctlError> {
-        std::fs::write(self.root.join(name), value).map_err(|err| SysctlError { name: name.into(), reason: err.to_string() })
+        std::fs::write(self.root.join(name), value).map_err(|err| SysctlError {
+            name: name.into(),
+            reason: err.to_string(),
+        })
     }
 }
 
 /// Sets a sysctl if it differs, logging the change as upstream does. Returns whether it changed.
-pub fn ensure_sysctl(sysctl: &mut dyn Sysctl, name: &str, value: &str) -> Result<bool, SysctlError> {
+pub fn ensure_sysctl(
+    sysctl: &mut dyn Sysctl,
+    name: &str,
+    value: &str,
+) -> Result<bool, SysctlError> {
     if sysctl.get(name).is_ok_and(|current| current == value) {
         return Ok(false);
     }
@@ -87,7 +101,10 @@ pub struct FakeSysctl {
 
 impl Sysctl for FakeSysctl {
     fn get(&self, name: &str) -> Result<String, SysctlError> {
-        self.values.get(name).cloned().ok_or_else(|| SysctlError { name: name.into(), reason: "not set".into() })
+        self.values.get(name).cloned().ok_or_else(|| SysctlError {
+            name: name.into(),
+            reason: "not set".into(),
+        })
     }
 
     fn set(&mut self, name: &str, value: &str) -> Result<(), SysctlError> {

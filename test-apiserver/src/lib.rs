@@ -104,8 +104,21 @@ impl ApiServer {
         Self::start_with(Options::default()).await
     }
 
+    /// Starts a server on a listener bound elsewhere (in another network namespace, say).
+    pub async fn start_on(
+        listener: std::net::TcpListener,
+        options: Options,
+    ) -> io::Result<ApiServer> {
+        listener.set_nonblocking(true)?;
+        Self::start_listening(TcpListener::from_std(listener)?, options)
+    }
+
     /// Starts a server with the given options.
     pub async fn start_with(options: Options) -> io::Result<ApiServer> {
+        Self::start_listening(bind(options.addr)?, options)
+    }
+
+    fn start_listening(listener: TcpListener, options: Options) -> io::Result<ApiServer> {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.history)),
             events: broadcast::channel(4096).0,
@@ -115,7 +128,6 @@ impl ApiServer {
             requests: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
         });
-        let listener = bind(options.addr)?;
         let addr = listener.local_addr()?;
         let server = ApiServer {
             shared,

@@ -7,7 +7,13 @@ use sha2::{Digest, Sha256};
 use crate::model::ServicePortName;
 
 /// Every chain name prefix a service's own chains use.
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
 
 fn hash16(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
@@ -42,12 +48,17 @@ pub fn firewall_chain(name: &ServicePortName) -> String {
 
 /// KUBE-SEP-*: one endpoint; `endpoint` is `ip:port` (`[ip]:port` for IPv6).
 pub fn endpoint_chain(name: &ServicePortName, endpoint: &str) -> String {
-    format!("KUBE-SEP-{}", hash16(&format!("{}{endpoint}", port_proto(name))))
+    format!(
+        "KUBE-SEP-{}",
+        hash16(&format!("{}{endpoint}", port_proto(name)))
+    )
 }
 
 /// True for the per-service chains this program owns (and may delete when unused).
 pub fn is_service_chain(chain: &str) -> bool {
-    SERVICE_CHAIN_PREFIXES.iter().any(|prefix| chain.starts_with(prefix))
+    SERVICE_CHAIN_PREFIXES
+        .iter()
+        .any(|prefix| chain.starts_with(prefix))
 }
 
 #[cfg(test)]
@@ -59,13 +70,19 @@ mod tests {
     fn upstream_check_values() {
         let name = ServicePortName::new("ns1", "svc1", "p80", Protocol::Tcp);
         assert_eq!(cluster_policy_chain(&name), "KUBE-SVC-XPGD46QRK7WJZT7O");
-        assert_eq!(endpoint_chain(&name, "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+        assert_eq!(
+            endpoint_chain(&name, "10.180.0.1:80"),
+            "KUBE-SEP-SXIVWICOYRO3J4NJ"
+        );
         // From upstream's TestOverallIPTablesRules.
         let svc2 = ServicePortName::new("ns2", "svc2", "p80", Protocol::Tcp);
         assert_eq!(external_chain(&svc2), "KUBE-EXT-GNZBNJ2PO5MGZ6GT");
         let svc5 = ServicePortName::new("ns5", "svc5", "p80", Protocol::Tcp);
         assert_eq!(firewall_chain(&svc5), "KUBE-FW-NUKIZ6OKUXPJNT4C");
-        assert_eq!(endpoint_chain(&svc5, "10.180.0.3:80"), "KUBE-SEP-I77PXRDZVX7PMWMN");
+        assert_eq!(
+            endpoint_chain(&svc5, "10.180.0.3:80"),
+            "KUBE-SEP-I77PXRDZVX7PMWMN"
+        );
         assert!(is_service_chain("KUBE-SVL-AAAA") && !is_service_chain("KUBE-SERVICES"));
     }
 }

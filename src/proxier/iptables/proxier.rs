@@ -12,8 +12,8 @@ use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::render::{
-    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, LocalDetector, NodePortAddresses, RenderContext, ServiceRules,
-    render_base, render_service,
+    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, LocalDetector, NodePortAddresses, RenderContext,
+    ServiceRules, render_base, render_service,
 };
 use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
 use crate::config::{DetectLocalMode, KubeProxyConfiguration};
@@ -50,8 +50,14 @@ impl IptablesSettings {
             masquerade_mark: config.masquerade_mark(),
             masquerade_all: config.iptables.masquerade_all,
             localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
-            cluster_cidrs: config.cluster_cidr.split(',').filter_map(|c| c.trim().parse().ok()).collect(),
-            detect_local: config.detect_local().unwrap_or(DetectLocalMode::ClusterCidr),
+            cluster_cidrs: config
+                .cluster_cidr
+                .split(',')
+                .filter_map(|c| c.trim().parse().ok())
+                .collect(),
+            detect_local: config
+                .detect_local()
+                .unwrap_or(DetectLocalMode::ClusterCidr),
             bridge_interface: config.detect_local.bridge_interface.clone(),
             interface_name_prefix: config.detect_local.interface_name_prefix.clone(),
             node_port_addresses: config.node_port_addresses.clone(),
@@ -87,7 +93,12 @@ pub struct IptablesProxier<I: Iptables> {
 
 impl<I: Iptables> IptablesProxier<I> {
     /// A proxier that will do a full sync first.
-    pub fn new(iptables: I, settings: IptablesSettings, addresses: Box<dyn LocalAddresses>, sysctl: Box<dyn Sysctl>) -> Self {
+    pub fn new(
+        iptables: I,
+        settings: IptablesSettings,
+        addresses: Box<dyn LocalAddresses>,
+        sysctl: Box<dyn Sysctl>,
+    ) -> Self {
         IptablesProxier {
             iptables,
             settings,
@@ -118,25 +129,62 @@ impl<I: Iptables> IptablesProxier<I> {
         let net_of_family = |net: &&IpNet| IpFamily::of(&net.addr()) == family;
         let local_detector = match self.settings.detect_local {
             DetectLocalMode::ClusterCidr => {
-                let nets: Vec<IpNet> = self.settings.cluster_cidrs.iter().filter(net_of_family).copied().collect();
-                if nets.is_empty() { LocalDetector::None } else { LocalDetector::Cidrs(nets) }
+                let nets: Vec<IpNet> = self
+                    .settings
+                    .cluster_cidrs
+                    .iter()
+                    .filter(net_of_family)
+                    .copied()
+                    .collect();
+                if nets.is_empty() {
+                    LocalDetector::None
+                } else {
+                    LocalDetector::Cidrs(nets)
+                }
             }
             DetectLocalMode::NodeCidr => {
-                let nets: Vec<IpNet> = node.pod_cidrs.iter().filter(net_of_family).copied().collect();
-                if nets.is_empty() { LocalDetector::None } else { LocalDetector::Cidrs(nets) }
+                let nets: Vec<IpNet> = node
+                    .pod_cidrs
+                    .iter()
+                    .filter(net_of_family)
+                    .copied()
+                    .collect();
+                if nets.is_empty() {
+                    LocalDetector::None
+                } else {
+                    LocalDetector::Cidrs(nets)
+                }
             }
-            DetectLocalMode::BridgeInterface => LocalDetector::Bridge(self.settings.bridge_interface.clone()),
-            DetectLocalMode::InterfaceNamePrefix => LocalDetector::InterfacePrefix(self.settings.interface_name_prefix.clone()),
+            DetectLocalMode::BridgeInterface => {
+                LocalDetector::Bridge(self.settings.bridge_interface.clone())
+            }
+            DetectLocalMode::InterfaceNamePrefix => {
+                LocalDetector::InterfacePrefix(self.settings.interface_name_prefix.clone())
+            }
         };
         let node_ip = node.addresses.iter().copied().find(of_family);
         let node_port_addresses = if self.settings.node_port_addresses.is_empty() {
             NodePortAddresses::All
-        } else if self.settings.node_port_addresses.iter().any(|a| a == "primary") {
+        } else if self
+            .settings
+            .node_port_addresses
+            .iter()
+            .any(|a| a == "primary")
+        {
             NodePortAddresses::Only(node_ip.into_iter().collect())
         } else {
-            let nets: Vec<IpNet> = self.settings.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect();
-            let mut ips: Vec<IpAddr> =
-                self.addresses.addresses().into_iter().filter(|ip| of_family(ip) && nets.iter().any(|n| n.contains(ip))).collect();
+            let nets: Vec<IpNet> = self
+                .settings
+                .node_port_addresses
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            let mut ips: Vec<IpAddr> = self
+                .addresses
+                .addresses()
+                .into_iter()
+                .filter(|ip| of_family(ip) && nets.iter().any(|n| n.contains(ip)))
+                .collect();
             ips.sort();
             NodePortAddresses::Only(ips)
         };
@@ -169,21 +217,40 @@ impl<I: Iptables> IptablesProxier<I> {
 
     fn canaries_present(&mut self, family: IpFamily) -> bool {
         ["mangle", "nat", "filter"].into_iter().all(|table| {
-            self.iptables.chain_exists(family, table, KUBE_PROXY_CANARY).unwrap_or(false)
+            self.iptables
+                .chain_exists(family, table, KUBE_PROXY_CANARY)
+                .unwrap_or(false)
         })
     }
 
-    fn full_sync(&mut self, family: IpFamily, ctx: RenderContext, state: &ProxyState) -> Result<RestoreStats, SyncError> {
+    fn full_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: RenderContext,
+        state: &ProxyState,
+    ) -> Result<RestoreStats, SyncError> {
         let base = render_base(&ctx);
         let services: BTreeMap<NamespacedName, ServiceRules> = state
             .services
             .iter()
-            .map(|(key, ports)| (key.clone(), render_service(ports, state.endpoints.get(key), &ctx)))
+            .map(|(key, ports)| {
+                (
+                    key.clone(),
+                    render_service(ports, state.endpoints.get(key), &ctx),
+                )
+            })
             .filter(|(_, rules)| !rules.is_empty())
             .collect();
-        let nat = self.iptables.save(family, "nat").map_err(|e| SyncError::Apply(e.to_string()))?;
-        let filter = self.iptables.save(family, "filter").map_err(|e| SyncError::Apply(e.to_string()))?;
-        let wanted: std::collections::BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
+        let nat = self
+            .iptables
+            .save(family, "nat")
+            .map_err(|e| SyncError::Apply(e.to_string()))?;
+        let filter = self
+            .iptables
+            .save(family, "filter")
+            .map_err(|e| SyncError::Apply(e.to_string()))?;
+        let wanted: std::collections::BTreeSet<&String> =
+            services.values().flat_map(|s| s.chains.keys()).collect();
         let stale: Vec<String> = chains_in_save(&nat)
             .into_iter()
             .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
@@ -193,13 +260,26 @@ impl<I: Iptables> IptablesProxier<I> {
             .filter(|jump| !has_jump(if jump.table == "nat" { &nat } else { &filter }, jump))
             .copied()
             .collect();
-        let (text, stats) = full_restore(&base, &services, &FullSyncExtras { stale_chains: &stale, missing_jumps: &missing });
+        let (text, stats) = full_restore(
+            &base,
+            &services,
+            &FullSyncExtras {
+                stale_chains: &stale,
+                missing_jumps: &missing,
+            },
+        );
         self.restore(family, &text)?;
-        self.programmed.insert(family, FamilyState { ctx, services });
+        self.programmed
+            .insert(family, FamilyState { ctx, services });
         Ok(stats)
     }
 
-    fn partial_sync(&mut self, family: IpFamily, state: &ProxyState, changes: &ChangeSummary) -> Result<RestoreStats, SyncError> {
+    fn partial_sync(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<RestoreStats, SyncError> {
         let Some(current) = self.programmed.get(&family) else {
             return Err(SyncError::Apply("no full sync yet".into()));
         };
@@ -217,7 +297,10 @@ impl<I: Iptables> IptablesProxier<I> {
             .collect();
         let deltas: Vec<ServiceDelta<'_>> = rendered
             .iter()
-            .map(|(key, new)| ServiceDelta { old: current.services.get(key), new: new.as_ref() })
+            .map(|(key, new)| ServiceDelta {
+                old: current.services.get(key),
+                new: new.as_ref(),
+            })
             .collect();
         let Some((text, stats)) = partial_restore(&deltas) else {
             return Ok(RestoreStats::default());
@@ -243,25 +326,40 @@ impl<I: Iptables> IptablesProxier<I> {
     }
 
     /// Programs one sync; on any error the next sync is a full one.
-    fn sync_all(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+    fn sync_all(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
         self.last_restore.clear();
         if self.families.is_empty() {
             self.families = families_of(&state.node);
             info!(families = ?self.families, "iptables proxier serving IP families");
         }
         let now = Instant::now();
-        let canary_due = self.last_canary_check.is_none_or(|t| now.duration_since(t) >= self.settings.canary_interval);
-        let mut full = self.needs_full_sync || self.last_full_sync.is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        let canary_due = self
+            .last_canary_check
+            .is_none_or(|t| now.duration_since(t) >= self.settings.canary_interval);
+        let mut full = self.needs_full_sync
+            || self
+                .last_full_sync
+                .is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         if canary_due && !full {
             self.last_canary_check = Some(now);
             for family in self.families.clone() {
                 if !self.canaries_present(family) {
-                    warn!(?family, "iptables canary chain missing (tables were flushed?); doing a full sync");
+                    warn!(
+                        ?family,
+                        "iptables canary chain missing (tables were flushed?); doing a full sync"
+                    );
                     full = true;
                 }
             }
         }
-        let mut report = SyncReport { full, ..SyncReport::default() };
+        let mut report = SyncReport {
+            full,
+            ..SyncReport::default()
+        };
         for family in self.families.clone() {
             let ctx = self.context(family, &state.node);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
@@ -274,8 +372,15 @@ impl<I: Iptables> IptablesProxier<I> {
             };
             match result {
                 Ok(stats) => {
-                    debug!(?family, full = report.full, filter_rules = stats.filter_rules, nat_rules = stats.nat_rules,
-                        nat_chains = stats.nat_chains, lines = stats.lines, "Reloaded iptables rules");
+                    debug!(
+                        ?family,
+                        full = report.full,
+                        filter_rules = stats.filter_rules,
+                        nat_rules = stats.nat_rules,
+                        nat_chains = stats.nat_chains,
+                        lines = stats.lines,
+                        "Reloaded iptables rules"
+                    );
                     report.restore_lines += stats.lines;
                 }
                 Err(err) => {
@@ -290,7 +395,11 @@ impl<I: Iptables> IptablesProxier<I> {
             self.last_canary_check = Some(now);
         }
         report.service_ports = state.services.values().map(|ports| ports.len()).sum();
-        report.services_written = if report.full { state.services.len() } else { changes.changed_services.len() };
+        report.services_written = if report.full {
+            state.services.len()
+        } else {
+            changes.changed_services.len()
+        };
         report.no_local_endpoints = self
             .programmed
             .values()
@@ -306,7 +415,11 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         "iptables"
     }
 
-    fn sync(&mut self, state: &ProxyState, changes: &ChangeSummary) -> Result<SyncReport, SyncError> {
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
         self.sync_all(state, changes)
     }
 }
@@ -338,6 +451,7 @@ fn has_jump(save: &str, jump: &JumpRule) -> bool {
     save.lines().any(|line| {
         line.starts_with(&prefix)
             && line.trim_end().ends_with(&target)
-            && (jump.spec.is_empty() || line.contains(jump.spec.split("--comment ").nth(1).unwrap_or("")))
+            && (jump.spec.is_empty()
+                || line.contains(jump.spec.split("--comment ").nth(1).unwrap_or("")))
     })
 }

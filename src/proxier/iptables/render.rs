@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::names;
-use crate::model::{Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, select_endpoints};
+use crate::model::{
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, select_endpoints,
+};
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -21,10 +23,21 @@ pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
 pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 
 /// The filter chains every sync declares (and so flushes on a full sync).
-pub const FILTER_CHAINS: [&str; 6] =
-    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_FIREWALL];
+pub const FILTER_CHAINS: [&str; 6] = [
+    KUBE_SERVICES,
+    KUBE_EXTERNAL_SERVICES,
+    KUBE_FORWARD,
+    KUBE_NODEPORTS,
+    KUBE_PROXY_FIREWALL,
+    KUBE_FIREWALL,
+];
 /// The nat chains every sync declares.
-pub const NAT_CHAINS: [&str; 4] = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
+pub const NAT_CHAINS: [&str; 4] = [
+    KUBE_SERVICES,
+    KUBE_NODEPORTS,
+    KUBE_POSTROUTING,
+    KUBE_MARK_MASQ,
+];
 
 /// How traffic from this node's pods is recognised (upstream's LocalTrafficDetector).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +56,12 @@ impl LocalDetector {
     fn if_local(&self) -> Option<String> {
         match self {
             LocalDetector::None => None,
-            LocalDetector::Cidrs(nets) => Some(nets.iter().map(|n| format!("-s {n}")).collect::<Vec<_>>().join(" ")),
+            LocalDetector::Cidrs(nets) => Some(
+                nets.iter()
+                    .map(|n| format!("-s {n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
             LocalDetector::Bridge(name) => Some(format!("-i {name}")),
             LocalDetector::InterfacePrefix(prefix) => Some(format!("-i {prefix}+")),
         }
@@ -52,7 +70,12 @@ impl LocalDetector {
     fn if_not_local(&self) -> Option<String> {
         match self {
             LocalDetector::None => None,
-            LocalDetector::Cidrs(nets) => Some(nets.iter().map(|n| format!("! -s {n}")).collect::<Vec<_>>().join(" ")),
+            LocalDetector::Cidrs(nets) => Some(
+                nets.iter()
+                    .map(|n| format!("! -s {n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
             LocalDetector::Bridge(name) => Some(format!("! -i {name}")),
             LocalDetector::InterfacePrefix(prefix) => Some(format!("! -i {prefix}+")),
         }
@@ -94,7 +117,10 @@ pub struct Rule {
 
 impl Rule {
     fn new(chain: &str, spec: String) -> Self {
-        Rule { chain: chain.to_string(), spec }
+        Rule {
+            chain: chain.to_string(),
+            spec,
+        }
     }
 }
 
@@ -137,7 +163,11 @@ impl ServiceRules {
 
 /// `-m comment --comment X`, quoted as upstream does when the text has spaces.
 pub fn comment(text: &str) -> String {
-    if text.contains(' ') { format!("-m comment --comment \"{text}\"") } else { format!("-m comment --comment {text}") }
+    if text.contains(' ') {
+        format!("-m comment --comment \"{text}\"")
+    } else {
+        format!("-m comment --comment {text}")
+    }
 }
 
 /// Upstream's probability format: ten decimals.
@@ -146,10 +176,16 @@ pub fn probability(remaining: usize) -> String {
 }
 
 /// Renders every port of one service in `ctx.family`.
-pub fn render_service(ports: &ServicePortMap, endpoints: Option<&EndpointsMap>, ctx: &RenderContext) -> ServiceRules {
+pub fn render_service(
+    ports: &ServicePortMap,
+    endpoints: Option<&EndpointsMap>,
+    ctx: &RenderContext,
+) -> ServiceRules {
     let mut rules = ServiceRules::default();
     for port in ports.values() {
-        let Some(port) = for_family(port, ctx.family) else { continue };
+        let Some(port) = for_family(port, ctx.family) else {
+            continue;
+        };
         let all: Vec<Endpoint> = endpoints
             .and_then(|map| map.get(&port.name))
             .into_iter()
@@ -168,18 +204,30 @@ fn for_family(port: &ServicePort, family: IpFamily) -> Option<ServicePort> {
     let mut view = port.clone();
     view.cluster_ips = vec![cluster_ip];
     view.external_ips.retain(|ip| IpFamily::of(ip) == family);
-    view.load_balancer_ips.retain(|ip| IpFamily::of(ip) == family);
-    view.load_balancer_source_ranges.retain(|net| IpFamily::of(&net.addr()) == family);
+    view.load_balancer_ips
+        .retain(|ip| IpFamily::of(ip) == family);
+    view.load_balancer_source_ranges
+        .retain(|net| IpFamily::of(&net.addr()) == family);
     Some(view)
 }
 
-fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, out: &mut ServiceRules) {
-    let node = NodeContext { node_name: &ctx.node_name, zone: ctx.zone.as_deref() };
+fn render_port(
+    port: &ServicePort,
+    endpoints: &[Endpoint],
+    ctx: &RenderContext,
+    out: &mut ServiceRules,
+) {
+    let node = NodeContext {
+        node_name: &ctx.node_name,
+        zone: ctx.zone.as_deref(),
+    };
     let selected = select_endpoints(port, endpoints, node);
     let name = port.name.to_string();
     let proto = port.name.protocol.lower();
     let cluster_ip = port.cluster_ips[0];
-    let match_port = |dest: &dyn std::fmt::Display, dport: u16| format!("-m {proto} -p {proto} -d {dest} --dport {dport}");
+    let match_port = |dest: &dyn std::fmt::Display, dport: u16| {
+        format!("-m {proto} -p {proto} -d {dest} --dport {dport}")
+    };
 
     let cluster_chain = names::cluster_policy_chain(&port.name);
     let local_chain = names::local_policy_chain(&port.name);
@@ -200,7 +248,9 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
         (&cluster_chain, has_endpoints)
     };
     let uses_external_chain = has_endpoints && port.externally_accessible();
-    let uses_fw_chain = has_endpoints && !port.load_balancer_ips.is_empty() && !port.load_balancer_source_ranges.is_empty();
+    let uses_fw_chain = has_endpoints
+        && !port.load_balancer_ips.is_empty()
+        && !port.load_balancer_source_ranges.is_empty();
     let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
 
     let (internal_filter, external_filter) = if !has_endpoints {
@@ -222,21 +272,37 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
 
     // Cluster IP.
     if has_internal {
-        let spec = format!("{} {} -j {internal_chain}", comment(&format!("{name} cluster IP")), match_port(&cluster_ip, port.port));
+        let spec = format!(
+            "{} {} -j {internal_chain}",
+            comment(&format!("{name} cluster IP")),
+            match_port(&cluster_ip, port.port)
+        );
         out.add_nat(Rule::new(KUBE_SERVICES, spec));
     } else if let Some((target, text)) = &internal_filter {
-        let spec = format!("{} {} -j {target}", comment(text), match_port(&cluster_ip, port.port));
+        let spec = format!(
+            "{} {} -j {target}",
+            comment(text),
+            match_port(&cluster_ip, port.port)
+        );
         out.add_filter(Rule::new(KUBE_SERVICES, spec));
     }
 
     // External IPs.
     for ip in &port.external_ips {
         if has_endpoints {
-            let spec = format!("{} {} -j {ext_chain}", comment(&format!("{name} external IP")), match_port(ip, port.port));
+            let spec = format!(
+                "{} {} -j {ext_chain}",
+                comment(&format!("{name} external IP")),
+                match_port(ip, port.port)
+            );
             out.add_nat(Rule::new(KUBE_SERVICES, spec));
         }
         if let Some((target, text)) = &external_filter {
-            let spec = format!("{} {} -j {target}", comment(text), match_port(ip, port.port));
+            let spec = format!(
+                "{} {} -j {target}",
+                comment(text),
+                match_port(ip, port.port)
+            );
             out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
         }
     }
@@ -244,7 +310,11 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
     // LoadBalancer IPs.
     for ip in &port.load_balancer_ips {
         if has_endpoints {
-            let spec = format!("{} {} -j {lb_chain}", comment(&format!("{name} loadbalancer IP")), match_port(ip, port.port));
+            let spec = format!(
+                "{} {} -j {lb_chain}",
+                comment(&format!("{name} loadbalancer IP")),
+                match_port(ip, port.port)
+            );
             out.add_nat(Rule::new(KUBE_SERVICES, spec));
         }
         if uses_fw_chain {
@@ -255,7 +325,11 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
     }
     if let Some((target, text)) = &external_filter {
         for ip in &port.load_balancer_ips {
-            let spec = format!("{} {} -j {target}", comment(text), match_port(ip, port.port));
+            let spec = format!(
+                "{} {} -j {target}",
+                comment(text),
+                match_port(ip, port.port)
+            );
             out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
         }
     }
@@ -263,7 +337,10 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
     // NodePort.
     if let Some(node_port) = port.node_port {
         if has_endpoints {
-            let spec = format!("{} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}", comment(&name));
+            let spec = format!(
+                "{} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}",
+                comment(&name)
+            );
             out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
         }
         if let Some((target, text)) = &external_filter {
@@ -286,11 +363,18 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
 
     // Internal traffic: masquerade what does not come from a local pod (or everything).
     if has_internal {
-        let args = format!("{} {}", comment(&format!("{name} cluster IP")), match_port(&cluster_ip, port.port));
+        let args = format!(
+            "{} {}",
+            comment(&format!("{name} cluster IP")),
+            match_port(&cluster_ip, port.port)
+        );
         if ctx.masquerade_all {
             out.push_chain_rule(internal_chain, format!("{args} -j {KUBE_MARK_MASQ}"));
         } else if let Some(not_local) = ctx.local_detector.if_not_local() {
-            out.push_chain_rule(internal_chain, format!("{args} {not_local} -j {KUBE_MARK_MASQ}"));
+            out.push_chain_rule(
+                internal_chain,
+                format!("{args} {not_local} -j {KUBE_MARK_MASQ}"),
+            );
         }
     }
 
@@ -299,20 +383,42 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
         out.chains.entry(ext_chain.clone()).or_default();
         if !port.external_policy_local {
             let text = format!("masquerade traffic for {name} external destinations");
-            out.push_chain_rule(&ext_chain, format!("{} -j {KUBE_MARK_MASQ}", comment(&text)));
+            out.push_chain_rule(
+                &ext_chain,
+                format!("{} -j {KUBE_MARK_MASQ}", comment(&text)),
+            );
         } else {
             // Pod and node traffic to an external address is not subject to the Local policy
             // (as if it went out to the load balancer and came back): it may use any endpoint.
-            let short_circuit = if uses_cluster_chain { Some(&cluster_chain) } else { uses_local_chain.then_some(&local_chain) };
+            let short_circuit = if uses_cluster_chain {
+                Some(&cluster_chain)
+            } else {
+                uses_local_chain.then_some(&local_chain)
+            };
             if let Some(target) = short_circuit {
                 if let Some(local) = ctx.local_detector.if_local() {
                     let text = format!("pod traffic for {name} external destinations");
-                    out.push_chain_rule(&ext_chain, format!("{} {local} -j {target}", comment(&text)));
+                    out.push_chain_rule(
+                        &ext_chain,
+                        format!("{} {local} -j {target}", comment(&text)),
+                    );
                 }
                 let text = format!("masquerade LOCAL traffic for {name} external destinations");
-                out.push_chain_rule(&ext_chain, format!("{} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}", comment(&text)));
+                out.push_chain_rule(
+                    &ext_chain,
+                    format!(
+                        "{} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
+                        comment(&text)
+                    ),
+                );
                 let text = format!("route LOCAL traffic for {name} external destinations");
-                out.push_chain_rule(&ext_chain, format!("{} -m addrtype --src-type LOCAL -j {target}", comment(&text)));
+                out.push_chain_rule(
+                    &ext_chain,
+                    format!(
+                        "{} -m addrtype --src-type LOCAL -j {target}",
+                        comment(&text)
+                    ),
+                );
             }
         }
         if has_external {
@@ -350,14 +456,29 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &RenderContext, 
         let address = ep.address();
         let chain = names::endpoint_chain(&port.name, &address);
         let service = comment(&name);
-        out.push_chain_rule(&chain, format!("{service} -s {} -j {KUBE_MARK_MASQ}", ep.ip));
-        let affinity = if port.session_affinity_seconds.is_some() { format!(" -m recent --name {chain} --set") } else { String::new() };
-        out.push_chain_rule(&chain, format!("{service}{affinity} -m {proto} -p {proto} -j DNAT --to-destination {address}"));
+        out.push_chain_rule(
+            &chain,
+            format!("{service} -s {} -j {KUBE_MARK_MASQ}", ep.ip),
+        );
+        let affinity = if port.session_affinity_seconds.is_some() {
+            format!(" -m recent --name {chain} --set")
+        } else {
+            String::new()
+        };
+        out.push_chain_rule(
+            &chain,
+            format!("{service}{affinity} -m {proto} -p {proto} -j DNAT --to-destination {address}"),
+        );
     }
 }
 
 /// A policy chain's rules: affinity checks first, then one `statistic` rule per endpoint.
-fn endpoint_selection_rules(out: &mut ServiceRules, chain: &str, port: &ServicePort, endpoints: &[&Endpoint]) {
+fn endpoint_selection_rules(
+    out: &mut ServiceRules,
+    chain: &str,
+    port: &ServicePort,
+    endpoints: &[&Endpoint],
+) {
     out.chains.entry(chain.to_string()).or_default();
     let name = port.name.to_string();
     if let Some(seconds) = port.session_affinity_seconds {
@@ -365,7 +486,12 @@ fn endpoint_selection_rules(out: &mut ServiceRules, chain: &str, port: &ServiceP
             let address = ep.address();
             let sep = names::endpoint_chain(&port.name, &address);
             let text = comment(&format!("{name} -> {address}"));
-            out.push_chain_rule(chain, format!("{text} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}"));
+            out.push_chain_rule(
+                chain,
+                format!(
+                    "{text} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}"
+                ),
+            );
         }
     }
     let count = endpoints.len();
@@ -374,7 +500,10 @@ fn endpoint_selection_rules(out: &mut ServiceRules, chain: &str, port: &ServiceP
         let sep = names::endpoint_chain(&port.name, &address);
         let text = comment(&format!("{name} -> {address}"));
         let spec = if i + 1 < count {
-            format!("{text} -m statistic --mode random --probability {} -j {sep}", probability(count - i))
+            format!(
+                "{text} -m statistic --mode random --probability {} -j {sep}",
+                probability(count - i)
+            )
         } else {
             format!("{text} -j {sep}")
         };
@@ -407,26 +536,48 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
         ));
     }
     if !ctx.tcp_be_liberal {
-        base.filter.push(Rule::new(KUBE_FORWARD, "-m conntrack --ctstate INVALID -j DROP".into()));
+        base.filter.push(Rule::new(
+            KUBE_FORWARD,
+            "-m conntrack --ctstate INVALID -j DROP".into(),
+        ));
     }
     base.filter.push(Rule::new(
         KUBE_FORWARD,
-        format!("{} -m mark --mark {mark}/{mark} -j ACCEPT", comment("kubernetes forwarding rules")),
+        format!(
+            "{} -m mark --mark {mark}/{mark} -j ACCEPT",
+            comment("kubernetes forwarding rules")
+        ),
     ));
     base.filter.push(Rule::new(
         KUBE_FORWARD,
-        format!("{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", comment("kubernetes forwarding conntrack rule")),
+        format!(
+            "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            comment("kubernetes forwarding conntrack rule")
+        ),
     ));
 
-    base.nat.push(Rule::new(KUBE_POSTROUTING, format!("-m mark ! --mark {mark}/{mark} -j RETURN")));
-    base.nat.push(Rule::new(KUBE_POSTROUTING, format!("-j MARK --xor-mark {mark}")));
     base.nat.push(Rule::new(
         KUBE_POSTROUTING,
-        format!("{} -j MASQUERADE --random-fully", comment("kubernetes service traffic requiring SNAT")),
+        format!("-m mark ! --mark {mark}/{mark} -j RETURN"),
     ));
-    base.nat.push(Rule::new(KUBE_MARK_MASQ, format!("-j MARK --or-mark {mark}")));
+    base.nat.push(Rule::new(
+        KUBE_POSTROUTING,
+        format!("-j MARK --xor-mark {mark}"),
+    ));
+    base.nat.push(Rule::new(
+        KUBE_POSTROUTING,
+        format!(
+            "{} -j MASQUERADE --random-fully",
+            comment("kubernetes service traffic requiring SNAT")
+        ),
+    ));
+    base.nat.push(Rule::new(
+        KUBE_MARK_MASQ,
+        format!("-j MARK --or-mark {mark}"),
+    ));
 
-    let last = comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+    let last =
+        comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
     match &ctx.node_port_addresses {
         NodePortAddresses::All => {
             let exclude = if !v4 {
@@ -436,15 +587,20 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
             } else {
                 ""
             };
-            base.nat_services_tail
-                .push(Rule::new(KUBE_SERVICES, format!("{last} -m addrtype --dst-type LOCAL{exclude} -j {KUBE_NODEPORTS}")));
+            base.nat_services_tail.push(Rule::new(
+                KUBE_SERVICES,
+                format!("{last} -m addrtype --dst-type LOCAL{exclude} -j {KUBE_NODEPORTS}"),
+            ));
         }
         NodePortAddresses::Only(ips) => {
             for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ctx.family) {
                 if ip.is_loopback() && (!v4 || !ctx.localhost_node_ports) {
                     continue;
                 }
-                base.nat_services_tail.push(Rule::new(KUBE_SERVICES, format!("{last} -d {ip} -j {KUBE_NODEPORTS}")));
+                base.nat_services_tail.push(Rule::new(
+                    KUBE_SERVICES,
+                    format!("{last} -d {ip} -j {KUBE_NODEPORTS}"),
+                ));
             }
         }
     }
@@ -463,25 +619,99 @@ pub struct JumpRule {
 
 /// upstream's iptablesJumpChains plus the kubelet's KUBE-FIREWALL jumps.
 pub const JUMP_RULES: [JumpRule; 14] = [
-    JumpRule { table: "filter", from: "INPUT", to: KUBE_EXTERNAL_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"" },
-    JumpRule { table: "filter", from: "FORWARD", to: KUBE_EXTERNAL_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"" },
-    JumpRule { table: "filter", from: "INPUT", to: KUBE_NODEPORTS, spec: "-m comment --comment \"kubernetes health check service ports\"" },
-    JumpRule { table: "filter", from: "FORWARD", to: KUBE_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"" },
-    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_SERVICES, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"" },
-    JumpRule { table: "filter", from: "FORWARD", to: KUBE_FORWARD, spec: "-m comment --comment \"kubernetes forwarding rules\"" },
-    JumpRule { table: "filter", from: "INPUT", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
-    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
-    JumpRule { table: "filter", from: "FORWARD", to: KUBE_PROXY_FIREWALL, spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"" },
-    JumpRule { table: "nat", from: "OUTPUT", to: KUBE_SERVICES, spec: "-m comment --comment \"kubernetes service portals\"" },
-    JumpRule { table: "nat", from: "PREROUTING", to: KUBE_SERVICES, spec: "-m comment --comment \"kubernetes service portals\"" },
-    JumpRule { table: "nat", from: "POSTROUTING", to: KUBE_POSTROUTING, spec: "-m comment --comment \"kubernetes postrouting rules\"" },
-    JumpRule { table: "filter", from: "INPUT", to: KUBE_FIREWALL, spec: "" },
-    JumpRule { table: "filter", from: "OUTPUT", to: KUBE_FIREWALL, spec: "" },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: KUBE_EXTERNAL_SERVICES,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: KUBE_EXTERNAL_SERVICES,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: KUBE_NODEPORTS,
+        spec: "-m comment --comment \"kubernetes health check service ports\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: KUBE_SERVICES,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "OUTPUT",
+        to: KUBE_SERVICES,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: KUBE_FORWARD,
+        spec: "-m comment --comment \"kubernetes forwarding rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: KUBE_PROXY_FIREWALL,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "OUTPUT",
+        to: KUBE_PROXY_FIREWALL,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: KUBE_PROXY_FIREWALL,
+        spec: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+    },
+    JumpRule {
+        table: "nat",
+        from: "OUTPUT",
+        to: KUBE_SERVICES,
+        spec: "-m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "nat",
+        from: "PREROUTING",
+        to: KUBE_SERVICES,
+        spec: "-m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "nat",
+        from: "POSTROUTING",
+        to: KUBE_POSTROUTING,
+        spec: "-m comment --comment \"kubernetes postrouting rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: KUBE_FIREWALL,
+        spec: "",
+    },
+    JumpRule {
+        table: "filter",
+        from: "OUTPUT",
+        to: KUBE_FIREWALL,
+        spec: "",
+    },
 ];
 
 impl JumpRule {
     /// The rule's text after `-A <from> ` (or `-I <from> 1 `).
     pub fn rule_spec(&self) -> String {
-        if self.spec.is_empty() { format!("-j {}", self.to) } else { format!("{} -j {}", self.spec, self.to) }
+        if self.spec.is_empty() {
+            format!("-j {}", self.to)
+        } else {
+            format!("{} -j {}", self.spec, self.to)
+        }
     }
 }

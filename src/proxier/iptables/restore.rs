@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::render::{
-    BaseRules, FILTER_CHAINS, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, Rule, ServiceRules,
+    BaseRules, FILTER_CHAINS, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, Rule,
+    ServiceRules,
 };
 use crate::model::NamespacedName;
 
@@ -44,7 +45,12 @@ pub fn full_restore(
     }
     out.jumps("filter", extras.missing_jumps);
     for chain in FILTER_CHAINS {
-        for rule in services.values().flat_map(|s| &s.filter).chain(&base.filter).filter(|r| r.chain == chain) {
+        for rule in services
+            .values()
+            .flat_map(|s| &s.filter)
+            .chain(&base.filter)
+            .filter(|r| r.chain == chain)
+        {
             out.rule("-A", rule);
             out.stats.filter_rules += 1;
         }
@@ -52,7 +58,8 @@ pub fn full_restore(
     out.line("COMMIT");
 
     out.line("*nat");
-    let service_chains: BTreeMap<&String, &Vec<String>> = services.values().flat_map(|s| &s.chains).collect();
+    let service_chains: BTreeMap<&String, &Vec<String>> =
+        services.values().flat_map(|s| &s.chains).collect();
     for chain in NAT_CHAINS.iter().chain([&KUBE_PROXY_CANARY]) {
         out.chain(chain);
     }
@@ -61,8 +68,18 @@ pub fn full_restore(
     }
     out.jumps("nat", extras.missing_jumps);
     for chain in NAT_CHAINS {
-        let tail = if chain == KUBE_SERVICES { base.nat_services_tail.as_slice() } else { &[] };
-        for rule in services.values().flat_map(|s| &s.nat).chain(&base.nat).chain(tail).filter(|r| r.chain == chain) {
+        let tail = if chain == KUBE_SERVICES {
+            base.nat_services_tail.as_slice()
+        } else {
+            &[]
+        };
+        for rule in services
+            .values()
+            .flat_map(|s| &s.nat)
+            .chain(&base.nat)
+            .chain(tail)
+            .filter(|r| r.chain == chain)
+        {
             out.rule("-A", rule);
             out.stats.nat_rules += 1;
         }
@@ -104,18 +121,33 @@ pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreSt
     for delta in deltas {
         let old = delta.old.unwrap_or(&empty);
         let new = delta.new.unwrap_or(&empty);
-        diff_rules(&old.filter, &new.filter, &mut filter_delete, &mut filter_add);
+        diff_rules(
+            &old.filter,
+            &new.filter,
+            &mut filter_delete,
+            &mut filter_add,
+        );
         diff_rules(&old.nat, &new.nat, &mut nat_delete, &mut nat_add);
         for (chain, rules) in &new.chains {
             if old.chains.get(chain) != Some(rules) {
                 rewritten.insert(chain, rules);
             }
         }
-        removed.extend(old.chains.keys().filter(|chain| !new.chains.contains_key(*chain)));
+        removed.extend(
+            old.chains
+                .keys()
+                .filter(|chain| !new.chains.contains_key(*chain)),
+        );
     }
     // A chain one service drops and another takes over is rewritten, not deleted.
     removed.retain(|chain| !rewritten.contains_key(chain));
-    if filter_delete.is_empty() && filter_add.is_empty() && nat_delete.is_empty() && nat_add.is_empty() && rewritten.is_empty() && removed.is_empty() {
+    if filter_delete.is_empty()
+        && filter_add.is_empty()
+        && nat_delete.is_empty()
+        && nat_add.is_empty()
+        && rewritten.is_empty()
+        && removed.is_empty()
+    {
         return None;
     }
 
@@ -131,7 +163,8 @@ pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreSt
         }
         out.line("COMMIT");
     }
-    if !nat_delete.is_empty() || !nat_add.is_empty() || !rewritten.is_empty() || !removed.is_empty() {
+    if !nat_delete.is_empty() || !nat_add.is_empty() || !rewritten.is_empty() || !removed.is_empty()
+    {
         out.line("*nat");
         for chain in rewritten.keys().copied().chain(removed.iter().copied()) {
             out.chain(chain);
@@ -163,7 +196,12 @@ pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreSt
     Some(out.finish())
 }
 
-fn diff_rules<'a>(old: &'a [Rule], new: &'a [Rule], delete: &mut Vec<&'a Rule>, add: &mut Vec<&'a Rule>) {
+fn diff_rules<'a>(
+    old: &'a [Rule],
+    new: &'a [Rule],
+    delete: &mut Vec<&'a Rule>,
+    add: &mut Vec<&'a Rule>,
+) {
     delete.extend(old.iter().filter(|rule| !new.contains(rule)));
     add.extend(new.iter().filter(|rule| !old.contains(rule)));
 }

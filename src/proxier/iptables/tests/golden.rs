@@ -5,17 +5,20 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::proxier::iptables::render::{KUBE_MARK_MASQ, NodePortAddresses};
-use crate::sys::iptables_fake::{FakeIptables, jump_target};
 use crate::sys::iptables::Iptables;
+use crate::sys::iptables_fake::{FakeIptables, jump_target};
 
 fn golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/iptables").join(format!("{name}.restore"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/iptables")
+        .join(format!("{name}.restore"));
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, text).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("missing golden file {}", path.display()));
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("missing golden file {}", path.display()));
     assert_text_eq(text, &want);
     assert_eq!(text, want, "{name}: same lines but a different order");
 }
@@ -24,16 +27,24 @@ fn golden(name: &str, text: &str) {
 /// every jump target exists and every service chain is referenced.
 fn check_consistent(text: &str, family: IpFamily) {
     let mut ipt = FakeIptables::default();
-    ipt.restore(family, text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    ipt.restore(family, text)
+        .unwrap_or_else(|err| panic!("{err}\n{text}"));
     let nat = ipt.table(family, "nat");
     for (chain, rules) in &nat.chains {
         for rule in rules {
             if let Some(target) = jump_target(rule).filter(|t| t.starts_with("KUBE-")) {
-                assert!(nat.chain(target).is_some(), "{chain} jumps to missing {target}");
+                assert!(
+                    nat.chain(target).is_some(),
+                    "{chain} jumps to missing {target}"
+                );
             }
         }
         if super::super::names::is_service_chain(chain) {
-            let referenced = nat.chains.iter().flat_map(|(_, r)| r).any(|r| jump_target(r) == Some(chain.as_str()));
+            let referenced = nat
+                .chains
+                .iter()
+                .flat_map(|(_, r)| r)
+                .any(|r| jump_target(r) == Some(chain.as_str()));
             assert!(referenced, "{chain} is never jumped to");
         }
     }
@@ -58,9 +69,15 @@ pub fn overall_services() -> Vec<Svc> {
             s.health_check_node_port = Some(30000);
         })
         .with_endpoints(vec![ep("10.180.0.2", 80, "")]),
-        svc("ns3", "svc3", "172.30.0.43", |s| s.node_port = Some(3003)).with_endpoints(vec![ep("10.180.0.3", 80, "")]),
-        svc("ns4", "svc4", "172.30.0.44", |s| s.external_ips = vec!["192.168.99.33".parse().unwrap()])
-            .with_endpoints(vec![ep("10.180.0.4", 80, ""), ep("10.180.0.5", 80, NODE)]),
+        svc("ns3", "svc3", "172.30.0.43", |s| s.node_port = Some(3003)).with_endpoints(vec![ep(
+            "10.180.0.3",
+            80,
+            "",
+        )]),
+        svc("ns4", "svc4", "172.30.0.44", |s| {
+            s.external_ips = vec!["192.168.99.33".parse().unwrap()]
+        })
+        .with_endpoints(vec![ep("10.180.0.4", 80, ""), ep("10.180.0.5", 80, NODE)]),
         svc("ns5", "svc5", "172.30.0.45", |s| {
             s.node_port = Some(3002);
             s.load_balancer_ips = vec!["5.6.7.8".parse().unwrap()];
@@ -79,28 +96,59 @@ fn overall() {
 
 #[test]
 fn cluster_ip_three_endpoints() {
-    let s = svc("ns1", "svc1", "172.30.0.41", |_| {})
-        .with_endpoints(vec![ep("10.180.0.1", 80, ""), ep("10.180.0.2", 80, ""), ep("10.180.0.3", 80, "")]);
+    let s = svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![
+        ep("10.180.0.1", 80, ""),
+        ep("10.180.0.2", 80, ""),
+        ep("10.180.0.3", 80, ""),
+    ]);
     check("cluster_ip", &[s], &context());
 }
 
 #[test]
 fn multi_port_and_same_port_tcp_udp() {
-    let s = svc_port("kube-system", "kube-dns", "dns-tcp", Protocol::Tcp, 53, "10.96.0.10", |_| {})
-        .with_endpoints(vec![ep("10.244.0.5", 53, ""), ep("10.244.1.6", 53, "")])
-        .add_port("dns", Protocol::Udp, 53, vec![ep("10.244.0.5", 53, ""), ep("10.244.1.6", 53, "")])
-        .add_port("metrics", Protocol::Tcp, 9153, vec![ep("10.244.0.5", 9153, "")])
-        .add_port("sig", Protocol::Sctp, 9000, vec![ep("10.244.0.5", 9000, "")]);
+    let s = svc_port(
+        "kube-system",
+        "kube-dns",
+        "dns-tcp",
+        Protocol::Tcp,
+        53,
+        "10.96.0.10",
+        |_| {},
+    )
+    .with_endpoints(vec![ep("10.244.0.5", 53, ""), ep("10.244.1.6", 53, "")])
+    .add_port(
+        "dns",
+        Protocol::Udp,
+        53,
+        vec![ep("10.244.0.5", 53, ""), ep("10.244.1.6", 53, "")],
+    )
+    .add_port(
+        "metrics",
+        Protocol::Tcp,
+        9153,
+        vec![ep("10.244.0.5", 9153, "")],
+    )
+    .add_port(
+        "sig",
+        Protocol::Sctp,
+        9000,
+        vec![ep("10.244.0.5", 9000, "")],
+    );
     check("multi_port", &[s], &context());
 }
 
 #[test]
 fn node_port_on_listed_addresses() {
-    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080)).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080))
+        .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
-    ctx.node_port_addresses = NodePortAddresses::Only(vec!["192.168.0.2".parse().unwrap(), "127.0.0.1".parse().unwrap()]);
+    ctx.node_port_addresses = NodePortAddresses::Only(vec![
+        "192.168.0.2".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+    ]);
     check("node_port_addresses", &[s], &ctx);
-    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080)).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080))
+        .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
     ctx.localhost_node_ports = false;
     check("node_port_no_localhost", &[s], &ctx);
@@ -111,7 +159,10 @@ fn load_balancer_source_ranges_including_the_node() {
     let s = svc("ns1", "svc1", "172.30.0.41", |s| {
         s.node_port = Some(30080);
         s.load_balancer_ips = vec!["5.6.7.8".parse().unwrap(), "5.6.7.9".parse().unwrap()];
-        s.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap(), "192.168.0.0/24".parse().unwrap()];
+        s.load_balancer_source_ranges = vec![
+            "203.0.113.0/25".parse().unwrap(),
+            "192.168.0.0/24".parse().unwrap(),
+        ];
     })
     .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     check("lb_source_ranges", &[s], &context());
@@ -125,16 +176,26 @@ fn external_policy_local_with_local_endpoints() {
         s.external_policy_local = true;
         s.health_check_node_port = Some(30000);
     })
-    .with_endpoints(vec![ep("10.180.0.1", 80, NODE), ep("10.180.1.1", 80, "other-node")]);
+    .with_endpoints(vec![
+        ep("10.180.0.1", 80, NODE),
+        ep("10.180.1.1", 80, "other-node"),
+    ]);
     check("etp_local", &[s], &context());
 }
 
 #[test]
 fn internal_policy_local_with_and_without_local_endpoints() {
-    let with = svc("ns1", "with", "172.30.0.41", |s| s.internal_policy_local = true)
-        .with_endpoints(vec![ep("10.180.0.1", 80, NODE), ep("10.180.1.1", 80, "other-node")]);
-    let without = svc("ns1", "without", "172.30.0.42", |s| s.internal_policy_local = true)
-        .with_endpoints(vec![ep("10.180.1.2", 80, "other-node")]);
+    let with = svc("ns1", "with", "172.30.0.41", |s| {
+        s.internal_policy_local = true
+    })
+    .with_endpoints(vec![
+        ep("10.180.0.1", 80, NODE),
+        ep("10.180.1.1", 80, "other-node"),
+    ]);
+    let without = svc("ns1", "without", "172.30.0.42", |s| {
+        s.internal_policy_local = true
+    })
+    .with_endpoints(vec![ep("10.180.1.2", 80, "other-node")]);
     check("itp_local", &[with, without], &context());
 }
 
@@ -167,7 +228,8 @@ fn terminating_endpoints_serve_when_none_are_ready() {
 
 #[test]
 fn masquerade_all_and_no_local_detector() {
-    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080)).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080))
+        .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
     ctx.masquerade_all = true;
     ctx.masquerade_mark = 0x1;
@@ -187,10 +249,17 @@ fn masquerade_all_and_no_local_detector() {
 fn ipv6() {
     let s = svc("ns1", "svc1", "172.30.0.41,fd00:172:30::41", |s| {
         s.node_port = Some(30080);
-        s.external_ips = vec!["192.168.99.11".parse().unwrap(), "fd00:99::11".parse().unwrap()];
+        s.external_ips = vec![
+            "192.168.99.11".parse().unwrap(),
+            "fd00:99::11".parse().unwrap(),
+        ];
         s.session_affinity_seconds = Some(300);
     })
-    .with_endpoints(vec![ep("10.180.0.1", 80, ""), ep("fd00:10:180::1", 80, ""), ep("fd00:10:180::2", 80, "")]);
+    .with_endpoints(vec![
+        ep("10.180.0.1", 80, ""),
+        ep("fd00:10:180::1", 80, ""),
+        ep("fd00:10:180::2", 80, ""),
+    ]);
     let mut ctx = context();
     ctx.family = IpFamily::V6;
     ctx.node_ip = Some("fd00::2".parse().unwrap());

@@ -8,9 +8,15 @@ mod tracer_cases;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::render::{JUMP_RULES, LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service};
+use super::render::{
+    JUMP_RULES, LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base,
+    render_service,
+};
 use super::restore::{FullSyncExtras, full_restore};
-use crate::model::{Endpoint, EndpointsMap, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName};
+use crate::model::{
+    Endpoint, EndpointsMap, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap,
+    ServicePortName,
+};
 
 pub const NODE: &str = "test-node";
 pub const NODE_IP: &str = "192.168.0.2";
@@ -55,7 +61,10 @@ pub fn svc_port(
 ) -> Svc {
     let mut sp = ServicePort {
         name: ServicePortName::new(ns, name, port_name, protocol),
-        cluster_ips: cluster_ip.split(',').map(|ip| ip.parse().unwrap()).collect(),
+        cluster_ips: cluster_ip
+            .split(',')
+            .map(|ip| ip.parse().unwrap())
+            .collect(),
         port,
         node_port: None,
         external_ips: vec![],
@@ -67,7 +76,11 @@ pub fn svc_port(
         health_check_node_port: None,
     };
     edit(&mut sp);
-    Svc { key: NamespacedName::new(ns, name), ports: BTreeMap::from([(sp.name.clone(), sp)]), endpoints: BTreeMap::new() }
+    Svc {
+        key: NamespacedName::new(ns, name),
+        ports: BTreeMap::from([(sp.name.clone(), sp)]),
+        endpoints: BTreeMap::new(),
+    }
 }
 
 /// A ready endpoint at `ip:port` on `node` ("" for none).
@@ -93,9 +106,19 @@ impl Svc {
     }
 
     /// Adds another port to the service.
-    pub fn add_port(mut self, port_name: &str, protocol: Protocol, port: u16, endpoints: Vec<Endpoint>) -> Self {
+    pub fn add_port(
+        mut self,
+        port_name: &str,
+        protocol: Protocol,
+        port: u16,
+        endpoints: Vec<Endpoint>,
+    ) -> Self {
         let mut sp = self.ports.values().next().unwrap().clone();
-        sp.name = ServicePortName { service: self.key.clone(), port: port_name.into(), protocol };
+        sp.name = ServicePortName {
+            service: self.key.clone(),
+            port: port_name.into(),
+            protocol,
+        };
         sp.port = port;
         self.endpoints.insert(sp.name.clone(), endpoints);
         self.ports.insert(sp.name.clone(), sp);
@@ -105,12 +128,23 @@ impl Svc {
 
 /// Renders services in a context.
 pub fn render_all(services: &[Svc], ctx: &RenderContext) -> BTreeMap<NamespacedName, ServiceRules> {
-    services.iter().map(|s| (s.key.clone(), render_service(&s.ports, Some(&s.endpoints), ctx))).collect()
+    services
+        .iter()
+        .map(|s| {
+            (
+                s.key.clone(),
+                render_service(&s.ports, Some(&s.endpoints), ctx),
+            )
+        })
+        .collect()
 }
 
 /// The full restore text for services in a context, on a node with none of our rules yet.
 pub fn full_text(services: &[Svc], ctx: &RenderContext) -> String {
-    let extras = FullSyncExtras { stale_chains: &[], missing_jumps: &JUMP_RULES };
+    let extras = FullSyncExtras {
+        stale_chains: &[],
+        missing_jumps: &JUMP_RULES,
+    };
     full_restore(&render_base(ctx), &render_all(services, ctx), &extras).0
 }
 

@@ -25,7 +25,10 @@ pub struct Packet {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Delivered: to these endpoints (none: delivered unchanged), masqueraded or not.
-    Accept { endpoints: BTreeSet<String>, masquerade: bool },
+    Accept {
+        endpoints: BTreeSet<String>,
+        masquerade: bool,
+    },
     Drop,
     Reject,
 }
@@ -41,7 +44,11 @@ struct Path {
 pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Packet) -> Verdict {
     let is_local = |ip: &IpAddr| local.contains(ip) || ip.is_loopback();
     let nat = ipt.table(family, "nat");
-    let start = if packet.from_node { "OUTPUT" } else { "PREROUTING" };
+    let start = if packet.from_node {
+        "OUTPUT"
+    } else {
+        "PREROUTING"
+    };
     let paths = walk(&nat, start, packet, Path::default(), &is_local, 0);
     let filter = ipt.table(family, "filter");
     let mut endpoints = BTreeSet::new();
@@ -61,7 +68,17 @@ pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Pa
             &["FORWARD"]
         };
         for chain in chains {
-            for filtered in walk(&filter, chain, &after, Path { mark: path.mark, ..Path::default() }, &is_local, 0) {
+            for filtered in walk(
+                &filter,
+                chain,
+                &after,
+                Path {
+                    mark: path.mark,
+                    ..Path::default()
+                },
+                &is_local,
+                0,
+            ) {
                 match filtered.verdict {
                     Some("DROP") => return Verdict::Drop,
                     Some("REJECT") => return Verdict::Reject,
@@ -74,14 +91,26 @@ pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Pa
         }
         masquerade |= path.mark;
     }
-    Verdict::Accept { endpoints, masquerade }
+    Verdict::Accept {
+        endpoints,
+        masquerade,
+    }
 }
 
 /// Every way through `chain`: each returned path either ended (DNAT, ACCEPT, DROP, REJECT) or fell
 /// off the end / returned.
-fn walk(table: &Table, chain: &str, packet: &Packet, path: Path, is_local: &dyn Fn(&IpAddr) -> bool, depth: usize) -> Vec<Path> {
+fn walk(
+    table: &Table,
+    chain: &str,
+    packet: &Packet,
+    path: Path,
+    is_local: &dyn Fn(&IpAddr) -> bool,
+    depth: usize,
+) -> Vec<Path> {
     assert!(depth < 32, "jump loop at {chain}");
-    let Some(rules) = table.chain(chain) else { return vec![path] };
+    let Some(rules) = table.chain(chain) else {
+        return vec![path];
+    };
     let mut live = vec![path];
     let mut done = Vec::new();
     for rule in rules {
@@ -90,10 +119,14 @@ fn walk(table: &Table, chain: &str, packet: &Packet, path: Path, is_local: &dyn 
         for current in live {
             match matches(&words, packet, &current, is_local) {
                 Match::No => next.push(current),
-                Match::Yes => apply(table, &words, packet, current, is_local, depth, &mut next, &mut done),
+                Match::Yes => apply(
+                    table, &words, packet, current, is_local, depth, &mut next, &mut done,
+                ),
                 Match::Maybe => {
                     next.push(current.clone());
-                    apply(table, &words, packet, current, is_local, depth, &mut next, &mut done);
+                    apply(
+                        table, &words, packet, current, is_local, depth, &mut next, &mut done,
+                    );
                 }
             }
         }
@@ -114,11 +147,18 @@ fn apply(
     next: &mut Vec<Path>,
     done: &mut Vec<Path>,
 ) {
-    let target = words.iter().position(|w| w == "-j").and_then(|i| words.get(i + 1)).map(String::as_str);
+    let target = words
+        .iter()
+        .position(|w| w == "-j")
+        .and_then(|i| words.get(i + 1))
+        .map(String::as_str);
     match target {
         None => next.push(path),
         Some("DNAT") => {
-            let at = words.iter().position(|w| w == "--to-destination").expect("--to-destination");
+            let at = words
+                .iter()
+                .position(|w| w == "--to-destination")
+                .expect("--to-destination");
             path.dnat = Some(words[at + 1].clone());
             done.push(path);
         }
@@ -159,7 +199,12 @@ enum Match {
     Maybe,
 }
 
-fn matches(words: &[String], packet: &Packet, path: &Path, is_local: &dyn Fn(&IpAddr) -> bool) -> Match {
+fn matches(
+    words: &[String],
+    packet: &Packet,
+    path: &Path,
+    is_local: &dyn Fn(&IpAddr) -> bool,
+) -> Match {
     let mut i = 0;
     let mut negate = false;
     let mut random = false;

@@ -19,7 +19,13 @@ struct Case {
 }
 
 fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
-    Verdict::Accept { endpoints: endpoints.iter().map(|e| e.to_string()).collect::<BTreeSet<_>>(), masquerade }
+    Verdict::Accept {
+        endpoints: endpoints
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<BTreeSet<_>>(),
+        masquerade,
+    }
 }
 
 fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
@@ -34,7 +40,12 @@ fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
             protocol: Protocol::Tcp,
             from_node: case.from_node,
         };
-        assert_eq!(trace(&ipt, ctx.family, &local, &packet), case.want, "{}", case.name);
+        assert_eq!(
+            trace(&ipt, ctx.family, &local, &packet),
+            case.want,
+            "{}",
+            case.name
+        );
     }
 }
 
@@ -74,11 +85,21 @@ fn local_policy_flows() {
         s.node_port = Some(30051);
         s.external_policy_local = true;
     })
-    .with_endpoints(vec![ep("10.180.0.1", 80, NODE), ep("10.180.1.1", 80, "other")]);
-    let itp = svc("ns1", "itp", "172.30.0.52", |s| s.internal_policy_local = true)
-        .with_endpoints(vec![ep("10.180.0.2", 80, NODE), ep("10.180.1.2", 80, "other")]);
-    let itp_none = svc("ns1", "itp-none", "172.30.0.53", |s| s.internal_policy_local = true)
-        .with_endpoints(vec![ep("10.180.1.3", 80, "other")]);
+    .with_endpoints(vec![
+        ep("10.180.0.1", 80, NODE),
+        ep("10.180.1.1", 80, "other"),
+    ]);
+    let itp = svc("ns1", "itp", "172.30.0.52", |s| {
+        s.internal_policy_local = true
+    })
+    .with_endpoints(vec![
+        ep("10.180.0.2", 80, NODE),
+        ep("10.180.1.2", 80, "other"),
+    ]);
+    let itp_none = svc("ns1", "itp-none", "172.30.0.53", |s| {
+        s.internal_policy_local = true
+    })
+    .with_endpoints(vec![ep("10.180.1.3", 80, "other")]);
     #[rustfmt::skip]
     let cases = [
         Case { name: "ETP Local from outside: local endpoint only, source kept", src: OUTSIDE, dst: NODE_IP, port: 30051, from_node: false, want: accept(&["10.180.0.1:80"], false) },
@@ -91,9 +112,17 @@ fn local_policy_flows() {
 
 #[test]
 fn masquerade_all_flows() {
-    let s = svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    let s =
+        svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
     ctx.masquerade_all = true;
-    let cases = [Case { name: "pod traffic masqueraded too", src: POD, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) }];
+    let cases = [Case {
+        name: "pod traffic masqueraded too",
+        src: POD,
+        dst: "172.30.0.41",
+        port: 80,
+        from_node: false,
+        want: accept(&["10.180.0.1:80"], true),
+    }];
     run(&[s], &ctx, &cases);
 }

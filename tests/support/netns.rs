@@ -1,0 +1,183 @@
+//! Network namespaces for kernel tests: unique names, removed on Drop (so on panic too), and
+//! sockets made from a thread that has entered the namespace. Nothing here touches the host's
+//! own namespace: every address, route, rule and sysctl is set inside a namespace we created.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace that exists until dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+/// Runs a command, panicking with its output on failure.
+pub fn sh(args: &[&str]) -> Output {
+    let output = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// True when this process may create namespaces (root with the ip tool).
+pub fn can_use_netns() -> bool {
+    nix::unistd::Uid::effective().is_root() && Command::new("ip").arg("-V").output().is_ok()
+}
+
+impl Netns {
+    /// Creates `kprs-<pid>-<n>-<role>` with loopback up.
+    pub fn new(role: &str) -> Netns {
+        let name = format!(
+            "kprs-{}-{}-{role}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        sh(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Runs a command inside, panicking on failure.
+    pub fn exec(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    /// Runs a command inside and returns its stdout, whatever its status.
+    pub fn output(&self, args: &[&str]) -> String {
+        let output = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .expect("run");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Writes a sysctl inside (namespaced ones only).
+    pub fn sysctl(&self, name: &str, value: &str) {
+        self.exec(&["sysctl", "-q", "-w", &format!("{name}={value}")]);
+    }
+
+    /// Runs `f` on a thread that has entered this namespace; sockets it makes live here.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = File::open(&path).expect("open netns");
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Connects `a` and `b` with a veth pair named `a_if`/`b_if`.
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
+    // Made inside `a`, then one end moved to `b`: the host namespace never holds either end.
+    // The peer gets a temporary name: both ends may be called eth0 in the end.
+    let temporary = format!("kp{}", COUNTER.fetch_add(1, Ordering::SeqCst));
+    a.exec(&[
+        "ip", "link", "add", a_if, "type", "veth", "peer", "name", &temporary,
+    ]);
+    a.exec(&["ip", "link", "set", &temporary, "netns", &b.name]);
+    b.exec(&["ip", "link", "set", &temporary, "name", b_if]);
+    a.exec(&["ip", "link", "set", a_if, "up"]);
+    b.exec(&["ip", "link", "set", b_if, "up"]);
+}
+
+/// A small server in a pod: TCP and UDP on one port, answering `<name> <client ip>:<port>`.
+pub struct EchoServer {
+    stop: Arc<AtomicBool>,
+}
+
+impl EchoServer {
+    pub fn start(ns: &Netns, name: &str, port: u16) -> EchoServer {
+        let (tcp, udp) = ns.run(move || {
+            let tcp = TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
+            let udp = UdpSocket::bind(("0.0.0.0", port)).expect("bind udp");
+            (tcp, udp)
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        tcp.set_nonblocking(true).unwrap();
+        let (name_tcp, stop_tcp) = (name.to_string(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop_tcp.load(Ordering::SeqCst) {
+                match tcp.accept() {
+                    Ok((mut stream, peer)) => {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.write_all(format!("{name_tcp} {peer}\n").as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        udp.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let (name_udp, stop_udp) = (name.to_string(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stop_udp.load(Ordering::SeqCst) {
+                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                    let _ = udp.send_to(format!("{name_udp} {peer}\n").as_bytes(), peer);
+                }
+            }
+        });
+        EchoServer { stop }
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The answer to one TCP connection from `ns` to `to`, or the error kind.
+pub fn tcp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorKind> {
+    ns.run(move || {
+        let mut stream =
+            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.kind())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).map_err(|e| e.kind())?;
+        Ok(answer.trim().to_string())
+    })
+}
+
+/// The answer to one UDP datagram from `ns` to `to`, sent from a fresh socket (a fresh flow).
+pub fn udp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorKind> {
+    ns.run(move || {
+        let socket = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.kind())?;
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.kind())?;
+        socket.send_to(b"hello", to).map_err(|e| e.kind())?;
+        let mut buf = [0u8; 512];
+        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.kind())?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    })
+}
