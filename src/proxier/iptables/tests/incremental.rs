@@ -91,10 +91,12 @@ fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
     for table in ["filter", "nat", "mangle"] {
         for (chain, rules) in ipt.table(V4, table).chains {
             let mut rules = rules.clone();
-            if chain.starts_with("KUBE-") && !super::super::names::is_service_chain(&chain) {
+            if table == "nat" && chain == "KUBE-SERVICES" {
                 let last = rules.pop();
                 rules.sort();
                 rules.extend(last);
+            } else if chain.starts_with("KUBE-") && !super::super::names::is_service_chain(&chain) {
+                rules.sort();
             }
             out.insert(format!("{table}/{chain}"), rules);
         }

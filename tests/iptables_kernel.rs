@@ -1,0 +1,268 @@
+//! Incremental syncs in a real kernel, both back ends: after a series of partial syncs in one
+//! namespace, iptables-save shows exactly what one full sync of the same state shows in another.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube_proxy_rs::config::DetectLocalMode;
+use kube_proxy_rs::model::{
+    ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
+    ServicePortName,
+};
+use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
+use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
+use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use support::netns::{Netns, can_use_netns};
+
+fn settings() -> IptablesSettings {
+    IptablesSettings {
+        masquerade_mark: 0x4000,
+        masquerade_all: false,
+        localhost_node_ports: true,
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        detect_local: DetectLocalMode::ClusterCidr,
+        bridge_interface: String::new(),
+        interface_name_prefix: String::new(),
+        node_port_addresses: vec![],
+        tcp_be_liberal: false,
+        canary_interval: std::time::Duration::from_secs(3600),
+    }
+}
+
+fn endpoint(ip: &str, node: &str) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(node.into()),
+        zone: None,
+        zone_hints: BTreeSet::new(),
+    }
+}
+
+fn put(
+    state: &mut ProxyState,
+    name: &str,
+    ip: &str,
+    node_port: Option<u16>,
+    etp_local: bool,
+    endpoints: Vec<Endpoint>,
+) -> NamespacedName {
+    let key = NamespacedName::new("default", name);
+    let port_name = ServicePortName::new("default", name, "http", Protocol::Tcp);
+    let port = ServicePort {
+        name: port_name.clone(),
+        cluster_ips: vec![ip.parse().unwrap()],
+        port: 80,
+        node_port,
+        external_ips: vec!["192.168.50.1".parse().unwrap()],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity_seconds: None,
+        external_policy_local: etp_local,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    };
+    state
+        .services
+        .insert(key.clone(), BTreeMap::from([(port_name.clone(), port)]));
+    if endpoints.is_empty() {
+        state.endpoints.remove(&key);
+    } else {
+        state
+            .endpoints
+            .insert(key.clone(), BTreeMap::from([(port_name, endpoints)]));
+    }
+    key
+}
+
+/// iptables-save of our tables with counters and comments dropped, and the shared chains' rules
+/// sorted (their order carries no meaning except the KUBE-NODEPORTS jump, kept last).
+fn normalized_save(ns: &Netns, backend: Backend) -> String {
+    let mut out = Vec::new();
+    for table in ["filter", "nat", "mangle"] {
+        let save = ns.output(&[&format!("iptables-{}-save", backend.as_str()), "-t", table]);
+        let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut declared = Vec::new();
+        for line in save.lines() {
+            if let Some(decl) = line.strip_prefix(':') {
+                declared.push(decl.split_whitespace().next().unwrap_or("").to_string());
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let (chain, spec) = rule.split_once(' ').unwrap_or((rule, ""));
+                chains
+                    .entry(chain.to_string())
+                    .or_default()
+                    .push(spec.to_string());
+            }
+        }
+        declared.sort();
+        out.push(format!("*{table} {declared:?}"));
+        for (chain, mut rules) in chains {
+            if chain == "KUBE-SERVICES" && table == "nat" {
+                let last = rules.pop();
+                assert!(
+                    last.as_deref()
+                        .is_some_and(|r| r.contains("-j KUBE-NODEPORTS")),
+                    "NodePort jump last"
+                );
+                rules.sort();
+                rules.extend(last);
+            } else if !chain.starts_with("KUBE-SVC-")
+                && !chain.starts_with("KUBE-SVL-")
+                && !chain.starts_with("KUBE-EXT-")
+                && !chain.starts_with("KUBE-FW-")
+            {
+                rules.sort();
+            }
+            for rule in rules {
+                out.push(format!("{table} {chain} {rule}"));
+            }
+        }
+    }
+    out.join("\n")
+}
+
+fn node() -> NodeInfo {
+    NodeInfo {
+        name: "node-a".into(),
+        addresses: vec!["192.168.100.2".parse().unwrap()],
+        ..NodeInfo::default()
+    }
+}
+
+#[test]
+fn partial_syncs_equal_a_full_sync_in_the_kernel() {
+    assert!(
+        can_use_netns(),
+        "this test needs root and iproute2 (run it through .ci/run as root)"
+    );
+    for backend in [Backend::Nft, Backend::Legacy] {
+        let incremental = Netns::new("incr");
+        let full = Netns::new("full");
+
+        let mut state = ProxyState {
+            node: node(),
+            ..ProxyState::default()
+        };
+        for i in 0..5 {
+            let eps = vec![
+                endpoint(&format!("10.244.1.{}", 10 + i), "node-a"),
+                endpoint(&format!("10.244.2.{}", 10 + i), "node-b"),
+            ];
+            put(
+                &mut state,
+                &format!("svc-{i}"),
+                &format!("10.96.0.{}", 10 + i),
+                Some(30000 + i),
+                false,
+                eps,
+            );
+        }
+        // The changes a cluster goes through, one sync each.
+        let mut steps: Vec<(ProxyState, ChangeSummary)> = Vec::new();
+        let mut step = |state: &ProxyState, keys: Vec<NamespacedName>| {
+            steps.push((
+                state.clone(),
+                ChangeSummary {
+                    changed_services: keys.into_iter().collect(),
+                    ..ChangeSummary::default()
+                },
+            ));
+        };
+        step(&state, vec![]);
+        let k = put(
+            &mut state,
+            "svc-1",
+            "10.96.0.11",
+            Some(30001),
+            false,
+            vec![endpoint("10.244.1.11", "node-a")],
+        );
+        step(&state, vec![k]);
+        let k = put(
+            &mut state,
+            "svc-2",
+            "10.96.0.12",
+            Some(30002),
+            false,
+            vec![],
+        );
+        step(&state, vec![k]);
+        let k = put(
+            &mut state,
+            "svc-3",
+            "10.96.0.13",
+            Some(30003),
+            true,
+            vec![
+                endpoint("10.244.1.13", "node-a"),
+                endpoint("10.244.2.13", "node-b"),
+            ],
+        );
+        step(&state, vec![k]);
+        let k = NamespacedName::new("default", "svc-4");
+        state.services.remove(&k);
+        state.endpoints.remove(&k);
+        step(&state, vec![k]);
+        let k = put(
+            &mut state,
+            "svc-new",
+            "10.96.0.99",
+            None,
+            false,
+            vec![endpoint("10.244.1.99", "node-a")],
+        );
+        step(&state, vec![k]);
+        let k = put(
+            &mut state,
+            "svc-2",
+            "10.96.0.12",
+            Some(30002),
+            false,
+            vec![endpoint("10.244.1.12", "node-a")],
+        );
+        step(&state, vec![k]);
+
+        let fulls: Vec<bool> = incremental.run(move || {
+            let mut p = IptablesProxier::new(
+                SystemIptables::new(backend),
+                settings(),
+                Box::new(FixedAddresses(vec![])),
+                Box::new(FakeSysctl::default()),
+            );
+            steps
+                .iter()
+                .map(|(state, changes)| p.sync(state, changes).expect("sync").full)
+                .collect()
+        });
+        assert_eq!(
+            fulls,
+            vec![true, false, false, false, false, false, false],
+            "{backend:?}"
+        );
+        let final_state = state.clone();
+        full.run(move || {
+            let mut p = IptablesProxier::new(
+                SystemIptables::new(backend),
+                settings(),
+                Box::new(FixedAddresses(vec![])),
+                Box::new(FakeSysctl::default()),
+            );
+            p.sync(&final_state, &ChangeSummary::default())
+                .expect("full sync");
+        });
+        let (a, b) = (
+            normalized_save(&incremental, backend),
+            normalized_save(&full, backend),
+        );
+        assert!(
+            a.contains("KUBE-SVC-") && a.contains("default/svc-new"),
+            "{a}"
+        );
+        assert_eq!(a, b, "{backend:?}: incremental and full syncs differ");
+    }
+}
