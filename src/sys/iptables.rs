@@ -26,8 +26,8 @@ pub enum IptablesError {
 pub trait Iptables: Send {
     /// Applies restore input without flushing tables (`--noflush --counters`).
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
-    /// `iptables-save -t <table>`.
-    fn save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError>;
+    /// `iptables-save -t <table>`, or every table when `None` (one process instead of several).
+    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError>;
     /// Whether a chain exists (for the canary check).
     fn chain_exists(
         &mut self,
@@ -150,8 +150,11 @@ impl Iptables for SystemIptables {
         })
     }
 
-    fn save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
-        run(&tool(family, self.backend, "save"), &["-t", table])
+    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError> {
+        match table {
+            Some(table) => run(&tool(family, self.backend, "save"), &["-t", table]),
+            None => run(&tool(family, self.backend, "save"), &[]),
+        }
     }
 
     fn chain_exists(
@@ -171,6 +174,19 @@ impl Iptables for SystemIptables {
                 reason: err.to_string(),
             })?;
         Ok(status.success())
+    }
+}
+
+/// One table's part of an iptables-save of several tables (empty if absent).
+pub fn table_section<'a>(save: &'a str, table: &str) -> &'a str {
+    let header = format!("*{table}\n");
+    let Some(start) = save.find(&header) else {
+        return "";
+    };
+    let rest = &save[start..];
+    match rest.find("\nCOMMIT") {
+        Some(end) => &rest[..end],
+        None => rest,
     }
 }
 
@@ -218,5 +234,12 @@ mod tests {
         assert_eq!(tool(IpFamily::V4, Backend::Nft, ""), "iptables-nft");
         assert_eq!(failed_line("iptables-restore: line 7 failed"), Some(7));
         assert_eq!(failed_line("something else"), None);
+        let save =
+            "# Generated\n*mangle\n:A - [0:0]\nCOMMIT\n*nat\n:B - [0:0]\n-A B -j RETURN\nCOMMIT\n";
+        assert_eq!(
+            table_section(save, "nat"),
+            "*nat\n:B - [0:0]\n-A B -j RETURN"
+        );
+        assert_eq!(table_section(save, "filter"), "");
     }
 }

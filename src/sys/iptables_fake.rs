@@ -262,8 +262,14 @@ impl Iptables for FakeIptables {
         self.apply(family, input)
     }
 
-    fn save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
-        Ok(self.dump(family, table))
+    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError> {
+        match table {
+            Some(table) => Ok(self.dump(family, table)),
+            None => Ok(["raw", "mangle", "nat", "filter"]
+                .iter()
+                .map(|t| self.dump(family, t))
+                .collect()),
+        }
     }
 
     fn chain_exists(

@@ -2,6 +2,8 @@
 //! sockets made from a thread that has entered the namespace. Nothing here touches the host's
 //! own namespace: every address, route, rule and sysctl is set inside a namespace we created.
 
+#![allow(dead_code)]
+
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};

@@ -19,7 +19,7 @@ use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, p
 use crate::config::{DetectLocalMode, KubeProxyConfiguration};
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::{Proxier, SyncError, SyncReport};
-use crate::sys::iptables::Iptables;
+use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
 /// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
@@ -87,7 +87,9 @@ pub struct IptablesProxier<I: Iptables> {
     last_canary_check: Option<Instant>,
     /// Failed restores so far (the metric's value).
     pub restore_failures: u64,
-    /// Lines of restore input written by the last sync (for tests and benchmarks).
+    /// When set, the restore input of the last sync is kept in `last_restore` (tests, benchmarks).
+    pub record_restores: bool,
+    /// The restore input of the last sync, when `record_restores` is set.
     pub last_restore: Vec<(IpFamily, String)>,
 }
 
@@ -110,6 +112,7 @@ impl<I: Iptables> IptablesProxier<I> {
             last_full_sync: None,
             last_canary_check: None,
             restore_failures: 0,
+            record_restores: false,
             last_restore: Vec::new(),
         }
     }
@@ -241,23 +244,24 @@ impl<I: Iptables> IptablesProxier<I> {
             })
             .filter(|(_, rules)| !rules.is_empty())
             .collect();
-        let nat = self
+        // One iptables-save of every table: stale chains from nat, missing jumps from both.
+        let saved = self
             .iptables
-            .save(family, "nat")
+            .save(family, None)
             .map_err(|e| SyncError::Apply(e.to_string()))?;
-        let filter = self
-            .iptables
-            .save(family, "filter")
-            .map_err(|e| SyncError::Apply(e.to_string()))?;
+        let (nat, filter) = (
+            table_section(&saved, "nat"),
+            table_section(&saved, "filter"),
+        );
         let wanted: std::collections::BTreeSet<&String> =
             services.values().flat_map(|s| s.chains.keys()).collect();
-        let stale: Vec<String> = chains_in_save(&nat)
+        let stale: Vec<String> = chains_in_save(nat)
             .into_iter()
             .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
             .collect();
         let missing: Vec<JumpRule> = JUMP_RULES
             .iter()
-            .filter(|jump| !has_jump(if jump.table == "nat" { &nat } else { &filter }, jump))
+            .filter(|jump| !has_jump(if jump.table == "nat" { nat } else { filter }, jump))
             .copied()
             .collect();
         let (text, stats) = full_restore(
@@ -318,7 +322,9 @@ impl<I: Iptables> IptablesProxier<I> {
     }
 
     fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), SyncError> {
-        self.last_restore.push((family, text.to_string()));
+        if self.record_restores {
+            self.last_restore.push((family, text.to_string()));
+        }
         self.iptables.restore(family, text).map_err(|err| {
             self.restore_failures += 1;
             SyncError::Apply(err.to_string())

@@ -8,7 +8,6 @@ use super::*;
 use crate::model::{ChangeSummary, NodeInfo, ProxyState};
 use crate::proxier::Proxier;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
-use crate::sys::iptables::Iptables;
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::net::{FakeSysctl, FixedAddresses};
 
@@ -30,12 +29,14 @@ fn settings() -> IptablesSettings {
 }
 
 fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
-    IptablesProxier::new(
+    let mut p = IptablesProxier::new(
         ipt,
         settings(),
         Box::new(FixedAddresses(vec![])),
         Box::new(FakeSysctl::default()),
-    )
+    );
+    p.record_restores = true;
+    p
 }
 
 fn node() -> NodeInfo {
@@ -294,11 +295,13 @@ fn foreign_rules_survive_and_stale_chains_go() {
 
 #[test]
 fn dual_stack_nodes_program_both_families() {
-    let mut state = ProxyState::default();
-    state.node = NodeInfo {
-        name: NODE.into(),
-        addresses: vec![NODE_IP.parse().unwrap(), "fd00::2".parse().unwrap()],
-        ..NodeInfo::default()
+    let mut state = ProxyState {
+        node: NodeInfo {
+            name: NODE.into(),
+            addresses: vec![NODE_IP.parse().unwrap(), "fd00::2".parse().unwrap()],
+            ..NodeInfo::default()
+        },
+        ..ProxyState::default()
     };
     let s = svc("ns", "dual", "172.30.0.1,fd00:30::1", |_| {})
         .with_endpoints(vec![ep("10.1.0.1", 80, ""), ep("fd00:1::1", 80, "")]);
