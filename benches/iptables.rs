@@ -131,7 +131,62 @@ fn secs(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
 }
 
-fn run(count: usize, backend: Backend) {
+/// One measurement in fresh namespaces: (full sync, bare full restore, change sync, bare change
+/// restore, restore lines, change lines).
+fn measure(
+    state: &ProxyState,
+    backend: Backend,
+) -> (Duration, Duration, Duration, Duration, usize, usize) {
+    let ours = Netns::new("bench-ours");
+    let bare = Netns::new("bench-bare");
+    let mut state = state.clone();
+    let (full, full_text, change, change_text) = ours.run(move || {
+        let mut p = IptablesProxier::new(
+            SystemIptables::new(backend),
+            settings(),
+            Box::new(FixedAddresses(vec![])),
+            Box::new(FakeSysctl::default()),
+        );
+        p.record_restores = true;
+        let started = Instant::now();
+        p.sync(&state, &ChangeSummary::default())
+            .expect("full sync");
+        let full = started.elapsed();
+        let full_text = p.last_restore[0].1.clone();
+        let key = NamespacedName::new("bench", "svc-7");
+        let ports = state.endpoints.get_mut(&key).unwrap();
+        ports.values_mut().next().unwrap().pop();
+        let changes = ChangeSummary {
+            changed_services: [key].into(),
+            ..ChangeSummary::default()
+        };
+        let started = Instant::now();
+        let report = p.sync(&state, &changes).expect("partial sync");
+        let change = started.elapsed();
+        assert!(!report.full);
+        (full, full_text, change, p.last_restore[0].1.clone())
+    });
+    if let Ok(path) = std::env::var("KPRS_BENCH_DUMP") {
+        std::fs::write(path, &full_text).expect("dump restore text");
+    }
+    let bare_full = bare_restore(&bare, backend, &full_text, true);
+    let bare_change = bare_restore(&bare, backend, &change_text, true);
+    (
+        full,
+        bare_full,
+        change,
+        bare_change,
+        full_text.lines().count(),
+        change_text.lines().count(),
+    )
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn run(count: usize, backend: Backend, runs: usize) {
     let state = state(count);
     let ctx = RenderContext {
         family: IpFamily::V4,
@@ -152,44 +207,15 @@ fn run(count: usize, backend: Backend) {
         .map(|(k, p)| render_service(p, state.endpoints.get(k), &ctx).chains.len())
         .sum();
     let render = started.elapsed();
-
-    let ours = Netns::new("bench-ours");
-    let bare = Netns::new("bench-bare");
-    let (full, full_text, lines, change, change_text) = {
-        let mut state = state.clone();
-        ours.run(move || {
-            let mut p = IptablesProxier::new(
-                SystemIptables::new(backend),
-                settings(),
-                Box::new(FixedAddresses(vec![])),
-                Box::new(FakeSysctl::default()),
-            );
-            p.record_restores = true;
-            let started = Instant::now();
-            p.sync(&state, &ChangeSummary::default())
-                .expect("full sync");
-            let full = started.elapsed();
-            let full_text = p.last_restore[0].1.clone();
-            let lines = full_text.lines().count();
-            let key = NamespacedName::new("bench", "svc-7");
-            let ports = state.endpoints.get_mut(&key).unwrap();
-            ports.values_mut().next().unwrap().pop();
-            let changes = ChangeSummary {
-                changed_services: [key].into(),
-                ..ChangeSummary::default()
-            };
-            let started = Instant::now();
-            let report = p.sync(&state, &changes).expect("partial sync");
-            let change = started.elapsed();
-            assert!(!report.full);
-            (full, full_text, lines, change, p.last_restore[0].1.clone())
-        })
-    };
-    let bare_full = bare_restore(&bare, backend, &full_text, true);
-    let bare_change = bare_restore(&bare, backend, &change_text, true);
+    let samples: Vec<_> = (0..runs).map(|_| measure(&state, backend)).collect();
+    let (lines, change_lines) = (samples[0].4, samples[0].5);
+    let full = median(samples.iter().map(|s| s.0).collect());
+    let bare_full = median(samples.iter().map(|s| s.1).collect());
+    let change = median(samples.iter().map(|s| s.2).collect());
+    let bare_change = median(samples.iter().map(|s| s.3).collect());
     println!(
-        "{count:>6} services x 10 endpoints ({}, {lines} restore lines, {rendered} chains): render {}, \
-         full sync {} vs bare restore {} (ratio {:.2}), one-endpoint change {} vs bare noflush {} (ratio {:.2}, {} lines)",
+        "{count:>6} services x 10 endpoints ({}, {lines} restore lines, {rendered} chains, median of {runs}): render {}, \
+         full sync {} vs bare restore {} (ratio {:.2}), one-endpoint change {} vs bare noflush {} (ratio {:.2}, {change_lines} lines)",
         backend.as_str(),
         secs(render),
         secs(full),
@@ -198,7 +224,6 @@ fn run(count: usize, backend: Backend) {
         secs(change),
         secs(bare_change),
         change.as_secs_f64() / bare_change.as_secs_f64(),
-        change_text.lines().count(),
     );
 }
 
@@ -263,7 +288,7 @@ fn main() {
         Backend::Nft
     };
     if !args.iter().any(|a| a == "--bench") {
-        run(50, backend);
+        run(50, backend, 1);
         daemon_rss(50);
         return;
     }
@@ -275,7 +300,13 @@ fn main() {
         .unwrap_or_else(|| vec![1000, 10000]);
     for count in sizes {
         if !args.iter().any(|a| a == "--only-daemon") {
-            run(count, backend);
+            // A full nft restore of 10k services takes minutes here: one run is all there is time for.
+            let runs = if backend == Backend::Nft && count > 2000 {
+                1
+            } else {
+                3
+            };
+            run(count, backend, runs);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
             daemon_rss(count);
