@@ -1,4 +1,4 @@
-//! Incremental syncs in a real kernel, both back ends: after a series of partial syncs in one
+//! Incremental syncs in a real kernel, both back ends and both families (a dual-stack node): after a series of partial syncs in one
 //! namespace, iptables-save shows exactly what one full sync of the same state shows in another.
 
 mod support;
@@ -56,7 +56,7 @@ fn put(
     let port_name = ServicePortName::new("default", name, "http", Protocol::Tcp);
     let port = ServicePort {
         name: port_name.clone(),
-        cluster_ips: vec![ip.parse().unwrap()],
+        cluster_ips: vec![ip.parse().unwrap(), v6_of(ip).parse().unwrap()],
         port: 80,
         node_port,
         external_ips: vec!["192.168.50.1".parse().unwrap()],
@@ -73,19 +73,30 @@ fn put(
     if endpoints.is_empty() {
         state.endpoints.remove(&key);
     } else {
+        let mut both = endpoints.clone();
+        both.extend(endpoints.iter().map(|ep| Endpoint {
+            ip: v6_of(&ep.ip.to_string()).parse().unwrap(),
+            ..ep.clone()
+        }));
         state
             .endpoints
-            .insert(key.clone(), BTreeMap::from([(port_name, endpoints)]));
+            .insert(key.clone(), BTreeMap::from([(port_name, both)]));
     }
     key
 }
 
+/// The IPv6 twin of an IPv4 test address: 10.96.0.12 -> fd00:10:96:0::12.
+fn v6_of(ip: &str) -> String {
+    let parts: Vec<&str> = ip.split('.').collect();
+    format!("fd00:{}:{}:{}::{}", parts[0], parts[1], parts[2], parts[3])
+}
+
 /// iptables-save of our tables with counters and comments dropped, and the shared chains' rules
 /// sorted (their order carries no meaning except the KUBE-NODEPORTS jump, kept last).
-fn normalized_save(ns: &Netns, backend: Backend) -> String {
+fn normalized_save(ns: &Netns, backend: Backend, family: &str) -> String {
     let mut out = Vec::new();
     for table in ["filter", "nat", "mangle"] {
-        let save = ns.output(&[&format!("iptables-{}-save", backend.as_str()), "-t", table]);
+        let save = ns.output(&[&format!("{family}-{}-save", backend.as_str()), "-t", table]);
         let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut declared = Vec::new();
         for line in save.lines() {
@@ -129,7 +140,10 @@ fn normalized_save(ns: &Netns, backend: Backend) -> String {
 fn node() -> NodeInfo {
     NodeInfo {
         name: "node-a".into(),
-        addresses: vec!["192.168.100.2".parse().unwrap()],
+        addresses: vec![
+            "192.168.100.2".parse().unwrap(),
+            "fd00:192:168:100::2".parse().unwrap(),
+        ],
         ..NodeInfo::default()
     }
 }
@@ -255,14 +269,23 @@ fn partial_syncs_equal_a_full_sync_in_the_kernel() {
             p.sync(&final_state, &ChangeSummary::default())
                 .expect("full sync");
         });
-        let (a, b) = (
-            normalized_save(&incremental, backend),
-            normalized_save(&full, backend),
-        );
-        assert!(
-            a.contains("KUBE-SVC-") && a.contains("default/svc-new"),
-            "{a}"
-        );
-        assert_eq!(a, b, "{backend:?}: incremental and full syncs differ");
+        for family in ["iptables", "ip6tables"] {
+            let a = normalized_save(&incremental, backend, family);
+            let b = normalized_save(&full, backend, family);
+            assert!(
+                a.contains("KUBE-SVC-") && a.contains("default/svc-new"),
+                "{backend:?} {family}: {a}"
+            );
+            let v6_rule = a.contains("fd00:10:96::99");
+            assert_eq!(
+                v6_rule,
+                family == "ip6tables",
+                "{family} holds its own family's rules only"
+            );
+            assert_eq!(
+                a, b,
+                "{backend:?} {family}: incremental and full syncs differ"
+            );
+        }
     }
 }
