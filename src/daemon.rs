@@ -12,6 +12,7 @@ use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
+use crate::proxier::ipvs::{IpvsUnsupported, check_support};
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::sys::iptables::{Backend, SystemIptables};
@@ -23,6 +24,9 @@ pub enum DaemonError {
     /// No API client could be built.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// IPVS mode cannot run here and falling back was switched off (`--ipvs-fallback=false`).
+    #[error("can't use the IPVS proxier: {0}")]
+    Ipvs(IpvsUnsupported),
     /// The configured mode is valid upstream but not something this program implements.
     #[error("proxy mode {0:?} is not supported by kube-proxy-rs; use \"iptables\" or \"ipvs\"")]
     UnsupportedMode(&'static str),
@@ -33,6 +37,8 @@ pub enum DaemonError {
 pub struct RunOptions {
     /// Program nothing; log the service ports and endpoints each sync would program.
     pub dry_run: bool,
+    /// When IPVS mode cannot run, use iptables (as older kube-proxy did) instead of exiting.
+    pub ipvs_fallback: bool,
 }
 
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
@@ -71,7 +77,7 @@ pub async fn run(
         );
         Box::new(LoggingProxier::default())
     } else {
-        choose_proxier(mode, config)
+        choose_proxier(mode, config, options)?
     };
 
     let client =
@@ -118,21 +124,34 @@ pub async fn run(
     Ok(())
 }
 
-/// The proxier for a mode, logging the choice as upstream does.
-fn choose_proxier(mode: ProxyMode, config: &KubeProxyConfiguration) -> Box<dyn Proxier> {
+/// The proxier for a mode, logging the choice as upstream does. IPVS mode first checks that the
+/// node can run it; if not, it falls back to iptables (the seeds' behaviour) or, with
+/// `--ipvs-fallback=false`, fails as upstream has since 1.26.
+fn choose_proxier(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+    options: RunOptions,
+) -> Result<Box<dyn Proxier>, DaemonError> {
     if mode == ProxyMode::Ipvs {
-        warn!("The IPVS proxier is not available in this build");
+        let reason = match check_support(&config.ipvs.scheduler) {
+            Ok(()) => IpvsUnsupported::NotImplemented,
+            Err(reason) => reason,
+        };
+        if !options.ipvs_fallback {
+            return Err(DaemonError::Ipvs(reason));
+        }
+        warn!(reason = %reason, "Can't use the IPVS proxier");
         warn!("Can't use ipvs proxier, trying iptables proxier");
     }
     let backend = Backend::detect();
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using iptables Proxier");
-    Box::new(IptablesProxier::new(
+    Ok(Box::new(IptablesProxier::new(
         SystemIptables::new(backend),
         IptablesSettings::from_config(config),
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
-    ))
+    )))
 }
 
 /// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after

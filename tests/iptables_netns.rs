@@ -96,9 +96,13 @@ impl Cluster {
     }
 
     fn config(&self, extra: &str) -> std::path::PathBuf {
+        self.config_with_mode("iptables", extra)
+    }
+
+    fn config_with_mode(&self, mode: &str, extra: &str) -> std::path::PathBuf {
         let path = self.dir.path().join("config.conf");
         let text = format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
              clusterCIDR: 10.244.0.0/16\nclientConnection:\n  kubeconfig: {}\n\
              iptables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n{extra}",
             self.dir.path().join("kubeconfig").display()
@@ -108,9 +112,14 @@ impl Cluster {
     }
 
     fn daemon(&self, config: &std::path::Path) -> Daemon {
+        self.daemon_with(config, &[])
+    }
+
+    fn daemon_with(&self, config: &std::path::Path, extra: &[&str]) -> Daemon {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.node.name, BIN])
             .arg(format!("--config={}", config.display()))
+            .args(extra)
             .args(["--hostname-override=node-a", "--v=2"])
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
@@ -442,4 +451,52 @@ async fn real_packets_through_the_daemon() {
     );
     daemon.wait_for("\"Synced proxy rules\"").await;
     daemon.stop().await;
+}
+
+/// This kernel has no IPVS: mode ipvs falls back to iptables, says why in the logs, and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipvs_mode_falls_back_to_iptables_here() {
+    assert!(
+        can_use_netns(),
+        "this test needs root and iproute2 (run it through .ci/run as root)"
+    );
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n"));
+    daemon
+        .wait_for("\"Can't use the IPVS proxier\" reason=\"the kernel has no IPVS")
+        .await;
+    daemon
+        .wait_for("\"Can't use ipvs proxier, trying iptables proxier\"")
+        .await;
+    daemon.wait_for("\"Using iptables Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let answers = many(10, || tcp_request(&cluster.node, addr("10.96.0.10:80")));
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        cluster
+            .ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
+            .contains("KUBE-SVC-")
+    );
+    daemon.stop().await;
+
+    // With fallback off it exits instead, as upstream does since 1.26.
+    let mut strict = cluster.daemon_with(
+        &cluster.config_with_mode("ipvs", ""),
+        &["--ipvs-fallback=false"],
+    );
+    let status = tokio::time::timeout(WAIT, strict.child.wait())
+        .await
+        .expect("exits")
+        .expect("wait");
+    assert_eq!(status.code(), Some(1));
+    let lines = strict.lines.clone();
+    assert!(
+        eventually(WAIT, || lines.lock().unwrap().iter().any(
+            |l| l.contains("can't use the IPVS proxier: the kernel has no IPVS")
+        ))
+        .await,
+        "{}",
+        lines.lock().unwrap().join("\n")
+    );
 }

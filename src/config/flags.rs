@@ -75,6 +75,11 @@ pub struct Flags {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// In IPVS mode, when the node cannot run IPVS, use iptables instead of exiting (default true;
+    /// `--ipvs-fallback=false` exits as upstream has since 1.26). Not an upstream flag.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub ipvs_fallback: Option<bool>,
+
     /// Other commands (the daemon runs when none is given).
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -2,6 +2,7 @@
 //! and applies it (thin); the sync loop only sees this trait.
 
 pub mod iptables;
+pub mod ipvs;
 mod logging;
 
 pub use logging::LoggingProxier;

@@ -2,4 +2,7 @@
 
 pub mod iptables;
 pub mod iptables_fake;
+pub mod ipvs;
+pub mod link;
 pub mod net;
+pub mod netlink;

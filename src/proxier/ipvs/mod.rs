@@ -1,0 +1,5 @@
+//! IPVS mode. Today: the check that decides whether this node can run it.
+
+mod support;
+
+pub use support::{IpvsUnsupported, check_support};

@@ -1,0 +1,116 @@
+//! One blocking netlink request/response exchange: send a message, collect the replies (one, a
+//! dump, or just the ACK), and turn an NLMSG_ERROR into an errno.
+
+use std::fmt::Debug;
+use std::io;
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage, NetlinkPayload,
+    NetlinkSerializable,
+};
+use netlink_sys::{Socket, SocketAddr};
+
+/// Why a netlink exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    /// The socket could not be opened or used.
+    #[error("netlink socket: {0}")]
+    Socket(io::Error),
+    /// The kernel answered with an error.
+    #[error("kernel answered: {}", io::Error::from_raw_os_error(*.0))]
+    Errno(i32),
+    /// A reply could not be decoded.
+    #[error("undecodable netlink reply: {0}")]
+    Decode(String),
+}
+
+impl NetlinkError {
+    /// The errno the kernel answered with, if that is what happened.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            NetlinkError::Errno(errno) => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// A connected netlink socket of one protocol, with its own sequence numbers.
+pub struct Connection {
+    socket: Socket,
+    sequence: u32,
+}
+
+impl Connection {
+    /// Opens a socket of `protocol` (NETLINK_GENERIC, NETLINK_ROUTE) in this thread's namespace.
+    pub fn open(protocol: isize) -> Result<Self, NetlinkError> {
+        let mut socket = Socket::new(protocol).map_err(NetlinkError::Socket)?;
+        socket.bind_auto().map_err(NetlinkError::Socket)?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(NetlinkError::Socket)?;
+        Ok(Connection {
+            socket,
+            sequence: 0,
+        })
+    }
+
+    /// Sends `inner` as a request (a dump when `dump`) and returns the replies' payloads.
+    pub fn request<I>(&mut self, inner: I, dump: bool) -> Result<Vec<I>, NetlinkError>
+    where
+        I: NetlinkSerializable + NetlinkDeserializable + Debug,
+        <I as NetlinkDeserializable>::Error: std::fmt::Display,
+    {
+        self.request_with_flags(inner, dump, 0)
+    }
+
+    /// As [`Connection::request`], with extra header flags (NLM_F_CREATE | NLM_F_EXCL, ...).
+    pub fn request_with_flags<I>(
+        &mut self,
+        inner: I,
+        dump: bool,
+        extra_flags: u16,
+    ) -> Result<Vec<I>, NetlinkError>
+    where
+        I: NetlinkSerializable + NetlinkDeserializable + Debug,
+        <I as NetlinkDeserializable>::Error: std::fmt::Display,
+    {
+        self.sequence = self.sequence.wrapping_add(1);
+        let sequence = self.sequence;
+        let mut message =
+            NetlinkMessage::new(Default::default(), NetlinkPayload::InnerMessage(inner));
+        message.header.flags =
+            NLM_F_REQUEST | extra_flags | if dump { NLM_F_DUMP } else { NLM_F_ACK };
+        message.header.sequence_number = sequence;
+        message.finalize();
+        let mut buffer = vec![0u8; message.buffer_len()];
+        message.serialize(&mut buffer);
+        self.socket.send(&buffer, 0).map_err(NetlinkError::Socket)?;
+
+        let mut replies = Vec::new();
+        loop {
+            let (data, _) = self.socket.recv_from_full().map_err(NetlinkError::Socket)?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let reply = NetlinkMessage::<I>::deserialize(&data[offset..])
+                    .map_err(|err| NetlinkError::Decode(err.to_string()))?;
+                let length = reply.header.length as usize;
+                if reply.header.sequence_number == sequence {
+                    match reply.payload {
+                        // Dump entries, or the one answer to a request (its ACK follows).
+                        NetlinkPayload::InnerMessage(inner) => replies.push(inner),
+                        NetlinkPayload::Error(error) => match error.code {
+                            None => return Ok(replies),
+                            Some(code) => return Err(NetlinkError::Errno(-code.get())),
+                        },
+                        NetlinkPayload::Done(_) => return Ok(replies),
+                        _ => {}
+                    }
+                }
+                if length == 0 {
+                    break;
+                }
+                offset += (length + 3) & !3;
+            }
+        }
+    }
+}
