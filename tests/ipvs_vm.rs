@@ -1,0 +1,220 @@
+//! IPVS against a real kernel: each test re-runs itself inside the VM (tests/vm/run-in-vm.sh boots
+//! Debian's kernel, which has IPVS and dummy links), in a network namespace it creates there, and
+//! checks what the kernel holds with ipvsadm and ip.
+
+mod support;
+
+use std::net::IpAddr;
+use std::process::Command;
+
+use kube_proxy_rs::model::Protocol;
+use kube_proxy_rs::proxier::ipvs::{IpvsUnsupported, check_support};
+use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
+use kube_proxy_rs::sys::ipvs::{IpvsClient, RealServer, VirtualServer};
+use kube_proxy_rs::sys::link::Links;
+use support::netns::{Netns, can_use_netns};
+
+/// In the VM: true. On the host: runs `name` in the VM, asserts it passed there, and returns false.
+fn in_vm(name: &str) -> bool {
+    if std::env::var_os("KPRS_IN_VM").is_some() {
+        return true;
+    }
+    assert!(
+        can_use_netns(),
+        "this test needs root (it installs the VM's packages on first use)"
+    );
+    let exe = std::env::current_exe().expect("test binary");
+    let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vm/run-in-vm.sh");
+    let output = Command::new(harness)
+        .env("KPRS_IN_VM", "1")
+        .arg(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .output()
+        .expect("run the VM harness");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && log.contains("1 passed"),
+        "{name} failed in the VM:\n{log}"
+    );
+    false
+}
+
+fn vs(address: &str, protocol: Protocol, port: u16, scheduler: &str) -> VirtualServer {
+    VirtualServer {
+        address: address.parse().unwrap(),
+        protocol,
+        port,
+        scheduler: scheduler.into(),
+        flags: 0,
+        timeout: 0,
+    }
+}
+
+fn rs(address: &str, port: u16, weight: u32) -> RealServer {
+    RealServer {
+        address: address.parse().unwrap(),
+        port,
+        weight,
+        active_conns: 0,
+        inactive_conns: 0,
+    }
+}
+
+fn text(ns: &Netns, args: &[&str]) -> String {
+    ns.output(args)
+}
+
+#[test]
+fn ipvs_client_against_the_kernel() {
+    if !in_vm("ipvs_client_against_the_kernel") {
+        return;
+    }
+    let ns = Netns::new("ipvs");
+    let web = vs("10.96.0.10", Protocol::Tcp, 80, "rr");
+    let dns = vs("fd00:10:96::10", Protocol::Udp, 53, "wrr");
+    let (web2, dns2) = (web.clone(), dns.clone());
+    ns.run(move || {
+        let mut ipvs = IpvsClient::connect().expect("IPVS resolves in the VM");
+        assert!(ipvs.services().unwrap().is_empty());
+        ipvs.add_service(&web2).unwrap();
+        ipvs.add_service(&dns2).unwrap();
+        assert_eq!(
+            ipvs.add_service(&web2).unwrap_err().errno(),
+            Some(17),
+            "EEXIST on a second add"
+        );
+        let mut listed = ipvs.services().unwrap();
+        listed.sort();
+        assert_eq!(listed, vec![web2.clone(), dns2.clone()]);
+        ipvs.change_destination(CMD_NEW_DEST, &web2, &rs("10.244.1.5", 8080, 1))
+            .unwrap();
+        ipvs.change_destination(CMD_NEW_DEST, &web2, &rs("10.244.1.6", 8080, 1))
+            .unwrap();
+        ipvs.change_destination(CMD_NEW_DEST, &dns2, &rs("fd00:10:244::5", 5353, 1))
+            .unwrap();
+        ipvs.change_destination(CMD_SET_DEST, &web2, &rs("10.244.1.6", 8080, 0))
+            .unwrap();
+        let mut dests = ipvs.destinations(&web2).unwrap();
+        dests.sort();
+        assert_eq!(
+            dests,
+            vec![rs("10.244.1.5", 8080, 1), rs("10.244.1.6", 8080, 0)]
+        );
+        assert_eq!(
+            ipvs.destinations(&dns2).unwrap(),
+            vec![rs("fd00:10:244::5", 5353, 1)]
+        );
+        ipvs.set_timeouts(900, 120, 300).unwrap();
+    });
+    let listing = text(&ns, &["ipvsadm", "-Ln"]);
+    for want in [
+        "TCP  10.96.0.10:80 rr",
+        "-> 10.244.1.5:8080",
+        "Masq    1",
+        "-> 10.244.1.6:8080",
+        "Masq    0",
+        "UDP  [fd00:10:96::10]:53 wrr",
+        "-> [fd00:10:244::5]:5353",
+    ] {
+        assert!(
+            listing.contains(want),
+            "ipvsadm -Ln lacks {want:?}:\n{listing}"
+        );
+    }
+    assert!(text(&ns, &["ipvsadm", "-L", "--timeout"]).contains("900 120 300"));
+
+    // Persistence (ClientIP affinity) and a scheduler change through SET_SERVICE.
+    let mut sticky = web.clone();
+    sticky.scheduler = "sh".into();
+    sticky.flags = FLAG_PERSISTENT;
+    sticky.timeout = 600;
+    let sticky2 = sticky.clone();
+    ns.run(move || {
+        let mut ipvs = IpvsClient::connect().unwrap();
+        ipvs.update_service(&sticky2).unwrap();
+        assert!(ipvs.services().unwrap().contains(&sticky2));
+        ipvs.change_destination(CMD_DEL_DEST, &sticky2, &rs("10.244.1.6", 8080, 0))
+            .unwrap();
+        assert_eq!(ipvs.destinations(&sticky2).unwrap().len(), 1);
+    });
+    assert!(
+        text(&ns, &["ipvsadm", "-Ln"]).contains("TCP  10.96.0.10:80 sh persistent 600"),
+        "{}",
+        text(&ns, &["ipvsadm", "-Ln"])
+    );
+
+    ns.run(move || {
+        let mut ipvs = IpvsClient::connect().unwrap();
+        ipvs.delete_service(&sticky).unwrap();
+        ipvs.delete_service(&dns).unwrap();
+        assert!(ipvs.services().unwrap().is_empty());
+    });
+    assert!(!text(&ns, &["ipvsadm", "-Ln"]).contains("10.96.0.10"));
+}
+
+#[test]
+fn dummy_link_and_support_probe_in_the_kernel() {
+    if !in_vm("dummy_link_and_support_probe_in_the_kernel") {
+        return;
+    }
+    let ns = Netns::new("link");
+    ns.run(|| {
+        let mut links = Links::open().unwrap();
+        let index = links.ensure_dummy("kube-ipvs0").unwrap();
+        assert_eq!(
+            links.ensure_dummy("kube-ipvs0").unwrap(),
+            index,
+            "idempotent"
+        );
+        let v4: IpAddr = "10.96.0.10".parse().unwrap();
+        let v6: IpAddr = "fd00:10:96::10".parse().unwrap();
+        links.add_address(index, v4).unwrap();
+        links.add_address(index, v4).unwrap();
+        links.add_address(index, v6).unwrap();
+        assert_eq!(links.addresses(index).unwrap(), vec![v4, v6]);
+    });
+    let shown = text(&ns, &["ip", "addr", "show", "kube-ipvs0"]);
+    assert!(
+        shown.contains("10.96.0.10/32") && shown.contains("fd00:10:96::10/128"),
+        "{shown}"
+    );
+    assert!(text(&ns, &["ip", "-d", "link", "show", "kube-ipvs0"]).contains("dummy"));
+    ns.run(|| {
+        let mut links = Links::open().unwrap();
+        let index = links.index_of("kube-ipvs0").unwrap().unwrap();
+        links
+            .delete_address(index, "10.96.0.10".parse().unwrap())
+            .unwrap();
+        links
+            .delete_address(index, "10.96.0.10".parse().unwrap())
+            .unwrap();
+        assert_eq!(
+            links.addresses(index).unwrap(),
+            vec!["fd00:10:96::10".parse::<IpAddr>().unwrap()]
+        );
+        assert!(links.delete("kube-ipvs0").unwrap());
+        assert!(!links.delete("kube-ipvs0").unwrap());
+
+        check_support("rr").expect("this kernel can run IPVS mode");
+        check_support("").expect("empty scheduler means rr");
+        match check_support("no-such-scheduler") {
+            Err(IpvsUnsupported::Scheduler { scheduler, .. }) => {
+                assert_eq!(scheduler, "no-such-scheduler")
+            }
+            other => panic!("want a scheduler error, got {other:?}"),
+        }
+        assert!(
+            IpvsClient::connect()
+                .unwrap()
+                .services()
+                .unwrap()
+                .is_empty(),
+            "the probe leaves nothing behind"
+        );
+        assert!(links.index_of("kprs-probe0").unwrap().is_none());
+    });
+}
