@@ -218,3 +218,96 @@ fn dummy_link_and_support_probe_in_the_kernel() {
         assert!(links.index_of("kprs-probe0").unwrap().is_none());
     });
 }
+
+/// The IPVS-mode iptables rules and ipsets for a scenario using every rule are accepted by the kernel.
+#[test]
+fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
+    if !in_vm("ipvs_mode_rules_and_sets_are_accepted_by_the_kernel") {
+        return;
+    }
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use kube_proxy_rs::model::{
+        Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
+    };
+    use kube_proxy_rs::proxier::iptables::render::LocalDetector;
+    use kube_proxy_rs::proxier::ipvs::render::{IpvsContext, render};
+    use kube_proxy_rs::sys::ipset::{SystemIpset, parse_save, sync_input};
+    use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables};
+
+    let name = ServicePortName::new("ns", "lb", "http", Protocol::Tcp);
+    let port = ServicePort {
+        name: name.clone(),
+        cluster_ips: vec!["10.96.0.20".parse().unwrap()],
+        port: 80,
+        node_port: Some(30020),
+        external_ips: vec![
+            "192.168.50.1".parse().unwrap(),
+            "192.168.50.2".parse().unwrap(),
+        ],
+        load_balancer_ips: vec!["5.6.7.8".parse().unwrap()],
+        load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
+        session_affinity_seconds: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    };
+    let endpoint = Endpoint {
+        ip: "10.244.1.7".parse().unwrap(),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some("node-a".into()),
+        zone: None,
+        zone_hints: BTreeSet::new(),
+    };
+    let key = NamespacedName::new("ns", "lb");
+    let mut state = ProxyState {
+        node: NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        },
+        ..ProxyState::default()
+    };
+    state
+        .services
+        .insert(key.clone(), BTreeMap::from([(name.clone(), port)]));
+    state
+        .endpoints
+        .insert(key, BTreeMap::from([(name, vec![endpoint])]));
+    let ctx = IpvsContext {
+        family: kube_proxy_rs::model::IpFamily::V4,
+        node_name: "node-a".into(),
+        zone: None,
+        node_ip: Some("192.168.0.2".parse().unwrap()),
+        node_port_ips: vec!["192.168.0.2".parse().unwrap()],
+        local_addresses: vec!["192.168.0.2".parse().unwrap()],
+        scheduler: "rr".into(),
+        masquerade_all: false,
+        masquerade_mark: 0x4000,
+        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+    };
+    let desired = render(&state, &ctx);
+    assert!(
+        desired.iptables.contains("-m ipvs --vaddr 5.6.7.8")
+            && desired.iptables.contains("-m physdev")
+    );
+    let ns = Netns::new("rules");
+    ns.run(move || {
+        let ipset = SystemIpset;
+        let input = sync_input(&desired.sets, &parse_save(&ipset.save().unwrap())).unwrap();
+        ipset.restore(&input).unwrap();
+        let mut iptables = SystemIptables::new(Backend::Nft);
+        iptables
+            .restore(kube_proxy_rs::model::IpFamily::V4, &desired.iptables)
+            .expect("the kernel accepts IPVS mode's rules");
+        let nat = iptables
+            .save(kube_proxy_rs::model::IpFamily::V4, Some("nat"))
+            .unwrap();
+        assert!(
+            nat.contains("KUBE-LOAD-BALANCER") && nat.contains("match-set KUBE-CLUSTER-IP"),
+            "{nat}"
+        );
+    });
+}

@@ -158,6 +158,20 @@ impl ServicePort {
         self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
     }
 
+    /// The port as one family sees it: its addresses of that family only; `None` without a
+    /// cluster IP in that family.
+    pub fn for_family(&self, family: IpFamily) -> Option<ServicePort> {
+        let cluster_ip = self.cluster_ip(family)?;
+        let mut view = self.clone();
+        view.cluster_ips = vec![cluster_ip];
+        view.external_ips.retain(|ip| IpFamily::of(ip) == family);
+        view.load_balancer_ips
+            .retain(|ip| IpFamily::of(ip) == family);
+        view.load_balancer_source_ranges
+            .retain(|net| IpFamily::of(&net.addr()) == family);
+        Some(view)
+    }
+
     /// The cluster IP of one family, if the service has one.
     pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
         self.cluster_ips

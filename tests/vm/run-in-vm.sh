@@ -40,7 +40,8 @@ build_initramfs() {  # busybox + modules (+ deps from modules.dep); rebuilt when
       nf_conntrack nf_conntrack_netlink nf_nat ip_set ip_set_hash_ip ip_set_hash_ipport \
       ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_hash_net ip_set_hash_netport \
       ip_set_bitmap_port xt_set xt_ipvs xt_comment xt_mark xt_conntrack xt_MASQUERADE xt_nat \
-      xt_addrtype xt_multiport xt_statistic xt_physdev iptable_nat iptable_filter iptable_mangle \
+      xt_addrtype xt_multiport xt_statistic xt_physdev xt_recent ipt_REJECT ip6t_REJECT \
+      iptable_nat iptable_filter iptable_mangle \
       iptable_raw ip6table_nat ip6table_filter ip6table_mangle nf_tables nft_compat \
       nft_chain_nat nft_ct nft_nat nft_masq; do
     f=$(grep -E "/$m\.ko:" $MODS/modules.dep) || { echo "module $m not in $KVER" >&2; exit 1; }
@@ -69,7 +70,8 @@ EOF
   (cd $st && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1) > $INITRD.tmp && mv $INITRD.tmp $INITRD
 }
 
-setup; build_initramfs
+# Tests may start several VMs at once: one of them prepares the kernel and initramfs, the rest wait.
+mkdir -p $W; exec 9>$W/.setup.lock; flock 9; setup; build_initramfs; flock -u 9
 run=$(mktemp -d $W/run.XXXXXX); trap 'rm -rf "$run"' EXIT
 [ $# -gt 0 ] || { echo "usage: run-in-vm.sh CMD ARGS..." >&2; exit 64; }
 # Forward exported env (minus a few), cwd and argv.

@@ -8,4 +8,4 @@ pub mod restore;
 pub use proxier::{FULL_SYNC_PERIOD, IptablesProxier, IptablesSettings};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -67,7 +67,8 @@ impl LocalDetector {
         }
     }
 
-    fn if_not_local(&self) -> Option<String> {
+    /// The match for traffic that is not from a local pod (`! -s 10.244.0.0/16`), if one can be made.
+    pub fn if_not_local(&self) -> Option<String> {
         match self {
             LocalDetector::None => None,
             LocalDetector::Cidrs(nets) => Some(
@@ -183,7 +184,7 @@ pub fn render_service(
 ) -> ServiceRules {
     let mut rules = ServiceRules::default();
     for port in ports.values() {
-        let Some(port) = for_family(port, ctx.family) else {
+        let Some(port) = port.for_family(ctx.family) else {
             continue;
         };
         let all: Vec<Endpoint> = endpoints
@@ -196,19 +197,6 @@ pub fn render_service(
         render_port(&port, &all, ctx, &mut rules);
     }
     rules
-}
-
-/// The port as this family sees it: its addresses of this family only; `None` without a cluster IP here.
-fn for_family(port: &ServicePort, family: IpFamily) -> Option<ServicePort> {
-    let cluster_ip = port.cluster_ip(family)?;
-    let mut view = port.clone();
-    view.cluster_ips = vec![cluster_ip];
-    view.external_ips.retain(|ip| IpFamily::of(ip) == family);
-    view.load_balancer_ips
-        .retain(|ip| IpFamily::of(ip) == family);
-    view.load_balancer_source_ranges
-        .retain(|net| IpFamily::of(&net.addr()) == family);
-    Some(view)
 }
 
 fn render_port(
