@@ -1,5 +1,6 @@
 //! IPVS mode. Today: the check that decides whether this node can run it.
 
+pub mod diff;
 pub mod render;
 mod support;
 

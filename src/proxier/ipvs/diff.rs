@@ -1,0 +1,290 @@
+//! What to change: the kernel's IPVS state as observed, against the desired state, as a list of
+//! operations (pure, so it can be tested without a kernel). Real servers that go away are drained
+//! as upstream does: a TCP real server with connections left is set to weight 0 and deleted by a
+//! later sync once they are gone; UDP and SCTP ones are deleted at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use super::render::DesiredIpvs;
+use crate::model::Protocol;
+use crate::sys::ipvs::{RealServer, VirtualServer};
+
+/// The kernel's IPVS state as read at the start of a sync.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Virtual servers by key, with their real servers.
+    pub services: BTreeMap<String, (VirtualServer, Vec<RealServer>)>,
+    /// Addresses on kube-ipvs0.
+    pub bound: BTreeSet<IpAddr>,
+}
+
+/// One change to make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operation {
+    AddService(VirtualServer),
+    UpdateService(VirtualServer),
+    DeleteService(VirtualServer),
+    AddReal(VirtualServer, RealServer),
+    /// Set a real server's weight (1 to revive a draining one, 0 to drain).
+    UpdateReal(VirtualServer, RealServer),
+    DeleteReal(VirtualServer, RealServer),
+    Bind(IpAddr),
+    Unbind(IpAddr),
+}
+
+fn real(address: &SocketAddr, weight: u32) -> RealServer {
+    RealServer {
+        address: address.ip(),
+        port: address.port(),
+        weight,
+        active_conns: 0,
+        inactive_conns: 0,
+    }
+}
+
+/// The operations that take `observed` to `desired`. Virtual servers that are not desired are
+/// deleted only if `owned` says the address is ours (bound on kube-ipvs0, a node address we
+/// serve NodePorts on, or one we programmed), so other IPVS users on the node are left alone.
+pub fn diff(
+    desired: &DesiredIpvs,
+    observed: &Observed,
+    owned: &dyn Fn(&VirtualServer) -> bool,
+) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    // Addresses first: a virtual server on a bound address answers as soon as it exists.
+    for ip in desired.bound.difference(&observed.bound) {
+        ops.push(Operation::Bind(*ip));
+    }
+    for (key, (vs, reals)) in &desired.services {
+        let Some((current, current_reals)) = observed.services.get(key) else {
+            ops.push(Operation::AddService(vs.clone()));
+            ops.extend(
+                reals
+                    .iter()
+                    .map(|r| Operation::AddReal(vs.clone(), real(r, 1))),
+            );
+            continue;
+        };
+        if current != vs {
+            ops.push(Operation::UpdateService(vs.clone()));
+        }
+        let by_address: BTreeMap<SocketAddr, &RealServer> = current_reals
+            .iter()
+            .map(|r| (SocketAddr::new(r.address, r.port), r))
+            .collect();
+        for address in reals {
+            match by_address.get(address) {
+                None => ops.push(Operation::AddReal(vs.clone(), real(address, 1))),
+                Some(existing) if existing.weight != 1 => {
+                    ops.push(Operation::UpdateReal(vs.clone(), real(address, 1)))
+                }
+                Some(_) => {}
+            }
+        }
+        for (address, existing) in &by_address {
+            if reals.contains(address) {
+                continue;
+            }
+            let draining =
+                vs.protocol == Protocol::Tcp && existing.active_conns + existing.inactive_conns > 0;
+            if !draining {
+                ops.push(Operation::DeleteReal(vs.clone(), (*existing).clone()));
+            } else if existing.weight != 0 {
+                ops.push(Operation::UpdateReal(vs.clone(), real(address, 0)));
+            }
+        }
+    }
+    for (key, (vs, _)) in &observed.services {
+        if !desired.services.contains_key(key) && owned(vs) {
+            ops.push(Operation::DeleteService(vs.clone()));
+        }
+    }
+    for ip in observed.bound.difference(&desired.bound) {
+        ops.push(Operation::Unbind(*ip));
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vs(address: &str, port: u16) -> VirtualServer {
+        VirtualServer {
+            address: address.parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port,
+            scheduler: "rr".into(),
+            flags: 0,
+            timeout: 0,
+        }
+    }
+
+    fn rs(address: &str, port: u16, weight: u32, conns: u32) -> RealServer {
+        RealServer {
+            address: address.parse().unwrap(),
+            port,
+            weight,
+            active_conns: conns,
+            inactive_conns: 0,
+        }
+    }
+
+    fn desired(services: &[(VirtualServer, &[&str])], bound: &[&str]) -> DesiredIpvs {
+        DesiredIpvs {
+            services: services
+                .iter()
+                .map(|(vs, reals)| {
+                    (
+                        vs.key(),
+                        (
+                            vs.clone(),
+                            reals.iter().map(|r| r.parse().unwrap()).collect(),
+                        ),
+                    )
+                })
+                .collect(),
+            bound: bound.iter().map(|ip| ip.parse().unwrap()).collect(),
+            ..DesiredIpvs::default()
+        }
+    }
+
+    fn observed(services: Vec<(VirtualServer, Vec<RealServer>)>, bound: &[&str]) -> Observed {
+        Observed {
+            services: services
+                .into_iter()
+                .map(|(vs, reals)| (vs.key(), (vs, reals)))
+                .collect(),
+            bound: bound.iter().map(|ip| ip.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn empty_node_gets_everything() {
+        let want = desired(
+            &[(
+                vs("10.96.0.10", 80),
+                &["10.244.1.5:8080", "10.244.1.6:8080"],
+            )],
+            &["10.96.0.10"],
+        );
+        let ops = diff(&want, &Observed::default(), &|_| true);
+        assert_eq!(
+            ops,
+            vec![
+                Operation::Bind("10.96.0.10".parse().unwrap()),
+                Operation::AddService(vs("10.96.0.10", 80)),
+                Operation::AddReal(vs("10.96.0.10", 80), rs("10.244.1.5", 8080, 1, 0)),
+                Operation::AddReal(vs("10.96.0.10", 80), rs("10.244.1.6", 8080, 1, 0)),
+            ]
+        );
+        let converged = observed(
+            vec![(
+                vs("10.96.0.10", 80),
+                vec![rs("10.244.1.5", 8080, 1, 3), rs("10.244.1.6", 8080, 1, 0)],
+            )],
+            &["10.96.0.10"],
+        );
+        assert!(
+            diff(&want, &converged, &|_| true).is_empty(),
+            "converged: nothing to do"
+        );
+    }
+
+    #[test]
+    fn removed_real_servers_drain_before_deletion() {
+        let want = desired(
+            &[(vs("10.96.0.10", 80), &["10.244.1.5:8080"])],
+            &["10.96.0.10"],
+        );
+        let busy = observed(
+            vec![(
+                vs("10.96.0.10", 80),
+                vec![rs("10.244.1.5", 8080, 1, 0), rs("10.244.1.6", 8080, 1, 2)],
+            )],
+            &["10.96.0.10"],
+        );
+        assert_eq!(
+            diff(&want, &busy, &|_| true),
+            vec![Operation::UpdateReal(
+                vs("10.96.0.10", 80),
+                rs("10.244.1.6", 8080, 0, 0)
+            )]
+        );
+        let draining = observed(
+            vec![(
+                vs("10.96.0.10", 80),
+                vec![rs("10.244.1.5", 8080, 1, 0), rs("10.244.1.6", 8080, 0, 1)],
+            )],
+            &["10.96.0.10"],
+        );
+        assert!(
+            diff(&want, &draining, &|_| true).is_empty(),
+            "still draining: wait"
+        );
+        let drained = observed(
+            vec![(
+                vs("10.96.0.10", 80),
+                vec![rs("10.244.1.5", 8080, 1, 0), rs("10.244.1.6", 8080, 0, 0)],
+            )],
+            &["10.96.0.10"],
+        );
+        assert_eq!(
+            diff(&want, &drained, &|_| true),
+            vec![Operation::DeleteReal(
+                vs("10.96.0.10", 80),
+                rs("10.244.1.6", 8080, 0, 0)
+            )]
+        );
+        // An endpoint that comes back while draining is revived.
+        let back = desired(
+            &[(
+                vs("10.96.0.10", 80),
+                &["10.244.1.5:8080", "10.244.1.6:8080"],
+            )],
+            &["10.96.0.10"],
+        );
+        assert_eq!(
+            diff(&back, &draining, &|_| true),
+            vec![Operation::UpdateReal(
+                vs("10.96.0.10", 80),
+                rs("10.244.1.6", 8080, 1, 0)
+            )]
+        );
+        // UDP real servers go at once.
+        let mut udp = vs("10.96.0.53", 53);
+        udp.protocol = Protocol::Udp;
+        let want = desired(&[(udp.clone(), &[])], &[]);
+        let busy = observed(vec![(udp.clone(), vec![rs("10.244.1.9", 53, 1, 5)])], &[]);
+        assert_eq!(
+            diff(&want, &busy, &|_| true),
+            vec![Operation::DeleteReal(udp, rs("10.244.1.9", 53, 1, 5))]
+        );
+    }
+
+    #[test]
+    fn changed_and_stale_services_and_foreign_ones_left_alone() {
+        let mut sticky = vs("10.96.0.10", 80);
+        sticky.flags = 1;
+        sticky.timeout = 600;
+        let want = desired(&[(sticky.clone(), &[])], &["10.96.0.10"]);
+        let current = observed(
+            vec![
+                (vs("10.96.0.10", 80), vec![]),
+                (vs("10.96.0.99", 80), vec![]),
+                (vs("172.17.0.1", 8080), vec![]),
+            ],
+            &["10.96.0.10", "10.96.0.99"],
+        );
+        let ours = |v: &VirtualServer| v.address.to_string().starts_with("10.96.");
+        assert_eq!(
+            diff(&want, &current, &ours),
+            vec![
+                Operation::UpdateService(sticky),
+                Operation::DeleteService(vs("10.96.0.99", 80)),
+                Operation::Unbind("10.96.0.99".parse().unwrap()),
+            ]
+        );
+    }
+}
