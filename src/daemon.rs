@@ -12,7 +12,7 @@ use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
-use crate::proxier::ipvs::{IpvsUnsupported, check_support};
+use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::sys::iptables::{Backend, SystemIptables};
@@ -132,18 +132,30 @@ fn choose_proxier(
     config: &KubeProxyConfiguration,
     options: RunOptions,
 ) -> Result<Box<dyn Proxier>, DaemonError> {
-    if mode == ProxyMode::Ipvs {
-        let reason = match check_support(&config.ipvs.scheduler) {
-            Ok(()) => IpvsUnsupported::NotImplemented,
-            Err(reason) => reason,
-        };
-        if !options.ipvs_fallback {
-            return Err(DaemonError::Ipvs(reason));
-        }
-        warn!(reason = %reason, "Can't use the IPVS proxier");
-        warn!("Can't use ipvs proxier, trying iptables proxier");
-    }
     let backend = Backend::detect();
+    if mode == ProxyMode::Ipvs {
+        let started = check_support(&config.ipvs.scheduler).and_then(|()| {
+            IpvsProxier::new(
+                IpvsSettings::from_config(config),
+                Box::new(SystemIptables::new(backend)),
+                Box::new(ProcSysctl::default()),
+                Box::new(SystemAddresses),
+            )
+            .map_err(|err| IpvsUnsupported::Start(err.to_string()))
+        });
+        match started {
+            Ok(proxier) => {
+                info!(backend = backend.as_str(), "Using iptables back end");
+                info!("Using ipvs Proxier");
+                return Ok(Box::new(proxier));
+            }
+            Err(reason) if !options.ipvs_fallback => return Err(DaemonError::Ipvs(reason)),
+            Err(reason) => {
+                warn!(reason = %reason, "Can't use the IPVS proxier");
+                warn!("Can't use ipvs proxier, trying iptables proxier");
+            }
+        }
+    }
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using iptables Proxier");
     Ok(Box::new(IptablesProxier::new(

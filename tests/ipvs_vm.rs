@@ -311,3 +311,95 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         );
     });
 }
+
+/// The real daemon in IPVS mode: `ipvsadm -Ln` shows every ClusterIP and NodePort with the pods as
+/// Masq real servers, kube-ipvs0 holds exactly the service IPs, connections spread over the pods,
+/// changes are followed, and a virtual server added by hand survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipvs_mode_end_to_end() {
+    if !in_vm("ipvs_mode_end_to_end") {
+        return;
+    }
+    use support::cluster::{Cluster, NODE_IP, addr, many, names, seed, slice, web_ports};
+    use support::netns::tcp_request;
+    use support::{WAIT, eventually};
+
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    cluster
+        .node
+        .exec(&["ipvsadm", "-A", "-t", "172.31.9.9:9999", "-s", "rr"]);
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n"));
+    daemon.wait_for("\"Using ipvs Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let listing = node.output(&["ipvsadm", "-Ln"]);
+    for want in [
+        "TCP  10.96.0.10:80 rr",
+        "UDP  10.96.0.10:53 rr",
+        &format!("TCP  {NODE_IP}:30080 rr"),
+        "-> 10.244.1.11:8080",
+        "Masq    1",
+        "TCP  10.96.0.11:80 rr persistent 600",
+        "TCP  172.31.9.9:9999 rr",
+    ] {
+        assert!(
+            listing.contains(want),
+            "ipvsadm -Ln lacks {want:?}:\n{listing}"
+        );
+    }
+    let bound = node.output(&["ip", "-4", "addr", "show", "kube-ipvs0"]);
+    for ip in [
+        "10.96.0.10/32",
+        "10.96.0.11/32",
+        "10.96.0.12/32",
+        "10.96.0.13/32",
+    ] {
+        assert!(bound.contains(ip), "{bound}");
+    }
+    assert!(
+        !bound.contains(NODE_IP),
+        "NodePort addresses are never bound"
+    );
+
+    let answers = many(30, || tcp_request(node, addr("10.96.0.10:80")));
+    assert!(names(&answers).len() >= 2, "{answers:?}");
+    let answers = many(20, || {
+        tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30080")))
+    });
+    assert!(names(&answers).len() >= 2, "NodePort: {answers:?}");
+
+    let (_, slice_ports) = web_ports();
+    cluster
+        .api
+        .apply(slice("web", slice_ports, &["pod-b2"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || names(&many(6, || tcp_request(
+            node,
+            addr("10.96.0.10:80")
+        ))) == ["pod-b2".to_string()].into())
+        .await
+    );
+    cluster
+        .api
+        .delete(test_apiserver::Resource::Services, "default", "web")
+        .unwrap();
+    assert!(
+        eventually(WAIT, || !node
+            .output(&["ipvsadm", "-Ln"])
+            .contains("10.96.0.10:80"))
+        .await
+    );
+    assert!(
+        eventually(WAIT, || !node
+            .output(&["ip", "addr", "show", "kube-ipvs0"])
+            .contains("10.96.0.10/32"))
+        .await
+    );
+    assert!(
+        node.output(&["ipvsadm", "-Ln"]).contains("172.31.9.9:9999"),
+        "the hand-made virtual server survives"
+    );
+    daemon.stop().await;
+}

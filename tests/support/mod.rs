@@ -91,4 +91,5 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
 /// The generous bound for waits in these tests.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+pub mod cluster;
 pub mod netns;

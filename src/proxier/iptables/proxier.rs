@@ -451,7 +451,7 @@ fn chains_in_save(save: &str) -> Vec<String> {
 }
 
 /// Whether a built-in chain already jumps to our chain with our comment.
-fn has_jump(save: &str, jump: &JumpRule) -> bool {
+pub(crate) fn has_jump(save: &str, jump: &JumpRule) -> bool {
     let prefix = format!("-A {} ", jump.from);
     let target = format!("-j {}", jump.to);
     save.lines().any(|line| {

@@ -24,9 +24,9 @@ pub enum IpvsUnsupported {
     /// The kernel refused a virtual server with the configured scheduler.
     #[error("scheduler {scheduler:?} cannot be used: {cause}")]
     Scheduler { scheduler: String, cause: IpvsError },
-    /// Everything the kernel needs is there, but this build has no IPVS proxier yet.
-    #[error("the IPVS proxier is not implemented in this build yet")]
-    NotImplemented,
+    /// The checks passed but the proxier could not open the kernel interfaces.
+    #[error("the IPVS proxier could not start: {0}")]
+    Start(String),
 }
 
 const PROBE_LINK: &str = "kprs-probe0";

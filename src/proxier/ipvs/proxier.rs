@@ -1,0 +1,422 @@
+//! The IPVS proxier: reads what the kernel holds, renders what it should hold per family, applies
+//! the difference over netlink, syncs the ipsets in one batch and rewrites the constant iptables
+//! rules with one iptables-restore per family. Every sync starts from the kernel's real state, so
+//! a failure part-way is repaired by the next one, and state removed by hand comes back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use tracing::{debug, info, warn};
+
+use super::diff::{Observed, Operation, diff};
+use super::render::{DesiredIpvs, IpvsContext, render};
+use crate::config::{DetectLocalMode, KubeProxyConfiguration};
+use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
+use crate::proxier::iptables::has_jump;
+use crate::proxier::iptables::render::{JumpRule, LocalDetector};
+use crate::proxier::{Proxier, SyncError, SyncReport};
+use crate::sys::ipset::{SystemIpset, parse_save, sync_input};
+use crate::sys::iptables::{Iptables, table_section};
+use crate::sys::ipvs::IpvsClient;
+use crate::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST};
+use crate::sys::link::Links;
+use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
+
+/// The dummy link every service address is bound to.
+pub const DUMMY_LINK: &str = "kube-ipvs0";
+
+/// upstream's jumps from built-in chains in IPVS mode.
+pub const IPVS_JUMP_RULES: [JumpRule; 9] = [
+    JumpRule {
+        table: "nat",
+        from: "OUTPUT",
+        to: "KUBE-SERVICES",
+        spec: "-m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "nat",
+        from: "PREROUTING",
+        to: "KUBE-SERVICES",
+        spec: "-m comment --comment \"kubernetes service portals\"",
+    },
+    JumpRule {
+        table: "nat",
+        from: "POSTROUTING",
+        to: "KUBE-POSTROUTING",
+        spec: "-m comment --comment \"kubernetes postrouting rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-FORWARD",
+        spec: "-m comment --comment \"kubernetes forwarding rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-NODE-PORT",
+        spec: "-m comment --comment \"kubernetes health check rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-PROXY-FIREWALL",
+        spec: "-m comment --comment \"kube-proxy firewall rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-PROXY-FIREWALL",
+        spec: "-m comment --comment \"kube-proxy firewall rules\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-IPVS-FILTER",
+        spec: "-m comment --comment \"kubernetes ipvs access filter\"",
+    },
+    JumpRule {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-IPVS-OUT-FILTER",
+        spec: "-m comment --comment \"kubernetes ipvs access filter\"",
+    },
+];
+
+/// The parts of the configuration IPVS mode uses.
+#[derive(Clone, Debug)]
+pub struct IpvsSettings {
+    pub scheduler: String,
+    pub masquerade_all: bool,
+    pub masquerade_mark: u32,
+    pub cluster_cidrs: Vec<IpNet>,
+    pub detect_local: DetectLocalMode,
+    pub bridge_interface: String,
+    pub interface_name_prefix: String,
+    pub node_port_addresses: Vec<String>,
+    pub exclude_cidrs: Vec<IpNet>,
+    pub strict_arp: bool,
+    /// tcp, tcpfin, udp timeouts in seconds (0 keeps the kernel's).
+    pub timeouts: (u32, u32, u32),
+}
+
+impl IpvsSettings {
+    /// Takes them from a validated configuration.
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        let secs = |d: crate::config::GoDuration| u32::try_from(d.0.as_secs()).unwrap_or(u32::MAX);
+        IpvsSettings {
+            scheduler: config.ipvs.scheduler.clone(),
+            masquerade_all: config.iptables.masquerade_all,
+            masquerade_mark: config.masquerade_mark(),
+            cluster_cidrs: config
+                .cluster_cidr
+                .split(',')
+                .filter_map(|c| c.trim().parse().ok())
+                .collect(),
+            detect_local: config
+                .detect_local()
+                .unwrap_or(DetectLocalMode::ClusterCidr),
+            bridge_interface: config.detect_local.bridge_interface.clone(),
+            interface_name_prefix: config.detect_local.interface_name_prefix.clone(),
+            node_port_addresses: config.node_port_addresses.clone(),
+            exclude_cidrs: config
+                .ipvs
+                .exclude_cidrs
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect(),
+            strict_arp: config.ipvs.strict_arp,
+            timeouts: (
+                secs(config.ipvs.tcp_timeout),
+                secs(config.ipvs.tcp_fin_timeout),
+                secs(config.ipvs.udp_timeout),
+            ),
+        }
+    }
+}
+
+/// The IPVS proxier.
+pub struct IpvsProxier {
+    ipvs: IpvsClient,
+    links: Links,
+    ipset: SystemIpset,
+    iptables: Box<dyn Iptables>,
+    sysctl: Box<dyn Sysctl>,
+    addresses: Box<dyn LocalAddresses>,
+    settings: IpvsSettings,
+    families: Vec<IpFamily>,
+    /// Virtual servers this process programmed, by key (so stale ones on node addresses go too).
+    programmed: BTreeSet<String>,
+    initialized: bool,
+}
+
+fn sync_error(err: impl std::fmt::Display) -> SyncError {
+    SyncError::Apply(err.to_string())
+}
+
+impl IpvsProxier {
+    /// Opens the kernel interfaces (in this thread's network namespace).
+    pub fn new(
+        settings: IpvsSettings,
+        iptables: Box<dyn Iptables>,
+        sysctl: Box<dyn Sysctl>,
+        addresses: Box<dyn LocalAddresses>,
+    ) -> Result<Self, SyncError> {
+        Ok(IpvsProxier {
+            ipvs: IpvsClient::connect().map_err(sync_error)?,
+            links: Links::open().map_err(sync_error)?,
+            ipset: SystemIpset,
+            iptables,
+            sysctl,
+            addresses,
+            settings,
+            families: Vec::new(),
+            programmed: BTreeSet::new(),
+            initialized: false,
+        })
+    }
+
+    /// The sysctls and timeouts upstream sets once, at start.
+    fn initialize(&mut self) {
+        let mut wanted = vec![
+            ("net/ipv4/vs/conntrack", "1"),
+            ("net/ipv4/vs/expire_nodest_conn", "1"),
+            ("net/ipv4/vs/expire_quiescent_template", "1"),
+            ("net/ipv4/ip_forward", "1"),
+        ];
+        if self.settings.strict_arp {
+            wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
+            wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
+        }
+        for (name, value) in wanted {
+            if let Err(err) = ensure_sysctl(self.sysctl.as_mut(), name, value) {
+                warn!(error = %err, "Failed to set sysctl");
+            }
+        }
+        let (tcp, tcp_fin, udp) = self.settings.timeouts;
+        if (tcp, tcp_fin, udp) != (0, 0, 0)
+            && let Err(err) = self.ipvs.set_timeouts(tcp, tcp_fin, udp)
+        {
+            warn!(error = %err, "Failed to configure IPVS timeouts");
+        }
+        self.initialized = true;
+    }
+
+    fn context(&self, family: IpFamily, node: &NodeInfo, local: &[IpAddr]) -> IpvsContext {
+        let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
+        let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
+        let node_ip = node.addresses.iter().filter(of_family).copied().next();
+        let node_port_ips = if self.settings.node_port_addresses.is_empty() {
+            local.clone()
+        } else if self
+            .settings
+            .node_port_addresses
+            .iter()
+            .any(|a| a == "primary")
+        {
+            node_ip.into_iter().collect()
+        } else {
+            let nets: Vec<IpNet> = self
+                .settings
+                .node_port_addresses
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            local
+                .iter()
+                .filter(|ip| nets.iter().any(|n| n.contains(*ip)))
+                .copied()
+                .collect()
+        };
+        let nets_of = |nets: &[IpNet]| -> Vec<IpNet> {
+            nets.iter()
+                .filter(|n| IpFamily::of(&n.addr()) == family)
+                .copied()
+                .collect()
+        };
+        let local_detector = match self.settings.detect_local {
+            DetectLocalMode::ClusterCidr => Some(nets_of(&self.settings.cluster_cidrs))
+                .filter(|n| !n.is_empty())
+                .map(LocalDetector::Cidrs),
+            DetectLocalMode::NodeCidr => Some(nets_of(&node.pod_cidrs))
+                .filter(|n| !n.is_empty())
+                .map(LocalDetector::Cidrs),
+            DetectLocalMode::BridgeInterface => Some(LocalDetector::Bridge(
+                self.settings.bridge_interface.clone(),
+            )),
+            DetectLocalMode::InterfaceNamePrefix => Some(LocalDetector::InterfacePrefix(
+                self.settings.interface_name_prefix.clone(),
+            )),
+        }
+        .unwrap_or(LocalDetector::None);
+        IpvsContext {
+            family,
+            node_name: node.name.clone(),
+            zone: node.zone().map(str::to_string),
+            node_ip,
+            node_port_ips,
+            local_addresses: local,
+            scheduler: self.settings.scheduler.clone(),
+            masquerade_all: self.settings.masquerade_all,
+            masquerade_mark: self.settings.masquerade_mark,
+            local_detector,
+        }
+    }
+
+    fn observe(&mut self, link: u32) -> Result<Observed, SyncError> {
+        let mut observed = Observed {
+            bound: self
+                .links
+                .addresses(link)
+                .map_err(sync_error)?
+                .into_iter()
+                .collect(),
+            ..Observed::default()
+        };
+        for vs in self.ipvs.services().map_err(sync_error)? {
+            let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
+            observed.services.insert(vs.key(), (vs, reals));
+        }
+        Ok(observed)
+    }
+
+    fn apply(&mut self, link: u32, operations: &[Operation]) -> Result<(), SyncError> {
+        for op in operations {
+            let result = match op {
+                Operation::Bind(ip) => self.links.add_address(link, *ip).map_err(sync_error),
+                Operation::Unbind(ip) => self.links.delete_address(link, *ip).map_err(sync_error),
+                Operation::AddService(vs) => self.ipvs.add_service(vs).map_err(sync_error),
+                Operation::UpdateService(vs) => self.ipvs.update_service(vs).map_err(sync_error),
+                Operation::DeleteService(vs) => self.ipvs.delete_service(vs).map_err(sync_error),
+                Operation::AddReal(vs, rs) => self
+                    .ipvs
+                    .change_destination(CMD_NEW_DEST, vs, rs)
+                    .map_err(sync_error),
+                Operation::UpdateReal(vs, rs) => self
+                    .ipvs
+                    .change_destination(CMD_SET_DEST, vs, rs)
+                    .map_err(sync_error),
+                Operation::DeleteReal(vs, rs) => self
+                    .ipvs
+                    .change_destination(CMD_DEL_DEST, vs, rs)
+                    .map_err(sync_error),
+            };
+            result?;
+            debug!(operation = ?op, "IPVS");
+        }
+        Ok(())
+    }
+
+    fn sync_iptables(&mut self, family: IpFamily, rules: &str) -> Result<(), SyncError> {
+        self.iptables.restore(family, rules).map_err(sync_error)?;
+        let saved = self.iptables.save(family, None).map_err(sync_error)?;
+        let missing: String = IPVS_JUMP_RULES
+            .iter()
+            .filter(|jump| !has_jump(table_section(&saved, jump.table), jump))
+            .map(|jump| {
+                (
+                    jump.table,
+                    format!("-I {} 1 {}\n", jump.from, jump.rule_spec()),
+                )
+            })
+            .fold(
+                BTreeMap::<&str, String>::new(),
+                |mut by_table, (table, line)| {
+                    by_table.entry(table).or_default().push_str(&line);
+                    by_table
+                },
+            )
+            .into_iter()
+            .map(|(table, lines)| format!("*{table}\n{lines}COMMIT\n"))
+            .collect();
+        if !missing.is_empty() {
+            self.iptables
+                .restore(family, &missing)
+                .map_err(sync_error)?;
+        }
+        Ok(())
+    }
+
+    fn sync_all(&mut self, state: &ProxyState) -> Result<SyncReport, SyncError> {
+        if !self.initialized {
+            self.initialize();
+        }
+        if self.families.is_empty() {
+            let mut families: Vec<IpFamily> =
+                state.node.addresses.iter().map(IpFamily::of).collect();
+            families.sort();
+            families.dedup();
+            if families.is_empty() {
+                families.push(IpFamily::V4);
+            }
+            info!(families = ?families, "IPVS proxier serving IP families");
+            self.families = families;
+        }
+        let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
+        let observed = self.observe(link)?;
+        let local: Vec<IpAddr> = self
+            .addresses
+            .addresses()
+            .into_iter()
+            .filter(|ip| !observed.bound.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
+            .collect();
+        let mut desired = DesiredIpvs::default();
+        let mut per_family = Vec::new();
+        for family in self.families.clone() {
+            let ctx = self.context(family, &state.node, &local);
+            let rendered = render(state, &ctx);
+            desired.services.extend(rendered.services.clone());
+            desired.bound.extend(rendered.bound.iter().copied());
+            desired.sets.extend(rendered.sets.clone());
+            per_family.push((family, rendered.iptables));
+        }
+        let exclude = self.settings.exclude_cidrs.clone();
+        let programmed = self.programmed.clone();
+        let families = self.families.clone();
+        let owned = |vs: &crate::sys::ipvs::VirtualServer| {
+            families.contains(&IpFamily::of(&vs.address))
+                && !exclude.iter().any(|net| net.contains(&vs.address))
+                && (observed.bound.contains(&vs.address)
+                    || programmed.contains(&vs.key())
+                    || local.contains(&vs.address))
+        };
+        let operations = diff(&desired, &observed, &owned);
+        self.apply(link, &operations)?;
+        let current_sets = parse_save(&self.ipset.save().map_err(sync_error)?);
+        if let Some(input) = sync_input(&desired.sets, &current_sets) {
+            self.ipset.restore(&input).map_err(sync_error)?;
+        }
+        for (family, rules) in &per_family {
+            self.sync_iptables(*family, rules)?;
+        }
+        self.programmed = desired.services.keys().cloned().collect();
+        Ok(SyncReport {
+            full: true,
+            service_ports: state.services.values().map(|ports| ports.len()).sum(),
+            services_written: operations.len(),
+            ..SyncReport::default()
+        })
+    }
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V4(v4) => v4.is_link_local(),
+    }
+}
+
+impl Proxier for IpvsProxier {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        _changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
+        self.sync_all(state)
+    }
+}

@@ -1,0 +1,272 @@
+//! A small cluster in network namespaces: a node running the real daemon against the test API
+//! server (listening inside the node namespace), pods on veth pairs with echo servers, and an
+//! external client routed to the node. Shared by the iptables tests and the IPVS tests in the VM.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use test_apiserver::{ApiServer, Options};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::netns::{EchoServer, Netns, veth};
+use super::{WAIT, eventually};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
+pub const NODE_IP: &str = "192.168.100.2";
+pub const CLIENT_IP: &str = "192.168.100.1";
+
+/// (name, ip, node it is declared on).
+pub const PODS: [(&str, &str, &str); 4] = [
+    ("pod-a1", "10.244.1.11", "node-a"),
+    ("pod-a2", "10.244.1.12", "node-a"),
+    ("pod-b1", "10.244.2.21", "node-b"),
+    ("pod-b2", "10.244.2.22", "node-b"),
+];
+
+pub struct Cluster {
+    pub node: Netns,
+    pub client: Netns,
+    _pods: Vec<(Netns, EchoServer)>,
+    pub api: ApiServer,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn addr(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        let node = Netns::new("node");
+        let client = Netns::new("client");
+        node.sysctl("net.ipv4.ip_forward", "1");
+        veth(&node, "eth0", &client, "eth0");
+        node.exec(&["ip", "addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
+        client.exec(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{CLIENT_IP}/24"),
+            "dev",
+            "eth0",
+        ]);
+        client.exec(&["ip", "route", "add", "default", "via", NODE_IP]);
+        // Locally sent packets need a route before nat OUTPUT sees them, as on a real node; it
+        // points at the client namespace, so nothing can leave the test's namespaces.
+        node.exec(&["ip", "route", "add", "default", "via", CLIENT_IP]);
+        let mut pods = Vec::new();
+        for (i, (name, ip, _)) in PODS.iter().enumerate() {
+            let pod = Netns::new(name);
+            let node_if = format!("veth{i}");
+            veth(&node, &node_if, &pod, "eth0");
+            node.exec(&["ip", "addr", "add", "10.244.0.1/32", "dev", &node_if]);
+            node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &node_if]);
+            pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+            pod.exec(&["ip", "route", "add", "10.244.0.1", "dev", "eth0"]);
+            pod.exec(&["ip", "route", "add", "default", "via", "10.244.0.1"]);
+            let server = EchoServer::start(&pod, name, 8080);
+            pods.push((pod, server));
+        }
+        let listener = node.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind api"));
+        let api = ApiServer::start_on(listener, Options::default())
+            .await
+            .expect("api server");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kubeconfig"), api.kubeconfig_yaml()).unwrap();
+        api.apply(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-a", "labels": {"kubernetes.io/hostname": "node-a"}},
+            "spec": {"podCIDRs": ["10.244.1.0/24"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}
+        }))
+        .unwrap();
+        Cluster {
+            node,
+            client,
+            _pods: pods,
+            api,
+            dir,
+        }
+    }
+
+    pub fn config(&self, extra: &str) -> std::path::PathBuf {
+        self.config_with_mode("iptables", extra)
+    }
+
+    pub fn config_with_mode(&self, mode: &str, extra: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join("config.conf");
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
+             clusterCIDR: 10.244.0.0/16\nclientConnection:\n  kubeconfig: {}\n\
+             iptables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n{extra}",
+            self.dir.path().join("kubeconfig").display()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    pub fn daemon(&self, config: &std::path::Path) -> Daemon {
+        self.daemon_with(config, &[])
+    }
+
+    pub fn daemon_with(&self, config: &std::path::Path, extra: &[&str]) -> Daemon {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.node.name, BIN])
+            .arg(format!("--config={}", config.display()))
+            .args(extra)
+            .args(["--hostname-override=node-a", "--v=2"])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn daemon");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Daemon { child, lines }
+    }
+
+    pub fn ipt(&self, args: &[&str]) -> String {
+        let mut full = vec!["iptables-nft", "-w", "5"];
+        full.extend_from_slice(args);
+        String::from_utf8_lossy(&self.node.exec(&full).stdout).into_owned()
+    }
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    pub async fn wait_for(&self, needle: &str) {
+        let found = eventually(WAIT, || {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains(needle))
+        })
+        .await;
+        assert!(
+            found,
+            "no log line with {needle:?}:\n{}",
+            self.lines.lock().unwrap().join("\n")
+        );
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("stops")
+            .expect("wait");
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+pub fn service(name: &str, ip: &str, ports: Value, extra: Value) -> Value {
+    let mut spec =
+        json!({"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip], "ports": ports});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+}
+
+pub fn slice(service: &str, ports: Value, pods: &[&str]) -> Value {
+    let endpoints: Vec<Value> = PODS
+        .iter()
+        .filter(|(name, _, _)| pods.contains(name))
+        .map(|(name, ip, node)| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": node, "targetRef": {"kind": "Pod", "name": name}}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": format!("{service}-1"), "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+        "ports": ports, "endpoints": endpoints
+    })
+}
+
+pub fn web_ports() -> (Value, Value) {
+    (
+        json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}, {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]),
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 8080, "protocol": "UDP"}]),
+    )
+}
+
+pub fn names(answers: &[Result<String, ErrorKind>]) -> BTreeSet<String> {
+    answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .map(|a| a.split(' ').next().unwrap_or("").to_string())
+        .collect()
+}
+
+pub fn many(n: usize, f: impl Fn() -> Result<String, ErrorKind>) -> Vec<Result<String, ErrorKind>> {
+    (0..n).map(|_| f()).collect()
+}
+
+pub fn seed(api: &ApiServer) {
+    let (ports, slice_ports) = web_ports();
+    api.apply(service(
+        "web",
+        "10.96.0.10",
+        ports,
+        json!({"type": "NodePort"}),
+    ))
+    .unwrap();
+    api.apply(slice(
+        "web",
+        slice_ports,
+        &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
+    ))
+    .unwrap();
+    let tcp = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    api.apply(service("sticky", "10.96.0.11", json!([{"name": "http", "port": 80, "protocol": "TCP"}]),
+        json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}))).unwrap();
+    api.apply(slice(
+        "sticky",
+        tcp.clone(),
+        &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
+    ))
+    .unwrap();
+    api.apply(service(
+        "local",
+        "10.96.0.12",
+        json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30081}]),
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local"}),
+    ))
+    .unwrap();
+    api.apply(slice(
+        "local",
+        tcp,
+        &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
+    ))
+    .unwrap();
+    api.apply(service(
+        "empty",
+        "10.96.0.13",
+        json!([{"name": "http", "port": 80, "protocol": "TCP"}]),
+        json!({}),
+    ))
+    .unwrap();
+}
