@@ -16,7 +16,6 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::config::DetectLocalMode;
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
@@ -27,6 +26,7 @@ use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_service,
 };
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
+use kube_proxy_rs::proxier::local::LocalTraffic;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables, tool};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
@@ -36,10 +36,7 @@ fn settings() -> IptablesSettings {
         masquerade_mark: 0x4000,
         masquerade_all: false,
         localhost_node_ports: true,
-        cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
-        detect_local: DetectLocalMode::ClusterCidr,
-        bridge_interface: String::new(),
-        interface_name_prefix: String::new(),
+        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
         node_port_addresses: vec![],
         tcp_be_liberal: false,
         canary_interval: Duration::from_secs(3600),

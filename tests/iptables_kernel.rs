@@ -5,13 +5,13 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kube_proxy_rs::config::DetectLocalMode;
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
     ServicePortName,
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
+use kube_proxy_rs::proxier::local::LocalTraffic;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use support::netns::{Netns, can_use_netns};
@@ -21,10 +21,7 @@ fn settings() -> IptablesSettings {
         masquerade_mark: 0x4000,
         masquerade_all: false,
         localhost_node_ports: true,
-        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
-        detect_local: DetectLocalMode::ClusterCidr,
-        bridge_interface: String::new(),
-        interface_name_prefix: String::new(),
+        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
         node_port_addresses: vec![],
         tcp_be_liberal: false,
         canary_interval: std::time::Duration::from_secs(3600),

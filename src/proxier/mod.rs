@@ -3,6 +3,7 @@
 
 pub mod iptables;
 pub mod ipvs;
+pub mod local;
 mod logging;
 
 pub use logging::LoggingProxier;

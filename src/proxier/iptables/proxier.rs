@@ -7,17 +7,17 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::render::{
-    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, LocalDetector, NodePortAddresses, RenderContext,
-    ServiceRules, render_base, render_service,
+    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, NodePortAddresses, RenderContext, ServiceRules,
+    render_base, render_service,
 };
 use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
-use crate::config::{DetectLocalMode, KubeProxyConfiguration};
+use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
+use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
@@ -32,10 +32,8 @@ pub struct IptablesSettings {
     pub masquerade_mark: u32,
     pub masquerade_all: bool,
     pub localhost_node_ports: bool,
-    pub cluster_cidrs: Vec<IpNet>,
-    pub detect_local: DetectLocalMode,
-    pub bridge_interface: String,
-    pub interface_name_prefix: String,
+    /// How local pod traffic is recognised.
+    pub local_traffic: LocalTraffic,
     /// CIDRs or `primary`, as configured.
     pub node_port_addresses: Vec<String>,
     pub tcp_be_liberal: bool,
@@ -50,16 +48,7 @@ impl IptablesSettings {
             masquerade_mark: config.masquerade_mark(),
             masquerade_all: config.iptables.masquerade_all,
             localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
-            cluster_cidrs: config
-                .cluster_cidr
-                .split(',')
-                .filter_map(|c| c.trim().parse().ok())
-                .collect(),
-            detect_local: config
-                .detect_local()
-                .unwrap_or(DetectLocalMode::ClusterCidr),
-            bridge_interface: config.detect_local.bridge_interface.clone(),
-            interface_name_prefix: config.detect_local.interface_name_prefix.clone(),
+            local_traffic: LocalTraffic::from_config(config),
             node_port_addresses: config.node_port_addresses.clone(),
             tcp_be_liberal: config.conntrack.tcp_be_liberal,
             canary_interval: config.iptables.sync_period.0,
@@ -129,68 +118,19 @@ impl<I: Iptables> IptablesProxier<I> {
 
     fn context(&self, family: IpFamily, node: &NodeInfo) -> RenderContext {
         let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
-        let net_of_family = |net: &&IpNet| IpFamily::of(&net.addr()) == family;
-        let local_detector = match self.settings.detect_local {
-            DetectLocalMode::ClusterCidr => {
-                let nets: Vec<IpNet> = self
-                    .settings
-                    .cluster_cidrs
-                    .iter()
-                    .filter(net_of_family)
-                    .copied()
-                    .collect();
-                if nets.is_empty() {
-                    LocalDetector::None
-                } else {
-                    LocalDetector::Cidrs(nets)
-                }
-            }
-            DetectLocalMode::NodeCidr => {
-                let nets: Vec<IpNet> = node
-                    .pod_cidrs
-                    .iter()
-                    .filter(net_of_family)
-                    .copied()
-                    .collect();
-                if nets.is_empty() {
-                    LocalDetector::None
-                } else {
-                    LocalDetector::Cidrs(nets)
-                }
-            }
-            DetectLocalMode::BridgeInterface => {
-                LocalDetector::Bridge(self.settings.bridge_interface.clone())
-            }
-            DetectLocalMode::InterfaceNamePrefix => {
-                LocalDetector::InterfacePrefix(self.settings.interface_name_prefix.clone())
-            }
-        };
+        let local_detector = self.settings.local_traffic.detector(family, node);
         let node_ip = node.addresses.iter().copied().find(of_family);
-        let node_port_addresses = if self.settings.node_port_addresses.is_empty() {
-            NodePortAddresses::All
-        } else if self
-            .settings
-            .node_port_addresses
-            .iter()
-            .any(|a| a == "primary")
-        {
-            NodePortAddresses::Only(node_ip.into_iter().collect())
-        } else {
-            let nets: Vec<IpNet> = self
-                .settings
-                .node_port_addresses
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect();
-            let mut ips: Vec<IpAddr> = self
-                .addresses
-                .addresses()
-                .into_iter()
-                .filter(|ip| of_family(ip) && nets.iter().any(|n| n.contains(ip)))
-                .collect();
-            ips.sort();
-            NodePortAddresses::Only(ips)
-        };
+        let local: Vec<IpAddr> = self
+            .addresses
+            .addresses()
+            .into_iter()
+            .filter(of_family)
+            .collect();
+        let node_port_addresses =
+            match selected_node_port_ips(&self.settings.node_port_addresses, node_ip, &local) {
+                None => NodePortAddresses::All,
+                Some(ips) => NodePortAddresses::Only(ips),
+            };
         RenderContext {
             family,
             node_name: node.name.clone(),

@@ -11,10 +11,11 @@ use tracing::{debug, info, warn};
 
 use super::diff::{Observed, Operation, diff};
 use super::render::{DesiredIpvs, IpvsContext, render};
-use crate::config::{DetectLocalMode, KubeProxyConfiguration};
+use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
 use crate::proxier::iptables::has_jump;
-use crate::proxier::iptables::render::{JumpRule, LocalDetector};
+use crate::proxier::iptables::render::JumpRule;
+use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::sys::ipset::{SystemIpset, parse_save, sync_input};
 use crate::sys::iptables::{Iptables, table_section};
@@ -90,10 +91,8 @@ pub struct IpvsSettings {
     pub scheduler: String,
     pub masquerade_all: bool,
     pub masquerade_mark: u32,
-    pub cluster_cidrs: Vec<IpNet>,
-    pub detect_local: DetectLocalMode,
-    pub bridge_interface: String,
-    pub interface_name_prefix: String,
+    /// How local pod traffic is recognised.
+    pub local_traffic: LocalTraffic,
     pub node_port_addresses: Vec<String>,
     pub exclude_cidrs: Vec<IpNet>,
     pub strict_arp: bool,
@@ -109,16 +108,7 @@ impl IpvsSettings {
             scheduler: config.ipvs.scheduler.clone(),
             masquerade_all: config.iptables.masquerade_all,
             masquerade_mark: config.masquerade_mark(),
-            cluster_cidrs: config
-                .cluster_cidr
-                .split(',')
-                .filter_map(|c| c.trim().parse().ok())
-                .collect(),
-            detect_local: config
-                .detect_local()
-                .unwrap_or(DetectLocalMode::ClusterCidr),
-            bridge_interface: config.detect_local.bridge_interface.clone(),
-            interface_name_prefix: config.detect_local.interface_name_prefix.clone(),
+            local_traffic: LocalTraffic::from_config(config),
             node_port_addresses: config.node_port_addresses.clone(),
             exclude_cidrs: config
                 .ipvs
@@ -207,49 +197,10 @@ impl IpvsProxier {
         let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
         let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
         let node_ip = node.addresses.iter().filter(of_family).copied().next();
-        let node_port_ips = if self.settings.node_port_addresses.is_empty() {
-            local.clone()
-        } else if self
-            .settings
-            .node_port_addresses
-            .iter()
-            .any(|a| a == "primary")
-        {
-            node_ip.into_iter().collect()
-        } else {
-            let nets: Vec<IpNet> = self
-                .settings
-                .node_port_addresses
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect();
-            local
-                .iter()
-                .filter(|ip| nets.iter().any(|n| n.contains(*ip)))
-                .copied()
-                .collect()
-        };
-        let nets_of = |nets: &[IpNet]| -> Vec<IpNet> {
-            nets.iter()
-                .filter(|n| IpFamily::of(&n.addr()) == family)
-                .copied()
-                .collect()
-        };
-        let local_detector = match self.settings.detect_local {
-            DetectLocalMode::ClusterCidr => Some(nets_of(&self.settings.cluster_cidrs))
-                .filter(|n| !n.is_empty())
-                .map(LocalDetector::Cidrs),
-            DetectLocalMode::NodeCidr => Some(nets_of(&node.pod_cidrs))
-                .filter(|n| !n.is_empty())
-                .map(LocalDetector::Cidrs),
-            DetectLocalMode::BridgeInterface => Some(LocalDetector::Bridge(
-                self.settings.bridge_interface.clone(),
-            )),
-            DetectLocalMode::InterfaceNamePrefix => Some(LocalDetector::InterfacePrefix(
-                self.settings.interface_name_prefix.clone(),
-            )),
-        }
-        .unwrap_or(LocalDetector::None);
+        let node_port_ips =
+            selected_node_port_ips(&self.settings.node_port_addresses, node_ip, &local)
+                .unwrap_or_else(|| local.clone());
+        let local_detector = self.settings.local_traffic.detector(family, node);
         IpvsContext {
             family,
             node_name: node.name.clone(),

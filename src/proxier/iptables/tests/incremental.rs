@@ -8,6 +8,7 @@ use super::*;
 use crate::model::{ChangeSummary, NodeInfo, ProxyState};
 use crate::proxier::Proxier;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
+use crate::proxier::local::LocalTraffic;
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::net::{FakeSysctl, FixedAddresses};
 
@@ -18,10 +19,7 @@ fn settings() -> IptablesSettings {
         masquerade_mark: 0x4000,
         masquerade_all: false,
         localhost_node_ports: true,
-        cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
-        detect_local: crate::config::DetectLocalMode::ClusterCidr,
-        bridge_interface: String::new(),
-        interface_name_prefix: String::new(),
+        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
         node_port_addresses: vec![],
         tcp_be_liberal: false,
         canary_interval: std::time::Duration::from_secs(3600),
