@@ -109,7 +109,8 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
     b.exec(&["ip", "link", "set", b_if, "up"]);
 }
 
-/// A small server in a pod: TCP and UDP on one port, answering `<name> <client ip>:<port>`.
+/// A small server in a pod: TCP and UDP on one port, answering `<name> <client ip>:<port>`. TCP
+/// connections stay open after that line and echo every line they get, until the client closes.
 pub struct EchoServer {
     stop: Arc<AtomicBool>,
 }
@@ -127,16 +128,15 @@ impl EchoServer {
         std::thread::spawn(move || {
             while !stop_tcp.load(Ordering::SeqCst) {
                 match tcp.accept() {
-                    Ok((mut stream, peer)) => {
-                        let _ = stream.set_nonblocking(false);
-                        let _ = stream.write_all(format!("{name_tcp} {peer}\n").as_bytes());
+                    Ok((stream, peer)) => {
+                        let greeting = format!("{name_tcp} {peer}\n");
+                        std::thread::spawn(move || serve_connection(stream, greeting));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        udp.set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let (name_udp, stop_udp) = (name.to_string(), stop.clone());
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
@@ -150,24 +150,57 @@ impl EchoServer {
     }
 }
 
+fn serve_connection(mut stream: TcpStream, greeting: String) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+    if stream.write_all(greeting.as_bytes()).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 512];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
 impl Drop for EchoServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
 }
 
-/// The answer to one TCP connection from `ns` to `to`, or the error kind.
+/// The answer to one TCP connection from `ns` to `to` (the server's first line), or the error kind.
 pub fn tcp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorKind> {
     ns.run(move || {
-        let mut stream =
-            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.kind())?;
+        let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.kind())?;
+        // Closing our side ends the server's echo loop, so it closes too.
+        stream.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
         let mut answer = String::new();
         stream.read_to_string(&mut answer).map_err(|e| e.kind())?;
-        Ok(answer.trim().to_string())
+        Ok(answer.lines().next().unwrap_or("").trim().to_string())
     })
+}
+
+/// A TCP connection opened from `ns` and kept open, with the server's first line.
+pub fn tcp_connect(ns: &Netns, to: SocketAddr) -> (TcpStream, String) {
+    ns.run(move || {
+        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut greeting = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut greeting).expect("greeting");
+        (stream, greeting.trim().to_string())
+    })
+}
+
+/// Sends a line on an open connection and returns what comes back (the echo), or the error kind.
+pub fn echo(stream: &mut TcpStream, line: &str) -> Result<String, std::io::ErrorKind> {
+    stream.write_all(format!("{line}\n").as_bytes()).map_err(|e| e.kind())?;
+    let mut buf = [0u8; 512];
+    let n = stream.read(&mut buf).map_err(|e| e.kind())?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
 }
 
 /// The answer to one UDP datagram from `ns` to `to`, sent from a fresh socket (a fresh flow).
