@@ -403,3 +403,80 @@ async fn ipvs_mode_end_to_end() {
     );
     daemon.stop().await;
 }
+
+/// ClientIP affinity sticks to one pod; a removed endpoint drains: its real server goes to weight 0
+/// while a connection is open (which keeps working), and is deleted once the connection is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipvs_affinity_and_graceful_termination() {
+    if !in_vm("ipvs_affinity_and_graceful_termination") {
+        return;
+    }
+    use support::cluster::{Cluster, addr, many, names, seed, slice};
+    use support::netns::{echo, tcp_connect, tcp_request};
+    use support::{WAIT, eventually};
+
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let tcp = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(slice("local", tcp.clone(), &["pod-a1"]))
+        .unwrap();
+    let extra = "ipvs:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n  tcpFinTimeout: 2s\n";
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", extra));
+    daemon.wait_for("\"Using ipvs Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+
+    let answers = many(12, || tcp_request(node, addr("10.96.0.11:80")));
+    assert_eq!(
+        names(&answers).len(),
+        1,
+        "persistence keeps one pod: {answers:?}"
+    );
+
+    // A connection to the only endpoint of `local`, then that endpoint is replaced.
+    let (mut held, greeting) = tcp_connect(node, addr("10.96.0.12:80"));
+    assert!(greeting.starts_with("pod-a1 "), "{greeting}");
+    cluster.api.apply(slice("local", tcp, &["pod-a2"])).unwrap();
+    let draining = |weight: &str| {
+        let listing = node.output(&["ipvsadm", "-Ln", "-t", "10.96.0.12:80"]);
+        listing
+            .lines()
+            .any(|l| l.contains("10.244.1.11:8080") && l.split_whitespace().nth(3) == Some(weight))
+    };
+    assert!(
+        eventually(WAIT, || draining("0")).await,
+        "{}",
+        node.output(&["ipvsadm", "-Ln", "-t", "10.96.0.12:80"])
+    );
+    assert_eq!(
+        echo(&mut held, "still there?"),
+        Ok("still there?".to_string()),
+        "the open connection keeps working"
+    );
+    assert!(
+        names(&many(6, || tcp_request(node, addr("10.96.0.12:80"))))
+            == ["pod-a2".to_string()].into(),
+        "new connections go to the new pod"
+    );
+    drop(held);
+    // The closed connection stays in IPVS's TIME_WAIT (an inactive connection) for its fixed two
+    // minutes; until then the real server must stay (weight 0), and afterwards it must go.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(
+        draining("0"),
+        "not deleted while a closed connection still counts:\n{}",
+        node.output(&["ipvsadm", "-Lnc"])
+    );
+    let time_wait = std::time::Duration::from_secs(200);
+    assert!(
+        eventually(time_wait, || !node
+            .output(&["ipvsadm", "-Ln", "-t", "10.96.0.12:80"])
+            .contains("10.244.1.11"))
+        .await,
+        "the drained real server is deleted once its connections are gone:\n{}",
+        node.output(&["ipvsadm", "-Lnc"])
+    );
+    daemon.stop().await;
+}

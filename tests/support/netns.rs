@@ -136,7 +136,8 @@ impl EchoServer {
                 }
             }
         });
-        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
         let (name_udp, stop_udp) = (name.to_string(), stop.clone());
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
@@ -173,10 +174,15 @@ impl Drop for EchoServer {
 /// The answer to one TCP connection from `ns` to `to` (the server's first line), or the error kind.
 pub fn tcp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorKind> {
     ns.run(move || {
-        let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.kind())?;
+        let mut stream =
+            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.kind())?;
         // Closing our side ends the server's echo loop, so it closes too.
-        stream.shutdown(std::net::Shutdown::Write).map_err(|e| e.kind())?;
+        stream
+            .shutdown(std::net::Shutdown::Write)
+            .map_err(|e| e.kind())?;
         let mut answer = String::new();
         stream.read_to_string(&mut answer).map_err(|e| e.kind())?;
         Ok(answer.lines().next().unwrap_or("").trim().to_string())
@@ -187,7 +193,9 @@ pub fn tcp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorK
 pub fn tcp_connect(ns: &Netns, to: SocketAddr) -> (TcpStream, String) {
     ns.run(move || {
         let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
         let mut greeting = String::new();
         std::io::BufRead::read_line(&mut reader, &mut greeting).expect("greeting");
@@ -197,7 +205,9 @@ pub fn tcp_connect(ns: &Netns, to: SocketAddr) -> (TcpStream, String) {
 
 /// Sends a line on an open connection and returns what comes back (the echo), or the error kind.
 pub fn echo(stream: &mut TcpStream, line: &str) -> Result<String, std::io::ErrorKind> {
-    stream.write_all(format!("{line}\n").as_bytes()).map_err(|e| e.kind())?;
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| e.kind())?;
     let mut buf = [0u8; 512];
     let n = stream.read(&mut buf).map_err(|e| e.kind())?;
     Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
