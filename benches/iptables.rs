@@ -16,6 +16,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
@@ -26,21 +27,20 @@ use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_service,
 };
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
-use kube_proxy_rs::proxier::local::LocalTraffic;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables, tool};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
 
 fn settings() -> IptablesSettings {
-    IptablesSettings {
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        localhost_node_ports: true,
-        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
-        node_port_addresses: vec![],
-        tcp_be_liberal: false,
-        canary_interval: Duration::from_secs(3600),
-    }
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    let mut settings = IptablesSettings::from_config(&config);
+    // No canary checks in the middle of a test: the first sync is full anyway.
+    settings.canary_interval = Duration::from_secs(3600);
+    settings
 }
 
 fn state(count: usize) -> ProxyState {

@@ -6,7 +6,7 @@ mod support;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use support::{Cluster, WAIT, eventually, node, service, slice};
+use support::{Cluster, WAIT, eventually, seed_web, service, slice};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -69,17 +69,7 @@ impl Daemon {
 async fn follows_the_cluster_and_stops_on_sigterm() {
     let cluster = Cluster::start().await;
     let s = &cluster.server;
-    s.apply(node("node-a", "192.168.1.10", "zone-a")).unwrap();
-    s.apply(service("default", "web", "10.96.0.10", &[80]))
-        .unwrap();
-    s.apply(slice(
-        "default",
-        "web",
-        "1",
-        80,
-        &["10.244.1.5", "10.244.1.6"],
-    ))
-    .unwrap();
+    seed_web(s);
     let config = cluster.write_file(
         "config.conf",
         &include_str!("testdata/kubeadm-config.conf").replace(

@@ -5,27 +5,27 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
     ServicePortName,
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
-use kube_proxy_rs::proxier::local::LocalTraffic;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use support::netns::{Netns, can_use_netns};
 
 fn settings() -> IptablesSettings {
-    IptablesSettings {
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        localhost_node_ports: true,
-        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
-        node_port_addresses: vec![],
-        tcp_be_liberal: false,
-        canary_interval: std::time::Duration::from_secs(3600),
-    }
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.244.0.0/16".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    let mut settings = IptablesSettings::from_config(&config);
+    // No canary checks in the middle of a test: the first sync is full anyway.
+    settings.canary_interval = std::time::Duration::from_secs(3600);
+    settings
 }
 
 fn endpoint(ip: &str, node: &str) -> Endpoint {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kube_proxy_rs::k8s::{Synced, WatchSink, build_client, spawn_watches};
 use kube_proxy_rs::model::{ChangeTracker, NamespacedName, ProxyState};
-use support::{Cluster, WAIT, eventually, node, service, slice};
+use support::{Cluster, WAIT, eventually, node, seed_web, service, slice};
 use test_apiserver::Resource;
 use tokio::sync::watch;
 
@@ -96,17 +96,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 async fn seeded() -> Cluster {
     let cluster = Cluster::start().await;
     let s = &cluster.server;
-    s.apply(node("node-a", "192.168.1.10", "zone-a")).unwrap();
-    s.apply(service("default", "web", "10.96.0.10", &[80]))
-        .unwrap();
-    s.apply(slice(
-        "default",
-        "web",
-        "1",
-        80,
-        &["10.244.1.5", "10.244.1.6"],
-    ))
-    .unwrap();
+    seed_web(s);
     s.apply(service("default", "api", "10.96.0.11", &[443, 8443]))
         .unwrap();
     cluster

@@ -158,14 +158,8 @@ impl ChangeTracker {
         listing: BTreeMap<NamespacedName, ServicePortMap>,
         keep: &BTreeSet<NamespacedName>,
     ) -> bool {
-        let gone: Vec<NamespacedName> = self
-            .services
-            .keys()
-            .filter(|k| !listing.contains_key(*k) && !keep.contains(*k))
-            .cloned()
-            .collect();
         let mut pending = false;
-        for key in gone {
+        for key in stale_keys(self.services.keys(), &listing, keep) {
             pending |= self.service_updated(&key, None);
         }
         for (key, ports) in listing {
@@ -181,14 +175,8 @@ impl ChangeTracker {
         listing: BTreeMap<NamespacedName, EndpointSlice>,
         keep: &BTreeSet<NamespacedName>,
     ) -> bool {
-        let gone: Vec<NamespacedName> = self
-            .slice_owner
-            .keys()
-            .filter(|k| !listing.contains_key(*k) && !keep.contains(*k))
-            .cloned()
-            .collect();
         let mut pending = false;
-        for key in gone {
+        for key in stale_keys(self.slice_owner.keys(), &listing, keep) {
             pending |= self.slice_updated(&key, None);
         }
         for (key, slice) in listing {
@@ -232,6 +220,17 @@ impl ChangeTracker {
             .map(|s| merge_slices(s.values()))
             .unwrap_or_default()
     }
+}
+
+/// Keys held now that a complete listing no longer has (and that are not kept despite that).
+fn stale_keys<'a, V>(
+    held: impl Iterator<Item = &'a NamespacedName>,
+    listing: &BTreeMap<NamespacedName, V>,
+    keep: &BTreeSet<NamespacedName>,
+) -> Vec<NamespacedName> {
+    held.filter(|k| !listing.contains_key(*k) && !keep.contains(*k))
+        .cloned()
+        .collect()
 }
 
 fn non_empty(map: EndpointsMap) -> Option<EndpointsMap> {

@@ -35,16 +35,6 @@ impl LocalTraffic {
         }
     }
 
-    /// Detection by cluster CIDRs (the default mode).
-    pub fn by_cluster_cidrs(cluster_cidrs: Vec<IpNet>) -> Self {
-        LocalTraffic {
-            mode: DetectLocalMode::ClusterCidr,
-            cluster_cidrs,
-            bridge_interface: String::new(),
-            interface_name_prefix: String::new(),
-        }
-    }
-
     /// The detector for one family on this node; `None` when the mode has nothing to go on
     /// (no CIDR of this family), as upstream's no-op detector.
     pub fn detector(&self, family: IpFamily, node: &NodeInfo) -> LocalDetector {
@@ -76,11 +66,11 @@ impl LocalTraffic {
 
 /// The addresses `nodePortAddresses` selects in one family: `None` means every local address
 /// (the list is empty); `primary` means the node's own address; else the local addresses inside
-/// the listed CIDRs. `local` must hold this family's local addresses.
+/// the listed CIDRs. `local` gives this family's local addresses; it is only asked for CIDRs.
 pub fn selected_node_port_ips(
     configured: &[String],
     node_ip: Option<IpAddr>,
-    local: &[IpAddr],
+    local: impl FnOnce() -> Vec<IpAddr>,
 ) -> Option<Vec<IpAddr>> {
     if configured.is_empty() {
         return None;
@@ -89,10 +79,9 @@ pub fn selected_node_port_ips(
         return Some(node_ip.into_iter().collect());
     }
     let nets: Vec<IpNet> = configured.iter().filter_map(|c| c.parse().ok()).collect();
-    let mut ips: Vec<IpAddr> = local
-        .iter()
-        .filter(|ip| nets.iter().any(|n| n.contains(*ip)))
-        .copied()
+    let mut ips: Vec<IpAddr> = local()
+        .into_iter()
+        .filter(|ip| nets.iter().any(|n| n.contains(ip)))
         .collect();
     ips.sort();
     Some(ips)

@@ -45,6 +45,25 @@ pub fn node(name: &str, ip: &str, zone: &str) -> Value {
     })
 }
 
+/// Seeds node-a and service default/web (10.96.0.10:80) with two ready endpoints.
+pub fn seed_web(server: &ApiServer) {
+    server
+        .apply(node("node-a", "192.168.1.10", "zone-a"))
+        .unwrap();
+    server
+        .apply(service("default", "web", "10.96.0.10", &[80]))
+        .unwrap();
+    server
+        .apply(slice(
+            "default",
+            "web",
+            "1",
+            80,
+            &["10.244.1.5", "10.244.1.6"],
+        ))
+        .unwrap();
+}
+
 /// A test API server with its kubeconfig written to a temporary directory.
 pub struct Cluster {
     pub server: ApiServer,

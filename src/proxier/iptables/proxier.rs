@@ -120,14 +120,15 @@ impl<I: Iptables> IptablesProxier<I> {
         let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
         let local_detector = self.settings.local_traffic.detector(family, node);
         let node_ip = node.addresses.iter().copied().find(of_family);
-        let local: Vec<IpAddr> = self
-            .addresses
-            .addresses()
-            .into_iter()
-            .filter(of_family)
-            .collect();
+        let local = || {
+            self.addresses
+                .addresses()
+                .into_iter()
+                .filter(of_family)
+                .collect()
+        };
         let node_port_addresses =
-            match selected_node_port_ips(&self.settings.node_port_addresses, node_ip, &local) {
+            match selected_node_port_ips(&self.settings.node_port_addresses, node_ip, local) {
                 None => NodePortAddresses::All,
                 Some(ips) => NodePortAddresses::Only(ips),
             };

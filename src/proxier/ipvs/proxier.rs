@@ -198,8 +198,10 @@ impl IpvsProxier {
         let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
         let node_ip = node.addresses.iter().filter(of_family).copied().next();
         let node_port_ips =
-            selected_node_port_ips(&self.settings.node_port_addresses, node_ip, &local)
-                .unwrap_or_else(|| local.clone());
+            selected_node_port_ips(&self.settings.node_port_addresses, node_ip, || {
+                local.clone()
+            })
+            .unwrap_or_else(|| local.clone());
         let local_detector = self.settings.local_traffic.detector(family, node);
         IpvsContext {
             family,
@@ -317,9 +319,9 @@ impl IpvsProxier {
         for family in self.families.clone() {
             let ctx = self.context(family, &state.node, &local);
             let rendered = render(state, &ctx);
-            desired.services.extend(rendered.services.clone());
-            desired.bound.extend(rendered.bound.iter().copied());
-            desired.sets.extend(rendered.sets.clone());
+            desired.services.extend(rendered.services);
+            desired.bound.extend(rendered.bound);
+            desired.sets.extend(rendered.sets);
             per_family.push((family, rendered.iptables));
         }
         let exclude = self.settings.exclude_cidrs.clone();

@@ -5,25 +5,25 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, NodeInfo, ProxyState};
 use crate::proxier::Proxier;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
-use crate::proxier::local::LocalTraffic;
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::net::{FakeSysctl, FixedAddresses};
 
 const V4: IpFamily = IpFamily::V4;
 
 fn settings() -> IptablesSettings {
-    IptablesSettings {
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        localhost_node_ports: true,
-        local_traffic: LocalTraffic::by_cluster_cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
-        node_port_addresses: vec![],
-        tcp_be_liberal: false,
-        canary_interval: std::time::Duration::from_secs(3600),
-    }
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    let mut settings = IptablesSettings::from_config(&config);
+    // No canary checks in the middle of a test: the first sync is full anyway.
+    settings.canary_interval = std::time::Duration::from_secs(3600);
+    settings
 }
 
 fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
