@@ -10,18 +10,15 @@
 
 #[path = "../tests/support/netns.rs"]
 mod netns;
+#[path = "../tests/support/scale.rs"]
+mod scale;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::config::KubeProxyConfiguration;
-use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::model::{
-    ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
-    ServicePortName,
-};
+use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_service,
@@ -41,59 +38,6 @@ fn settings() -> IptablesSettings {
     // No canary checks in the middle of a test: the first sync is full anyway.
     settings.canary_interval = Duration::from_secs(3600);
     settings
-}
-
-fn state(count: usize) -> ProxyState {
-    let mut state = ProxyState {
-        node: NodeInfo {
-            name: "node-a".into(),
-            addresses: vec!["192.168.0.2".parse().unwrap()],
-            ..NodeInfo::default()
-        },
-        ..ProxyState::default()
-    };
-    for i in 0..count {
-        let key = NamespacedName::new("bench", format!("svc-{i}"));
-        let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
-        let port = ServicePort {
-            name: name.clone(),
-            cluster_ips: vec![
-                format!("172.30.{}.{}", i / 250, i % 250 + 1)
-                    .parse()
-                    .unwrap(),
-            ],
-            port: 80,
-            node_port: Some(30000 + (i % 2700) as u16),
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            session_affinity_seconds: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-        };
-        let endpoints: Vec<Endpoint> = (0..10)
-            .map(|e| Endpoint {
-                ip: format!("10.{}.{}.{}", i / 250, i % 250, e + 1)
-                    .parse()
-                    .unwrap(),
-                port: 8080,
-                ready: true,
-                serving: true,
-                terminating: false,
-                node_name: Some("node-b".into()),
-                zone: None,
-                zone_hints: BTreeSet::new(),
-            })
-            .collect();
-        state
-            .services
-            .insert(key.clone(), BTreeMap::from([(name.clone(), port)]));
-        state
-            .endpoints
-            .insert(key, BTreeMap::from([(name, endpoints)]));
-    }
-    state
 }
 
 fn bare_restore(ns: &Netns, backend: Backend, text: &str, noflush: bool) -> Duration {
@@ -184,7 +128,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 fn run(count: usize, backend: Backend, runs: usize) {
-    let state = state(count);
+    let state = scale::state(count);
     let ctx = RenderContext {
         family: IpFamily::V4,
         node_name: "node-a".into(),

@@ -480,3 +480,163 @@ async fn ipvs_affinity_and_graceful_termination() {
     );
     daemon.stop().await;
 }
+
+/// What a namespace's IPVS mode state is, sorted: virtual/real servers (`ipvsadm -Sn`), kube-ipvs0's
+/// addresses and the sets' entries.
+fn ipvs_state(ns: &Netns) -> Vec<String> {
+    let mut lines: Vec<String> = text(ns, &["ipvsadm", "-Sn"])
+        .lines()
+        .chain(text(ns, &["ip", "-o", "addr", "show", "dev", "kube-ipvs0"]).lines())
+        .map(|line| {
+            // `ip -o addr` lines start with the link index, which differs between namespaces.
+            line.split_once(": ")
+                .map_or(line, |(_, rest)| rest)
+                .to_string()
+        })
+        // Hash sets get a random initval each.
+        .chain(
+            text(ns, &["ipset", "save"])
+                .lines()
+                .map(|line| line.split(" initval ").next().unwrap_or(line).to_string()),
+        )
+        .filter(|line| !line.contains("valid_lft"))
+        .collect();
+    lines.sort();
+    lines
+}
+
+fn ipvs_proxier() -> kube_proxy_rs::proxier::ipvs::IpvsProxier {
+    use kube_proxy_rs::config::KubeProxyConfiguration;
+    use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
+    use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
+    use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    IpvsProxier::new(
+        IpvsSettings::from_config(&config),
+        Box::new(SystemIptables::new(Backend::Nft)),
+        Box::new(FakeSysctl::default()),
+        Box::new(FixedAddresses(vec!["192.168.0.2".parse().unwrap()])),
+    )
+    .expect("IPVS proxier")
+}
+
+/// Syncs of a few changed services diff against memory, not the kernel: after a series of them
+/// the kernel holds exactly what a fresh full sync programs; state removed by hand is noticed by
+/// the periodic (nothing changed) sync and restored.
+#[test]
+fn ipvs_partial_syncs_match_a_full_sync() {
+    if !in_vm("ipvs_partial_syncs_match_a_full_sync") {
+        return;
+    }
+    use kube_proxy_rs::model::{ChangeSummary, NamespacedName};
+    use kube_proxy_rs::proxier::Proxier;
+
+    let ours = Netns::new("ipvs-partial");
+    let fresh = Netns::new("ipvs-fresh");
+    let state = support::scale::state(30);
+    let final_state = ours.run(move || {
+        let mut proxier = ipvs_proxier();
+        let mut state = state;
+        assert!(
+            proxier
+                .sync(&state, &ChangeSummary::default())
+                .unwrap()
+                .full,
+            "the first sync reads everything"
+        );
+        let key = |i: usize| NamespacedName::new("bench", format!("svc-{i}"));
+        let changed = |keys: &[NamespacedName]| ChangeSummary {
+            changed_services: keys.iter().cloned().collect(),
+            ..ChangeSummary::default()
+        };
+        // One endpoint fewer, a service gone, a new one, a port changed, every endpoint gone.
+        let step: [Box<dyn Fn(&mut kube_proxy_rs::model::ProxyState) -> Vec<NamespacedName>>; 5] = [
+            Box::new(|s| {
+                s.endpoints
+                    .get_mut(&key(3))
+                    .unwrap()
+                    .values_mut()
+                    .next()
+                    .unwrap()
+                    .pop();
+                vec![key(3)]
+            }),
+            Box::new(|s| {
+                s.services.remove(&key(5));
+                s.endpoints.remove(&key(5));
+                vec![key(5)]
+            }),
+            Box::new(|s| {
+                let extra = support::scale::state(31);
+                s.services.insert(key(30), extra.services[&key(30)].clone());
+                s.endpoints
+                    .insert(key(30), extra.endpoints[&key(30)].clone());
+                vec![key(30)]
+            }),
+            Box::new(|s| {
+                let port = s
+                    .services
+                    .get_mut(&key(7))
+                    .unwrap()
+                    .values_mut()
+                    .next()
+                    .unwrap();
+                port.port = 8443;
+                port.node_port = None;
+                vec![key(7)]
+            }),
+            Box::new(|s| {
+                s.endpoints.remove(&key(9));
+                vec![key(9)]
+            }),
+        ];
+        for change in &step {
+            let keys = change(&mut state);
+            let report = proxier.sync(&state, &changed(&keys)).unwrap();
+            assert!(!report.full, "a change sync reads no more than it must");
+        }
+        (state, proxier)
+    });
+    let (final_state, mut proxier) = final_state;
+    let partial = ipvs_state(&ours);
+    assert!(
+        partial.iter().any(|l| l.contains("172.30.0.8:8443")),
+        "{partial:#?}"
+    );
+    assert!(
+        !partial.iter().any(|l| l.contains("172.30.0.6:80")),
+        "svc-5 gone"
+    );
+    let for_fresh = final_state.clone();
+    fresh.run(move || {
+        ipvs_proxier()
+            .sync(&for_fresh, &ChangeSummary::default())
+            .unwrap();
+    });
+    assert_eq!(
+        partial,
+        ipvs_state(&fresh),
+        "partial syncs == one full sync"
+    );
+
+    // Drift: everything removed by hand comes back at the next periodic sync.
+    ours.output(&["ipvsadm", "-C"]);
+    ours.output(&["ip", "addr", "flush", "dev", "kube-ipvs0"]);
+    assert!(text(&ours, &["ipvsadm", "-Sn"]).is_empty());
+    let (repair, after) = ours.run(move || {
+        let empty = ChangeSummary::default();
+        let repair = proxier.sync(&final_state, &empty).unwrap();
+        (repair, proxier.sync(&final_state, &empty).unwrap())
+    });
+    assert!(
+        repair.full,
+        "the periodic check notices the missing virtual servers"
+    );
+    assert!(!after.full, "and then finds the kernel as it left it");
+    assert_eq!(partial, ipvs_state(&ours));
+}

@@ -112,3 +112,4 @@ pub const WAIT: Duration = Duration::from_secs(60);
 
 pub mod cluster;
 pub mod netns;
+pub mod scale;

@@ -106,6 +106,72 @@ pub fn diff(
     ops
 }
 
+impl Observed {
+    /// What the kernel holds once `operations` (computed against `self`) have been applied, so a
+    /// later sync can diff against it without reading the kernel again.
+    pub fn apply(&mut self, operations: &[Operation]) {
+        for op in operations {
+            match op {
+                Operation::Bind(ip) => {
+                    self.bound.insert(*ip);
+                }
+                Operation::Unbind(ip) => {
+                    self.bound.remove(ip);
+                }
+                Operation::AddService(vs) | Operation::UpdateService(vs) => {
+                    let entry = self
+                        .services
+                        .entry(vs.key())
+                        .or_insert_with(|| (vs.clone(), Vec::new()));
+                    entry.0 = vs.clone();
+                }
+                Operation::DeleteService(vs) => {
+                    self.services.remove(&vs.key());
+                }
+                Operation::AddReal(vs, rs) | Operation::UpdateReal(vs, rs) => {
+                    if let Some((_, reals)) = self.services.get_mut(&vs.key()) {
+                        match reals
+                            .iter_mut()
+                            .find(|r| r.address == rs.address && r.port == rs.port)
+                        {
+                            // Connection counts stay as last read: they decide draining.
+                            Some(existing) => existing.weight = rs.weight,
+                            None => reals.push(rs.clone()),
+                        }
+                    }
+                }
+                Operation::DeleteReal(vs, rs) => {
+                    if let Some((_, reals)) = self.services.get_mut(&vs.key()) {
+                        reals.retain(|r| r.address != rs.address || r.port != rs.port);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Virtual servers with a real server at weight 0: their connection counts must be read
+    /// again to know when the draining is over.
+    pub fn draining(&self) -> Vec<VirtualServer> {
+        self.services
+            .values()
+            .filter(|(_, reals)| reals.iter().any(|r| r.weight == 0))
+            .map(|(vs, _)| vs.clone())
+            .collect()
+    }
+
+    /// Whether the kernel's virtual servers (without their real servers) and bound addresses are
+    /// still those of `self`: the cheap check for state removed or added behind our back.
+    pub fn same_outline(&self, services: &[VirtualServer], bound: &BTreeSet<IpAddr>) -> bool {
+        &self.bound == bound
+            && self.services.len() == services.len()
+            && services.iter().all(|vs| {
+                self.services
+                    .get(&vs.key())
+                    .is_some_and(|(known, _)| known == vs)
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +327,42 @@ mod tests {
             diff(&want, &busy, &|_| true),
             vec![Operation::DeleteReal(udp, rs("10.244.1.9", 53, 1, 5))]
         );
+    }
+
+    #[test]
+    fn applying_operations_to_the_observed_state_converges() {
+        let want = desired(
+            &[
+                (
+                    vs("10.96.0.10", 80),
+                    &["10.244.1.5:8080", "10.244.1.7:8080"],
+                ),
+                (vs("10.96.0.11", 80), &["10.244.1.8:8080"]),
+            ],
+            &["10.96.0.10", "10.96.0.11"],
+        );
+        let mut state = observed(
+            vec![
+                (
+                    vs("10.96.0.10", 80),
+                    vec![rs("10.244.1.5", 8080, 1, 0), rs("10.244.1.6", 8080, 1, 2)],
+                ),
+                (vs("10.96.0.12", 80), vec![rs("10.244.1.9", 8080, 1, 0)]),
+            ],
+            &["10.96.0.10", "10.96.0.12"],
+        );
+        let ops = diff(&want, &state, &|_| true);
+        state.apply(&ops);
+        assert_eq!(
+            diff(&want, &state, &|_| true),
+            vec![],
+            "nothing left to do after applying"
+        );
+        assert_eq!(state.draining(), vec![vs("10.96.0.10", 80)]);
+        let outline: Vec<VirtualServer> = state.services.values().map(|(v, _)| v.clone()).collect();
+        assert!(state.same_outline(&outline, &state.bound.clone()));
+        assert!(!state.same_outline(&outline[..1], &state.bound.clone()));
+        assert!(!state.same_outline(&outline, &BTreeSet::new()));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::time::Instant;
 
 use ipnet::IpNet;
 use tracing::{debug, info, warn};
@@ -13,11 +14,11 @@ use super::diff::{Observed, Operation, diff};
 use super::render::{DesiredIpvs, IpvsContext, render};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
-use crate::proxier::iptables::has_jump;
 use crate::proxier::iptables::render::JumpRule;
+use crate::proxier::iptables::{FULL_SYNC_PERIOD, has_jump};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::{Proxier, SyncError, SyncReport};
-use crate::sys::ipset::{SystemIpset, parse_save, sync_input};
+use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
 use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::ipvs::IpvsClient;
 use crate::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST};
@@ -139,6 +140,29 @@ pub struct IpvsProxier {
     /// Virtual servers this process programmed, by key (so stale ones on node addresses go too).
     programmed: BTreeSet<String>,
     initialized: bool,
+    /// What the last successful sync left in the kernel; None forces the next sync to read it all.
+    applied: Option<Applied>,
+}
+
+/// The kernel state as the last successful sync left it, so a sync of a few changed services
+/// diffs against memory instead of dumping every virtual server's real servers.
+struct Applied {
+    kernel: Observed,
+    sets: SetEntries,
+    iptables: Vec<(IpFamily, String)>,
+    full_at: Instant,
+}
+
+/// How much of the kernel a sync reads before diffing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Depth {
+    /// Everything: every virtual server's real servers, the sets, the iptables jumps.
+    Full,
+    /// A periodic sync with nothing changed: the virtual server list, kube-ipvs0's addresses, the
+    /// sets and the iptables rules are checked (drift repair); real servers come from memory.
+    Check,
+    /// Changed services only: memory, plus the real servers of draining virtual servers.
+    Changes,
 }
 
 fn sync_error(err: impl std::fmt::Display) -> SyncError {
@@ -164,6 +188,7 @@ impl IpvsProxier {
             families: Vec::new(),
             programmed: BTreeSet::new(),
             initialized: false,
+            applied: None,
         })
     }
 
@@ -217,14 +242,18 @@ impl IpvsProxier {
         }
     }
 
+    fn bound(&mut self, link: u32) -> Result<BTreeSet<IpAddr>, SyncError> {
+        Ok(self
+            .links
+            .addresses(link)
+            .map_err(sync_error)?
+            .into_iter()
+            .collect())
+    }
+
     fn observe(&mut self, link: u32) -> Result<Observed, SyncError> {
         let mut observed = Observed {
-            bound: self
-                .links
-                .addresses(link)
-                .map_err(sync_error)?
-                .into_iter()
-                .collect(),
+            bound: self.bound(link)?,
             ..Observed::default()
         };
         for vs in self.ipvs.services().map_err(sync_error)? {
@@ -232,6 +261,28 @@ impl IpvsProxier {
             observed.services.insert(vs.key(), (vs, reals));
         }
         Ok(observed)
+    }
+
+    /// The kernel state to diff against at `depth`, and whether it was read in full.
+    fn observe_at(&mut self, depth: Depth, link: u32) -> Result<(Observed, bool), SyncError> {
+        let remembered = match (depth, self.applied.as_mut()) {
+            (Depth::Full, _) | (_, None) => return Ok((self.observe(link)?, true)),
+            (_, Some(applied)) => std::mem::take(&mut applied.kernel),
+        };
+        if depth == Depth::Check {
+            let services = self.ipvs.services().map_err(sync_error)?;
+            let bound = self.bound(link)?;
+            if !remembered.same_outline(&services, &bound) {
+                info!("IPVS state changed outside kube-proxy-rs, reading all of it");
+                return Ok((self.observe(link)?, true));
+            }
+        }
+        let mut observed = remembered;
+        for vs in observed.draining() {
+            let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
+            observed.services.insert(vs.key(), (vs, reals));
+        }
+        Ok((observed, false))
     }
 
     fn apply(&mut self, link: u32, operations: &[Operation]) -> Result<(), SyncError> {
@@ -291,7 +342,7 @@ impl IpvsProxier {
         Ok(())
     }
 
-    fn sync_all(&mut self, state: &ProxyState) -> Result<SyncReport, SyncError> {
+    fn sync_at(&mut self, state: &ProxyState, depth: Depth) -> Result<SyncReport, SyncError> {
         if !self.initialized {
             self.initialize();
         }
@@ -307,7 +358,7 @@ impl IpvsProxier {
             self.families = families;
         }
         let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
-        let observed = self.observe(link)?;
+        let (mut observed, read_all) = self.observe_at(depth, link)?;
         let local: Vec<IpAddr> = self
             .addresses
             .addresses()
@@ -336,16 +387,43 @@ impl IpvsProxier {
         };
         let operations = diff(&desired, &observed, &owned);
         self.apply(link, &operations)?;
-        let current_sets = parse_save(&self.ipset.save().map_err(sync_error)?);
-        if let Some(input) = sync_input(&desired.sets, &current_sets) {
+        observed.apply(&operations);
+        let previous = self.applied.take();
+        let saved;
+        let current_sets = match &previous {
+            Some(applied) if depth == Depth::Changes => &applied.sets,
+            _ => {
+                saved = parse_save(&self.ipset.save().map_err(sync_error)?);
+                &saved
+            }
+        };
+        if let Some(input) = sync_input(&desired.sets, current_sets) {
             self.ipset.restore(&input).map_err(sync_error)?;
         }
         for (family, rules) in &per_family {
-            self.sync_iptables(*family, rules)?;
+            let unchanged = previous.as_ref().is_some_and(|applied| {
+                depth == Depth::Changes && applied.iptables.contains(&(*family, rules.clone()))
+            });
+            if !unchanged {
+                self.sync_iptables(*family, rules)?;
+            }
         }
         self.programmed = desired.services.keys().cloned().collect();
+        self.applied = Some(Applied {
+            kernel: observed,
+            sets: desired
+                .sets
+                .into_iter()
+                .map(|(spec, entries)| (spec.name, entries))
+                .collect(),
+            iptables: per_family,
+            full_at: match previous {
+                Some(applied) if !read_all => applied.full_at,
+                _ => Instant::now(),
+            },
+        });
         Ok(SyncReport {
-            full: true,
+            full: read_all,
             service_ports: state.services.values().map(|ports| ports.len()).sum(),
             services_written: operations.len(),
             ..SyncReport::default()
@@ -368,8 +446,23 @@ impl Proxier for IpvsProxier {
     fn sync(
         &mut self,
         state: &ProxyState,
-        _changes: &ChangeSummary,
+        changes: &ChangeSummary,
     ) -> Result<SyncReport, SyncError> {
-        self.sync_all(state)
+        let depth = match &self.applied {
+            None => Depth::Full,
+            Some(applied)
+                if changes.node_changed || applied.full_at.elapsed() >= FULL_SYNC_PERIOD =>
+            {
+                Depth::Full
+            }
+            Some(_) if changes.changed_services.is_empty() => Depth::Check,
+            Some(_) => Depth::Changes,
+        };
+        let result = self.sync_at(state, depth);
+        if result.is_err() {
+            // Part of the operations may have been applied: read everything next time.
+            self.applied = None;
+        }
+        result
     }
 }
