@@ -149,6 +149,17 @@ impl Observed {
         }
     }
 
+    /// Only the named virtual servers and addresses: what a sync of a few services diffs against.
+    pub fn restricted(&self, services: &BTreeSet<String>, bound: &BTreeSet<IpAddr>) -> Observed {
+        Observed {
+            services: services
+                .iter()
+                .filter_map(|key| Some((key.clone(), self.services.get(key)?.clone())))
+                .collect(),
+            bound: self.bound.intersection(bound).copied().collect(),
+        }
+    }
+
     /// Virtual servers with a real server at weight 0: their connection counts must be read
     /// again to know when the draining is over.
     pub fn draining(&self) -> Vec<VirtualServer> {

@@ -1,5 +1,6 @@
-//! IPVS mode. Today: the check that decides whether this node can run it.
+//! IPVS mode: the support check, the pure renderer and diff, and the proxier that applies them.
 
+pub mod aggregate;
 pub mod diff;
 mod proxier;
 pub mod render;

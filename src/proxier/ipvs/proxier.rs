@@ -3,6 +3,7 @@
 //! rules with one iptables-restore per family. Every sync starts from the kernel's real state, so
 //! a failure part-way is repaired by the next one, and state removed by hand comes back.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Instant;
@@ -10,10 +11,11 @@ use std::time::Instant;
 use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
+use super::aggregate::{Aggregate, Touched};
 use super::diff::{Observed, Operation, diff};
-use super::render::{DesiredIpvs, IpvsContext, render};
+use super::render::{DesiredIpvs, IpvsContext, set_name};
 use crate::config::KubeProxyConfiguration;
-use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
+use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::iptables::render::JumpRule;
 use crate::proxier::iptables::{FULL_SYNC_PERIOD, has_jump};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
@@ -142,6 +144,8 @@ pub struct IpvsProxier {
     initialized: bool,
     /// What the last successful sync left in the kernel; None forces the next sync to read it all.
     applied: Option<Applied>,
+    /// Per family, the context and per-service fragments of the last render.
+    aggregates: BTreeMap<IpFamily, (IpvsContext, Aggregate)>,
 }
 
 /// The kernel state as the last successful sync left it, so a sync of a few changed services
@@ -189,6 +193,7 @@ impl IpvsProxier {
             programmed: BTreeSet::new(),
             initialized: false,
             applied: None,
+            aggregates: BTreeMap::new(),
         })
     }
 
@@ -342,7 +347,12 @@ impl IpvsProxier {
         Ok(())
     }
 
-    fn sync_at(&mut self, state: &ProxyState, depth: Depth) -> Result<SyncReport, SyncError> {
+    fn sync_at(
+        &mut self,
+        state: &ProxyState,
+        depth: Depth,
+        changed: &BTreeSet<NamespacedName>,
+    ) -> Result<SyncReport, SyncError> {
         if !self.initialized {
             self.initialize();
         }
@@ -365,18 +375,67 @@ impl IpvsProxier {
             .into_iter()
             .filter(|ip| !observed.bound.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
             .collect();
+        let contexts: Vec<IpvsContext> = self
+            .families
+            .clone()
+            .into_iter()
+            .map(|family| self.context(family, &state.node, &local))
+            .collect();
+        // Only the changed services are re-rendered and diffed when nothing else moved: the
+        // kernel state is remembered and every family's context is as before.
+        let incremental = depth == Depth::Changes
+            && !read_all
+            && contexts.iter().all(|ctx| {
+                self.aggregates
+                    .get(&ctx.family)
+                    .is_some_and(|(known, _)| known == ctx)
+            });
         let mut desired = DesiredIpvs::default();
         let mut per_family = Vec::new();
-        for family in self.families.clone() {
-            let ctx = self.context(family, &state.node, &local);
-            let rendered = render(state, &ctx);
-            desired.services.extend(rendered.services);
-            desired.bound.extend(rendered.bound);
-            desired.sets.extend(rendered.sets);
-            per_family.push((family, rendered.iptables));
+        let mut scope = Touched::default();
+        let mut touched_sets: BTreeSet<(String, String)> = BTreeSet::new();
+        let draining: Vec<String> = observed.draining().iter().map(|vs| vs.key()).collect();
+        for ctx in contexts {
+            let family = ctx.family;
+            let part = match self.aggregates.get_mut(&family) {
+                Some((_, aggregate)) if incremental => {
+                    let mut touched = Touched::default();
+                    for key in changed {
+                        touched.extend(aggregate.rerender(key, state, &ctx));
+                    }
+                    touched.services.extend(draining.iter().cloned());
+                    let part = aggregate.desired_part(&ctx, &touched);
+                    touched_sets.extend(
+                        touched
+                            .entries
+                            .iter()
+                            .map(|(base, entry)| (set_name(base, family), entry.clone())),
+                    );
+                    scope.extend(touched);
+                    part
+                }
+                Some((known, aggregate)) if *known == ctx && depth == Depth::Check => {
+                    aggregate.desired(&ctx)
+                }
+                _ => {
+                    let aggregate = Aggregate::build(state, &ctx);
+                    let whole = aggregate.desired(&ctx);
+                    self.aggregates.insert(family, (ctx, aggregate));
+                    whole
+                }
+            };
+            desired.services.extend(part.services);
+            desired.bound.extend(part.bound);
+            desired.sets.extend(part.sets);
+            per_family.push((family, part.iptables));
         }
+        let view = if incremental {
+            Cow::Owned(observed.restricted(&scope.services, &scope.bound))
+        } else {
+            Cow::Borrowed(&observed)
+        };
         let exclude = self.settings.exclude_cidrs.clone();
-        let programmed = self.programmed.clone();
+        let programmed = &self.programmed;
         let families = self.families.clone();
         let owned = |vs: &crate::sys::ipvs::VirtualServer| {
             families.contains(&IpFamily::of(&vs.address))
@@ -385,40 +444,65 @@ impl IpvsProxier {
                     || programmed.contains(&vs.key())
                     || local.contains(&vs.address))
         };
-        let operations = diff(&desired, &observed, &owned);
+        let operations = diff(&desired, &view, &owned);
+        drop(view);
         self.apply(link, &operations)?;
         observed.apply(&operations);
-        let previous = self.applied.take();
-        let saved;
-        let current_sets = match &previous {
-            Some(applied) if depth == Depth::Changes => &applied.sets,
-            _ => {
-                saved = parse_save(&self.ipset.save().map_err(sync_error)?);
-                &saved
-            }
+        let (remembered_sets, previous_iptables, previous_full_at) = match self.applied.take() {
+            Some(applied) => (Some(applied.sets), applied.iptables, Some(applied.full_at)),
+            None => (None, Vec::new(), None),
         };
-        if let Some(input) = sync_input(&desired.sets, current_sets) {
+        let mut sets: SetEntries = match remembered_sets {
+            Some(sets) if depth == Depth::Changes => sets,
+            _ => parse_save(&self.ipset.save().map_err(sync_error)?),
+        };
+        let restricted;
+        let current = if incremental {
+            restricted = restrict_sets(&sets, &desired, &touched_sets);
+            &restricted
+        } else {
+            &sets
+        };
+        if let Some(input) = sync_input(&desired.sets, current) {
             self.ipset.restore(&input).map_err(sync_error)?;
         }
+        if incremental {
+            for (name, entry) in &touched_sets {
+                if let Some(entries) = sets.get_mut(name) {
+                    entries.remove(entry);
+                }
+            }
+            for (spec, entries) in desired.sets {
+                sets.entry(spec.name).or_default().extend(entries);
+            }
+            for key in &scope.services {
+                if desired.services.contains_key(key) {
+                    self.programmed.insert(key.clone());
+                } else {
+                    self.programmed.remove(key);
+                }
+            }
+        } else {
+            sets = desired
+                .sets
+                .into_iter()
+                .map(|(spec, entries)| (spec.name, entries))
+                .collect();
+            self.programmed = desired.services.keys().cloned().collect();
+        }
         for (family, rules) in &per_family {
-            let unchanged = previous.as_ref().is_some_and(|applied| {
-                depth == Depth::Changes && applied.iptables.contains(&(*family, rules.clone()))
-            });
+            let unchanged =
+                depth == Depth::Changes && previous_iptables.contains(&(*family, rules.clone()));
             if !unchanged {
                 self.sync_iptables(*family, rules)?;
             }
         }
-        self.programmed = desired.services.keys().cloned().collect();
         self.applied = Some(Applied {
             kernel: observed,
-            sets: desired
-                .sets
-                .into_iter()
-                .map(|(spec, entries)| (spec.name, entries))
-                .collect(),
+            sets,
             iptables: per_family,
-            full_at: match previous {
-                Some(applied) if !read_all => applied.full_at,
+            full_at: match previous_full_at {
+                Some(at) if !read_all => at,
                 _ => Instant::now(),
             },
         });
@@ -429,6 +513,30 @@ impl IpvsProxier {
             ..SyncReport::default()
         })
     }
+}
+
+/// The current entries of the touched ones, per set of `desired` (every set appears, so
+/// `sync_input` creates none): the counterpart of `Aggregate::desired_part`.
+fn restrict_sets(
+    sets: &SetEntries,
+    desired: &DesiredIpvs,
+    touched: &BTreeSet<(String, String)>,
+) -> SetEntries {
+    let mut current: SetEntries = desired
+        .sets
+        .keys()
+        .map(|spec| (spec.name.clone(), BTreeSet::new()))
+        .collect();
+    for (name, entry) in touched {
+        if sets
+            .get(name)
+            .is_some_and(|entries| entries.contains(entry))
+            && let Some(entries) = current.get_mut(name)
+        {
+            entries.insert(entry.clone());
+        }
+    }
+    current
 }
 
 fn is_link_local(ip: &IpAddr) -> bool {
@@ -458,7 +566,7 @@ impl Proxier for IpvsProxier {
             Some(_) if changes.changed_services.is_empty() => Depth::Check,
             Some(_) => Depth::Changes,
         };
-        let result = self.sync_at(state, depth);
+        let result = self.sync_at(state, depth, &changes.changed_services);
         if result.is_err() {
             // Part of the operations may have been applied: read everything next time.
             self.applied = None;

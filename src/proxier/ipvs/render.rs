@@ -7,7 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::model::{Endpoint, IpFamily, NodeContext, ProxyState, ServicePort, select_endpoints};
+use super::aggregate::Aggregate;
+use crate::model::{
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ProxyState, ServicePort, ServicePortMap,
+    select_endpoints,
+};
 use crate::proxier::iptables::render::LocalDetector;
 use crate::sys::ipset::{SetSpec, SetType};
 use crate::sys::ipvs::VirtualServer;
@@ -149,25 +153,22 @@ pub fn set_name(base: &str, family: IpFamily) -> String {
     }
 }
 
-struct Sets {
-    family: IpFamily,
-    entries: BTreeMap<&'static str, BTreeSet<String>>,
+/// One service's share of a family's IPVS state; the aggregate (see `aggregate.rs`) counts
+/// shares, so a set entry or an address two services need stays until neither does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fragment {
+    pub services: BTreeMap<String, (VirtualServer, BTreeSet<SocketAddr>)>,
+    pub bound: BTreeSet<IpAddr>,
+    /// (set base name, entry).
+    pub entries: BTreeSet<(&'static str, String)>,
     /// LB IP:port/proto whose source ranges leave the node out: the node's own packets to them are
     /// dropped in KUBE-IPVS-OUT-FILTER, since IPVS would answer them locally.
-    no_node_access: BTreeSet<(IpAddr, &'static str, u16)>,
+    pub no_node_access: BTreeSet<(IpAddr, &'static str, u16)>,
 }
 
-impl Sets {
+impl Fragment {
     fn add(&mut self, base: &'static str, entry: String) {
-        self.entries.entry(base).or_default().insert(entry);
-    }
-
-    fn has(&self, base: &str) -> bool {
-        self.entries.get(base).is_some_and(|e| !e.is_empty())
-    }
-
-    fn name(&self, base: &str) -> String {
-        set_name(base, self.family)
+        self.entries.insert((base, entry));
     }
 }
 
@@ -177,49 +178,37 @@ fn ip_port(ip: &IpAddr, proto: &str, port: u16) -> String {
 
 /// Renders one family.
 pub fn render(state: &ProxyState, ctx: &IpvsContext) -> DesiredIpvs {
-    let mut desired = DesiredIpvs::default();
-    let mut sets = Sets {
-        family: ctx.family,
-        entries: BTreeMap::new(),
-        no_node_access: BTreeSet::new(),
-    };
+    Aggregate::build(state, ctx).desired(ctx)
+}
+
+/// Renders one service's ports in one family.
+pub fn render_service(
+    ports: Option<&ServicePortMap>,
+    endpoints: Option<&EndpointsMap>,
+    ctx: &IpvsContext,
+) -> Fragment {
+    let mut fragment = Fragment::default();
     let node = NodeContext {
         node_name: &ctx.node_name,
         zone: ctx.zone.as_deref(),
     };
-    for (key, ports) in &state.services {
-        for port in ports.values() {
-            let Some(port) = port.for_family(ctx.family) else {
-                continue;
-            };
-            let endpoints: Vec<Endpoint> = state
-                .endpoints
-                .get(key)
-                .and_then(|map| map.get(&port.name))
-                .into_iter()
-                .flatten()
-                .filter(|ep| IpFamily::of(&ep.ip) == ctx.family)
-                .cloned()
-                .collect();
-            render_port(&port, &endpoints, node, ctx, &mut desired, &mut sets);
-        }
+    for port in ports.into_iter().flat_map(|ports| ports.values()) {
+        let Some(port) = port.for_family(ctx.family) else {
+            continue;
+        };
+        let endpoints: Vec<Endpoint> = endpoints
+            .and_then(|map| map.get(&port.name))
+            .into_iter()
+            .flatten()
+            .filter(|ep| IpFamily::of(&ep.ip) == ctx.family)
+            .cloned()
+            .collect();
+        render_port(&port, &endpoints, node, ctx, &mut fragment);
     }
-    for ip in &desired.bound {
-        sets.add("KUBE-IPVS-IPS", ip.to_string());
+    for ip in fragment.bound.clone() {
+        fragment.add("KUBE-IPVS-IPS", ip.to_string());
     }
-    desired.iptables = iptables_rules(ctx, &sets);
-    desired.sets = SETS
-        .iter()
-        .map(|(base, set_type, _)| {
-            let spec = SetSpec {
-                name: set_name(base, ctx.family),
-                set_type: *set_type,
-                family: ctx.family,
-            };
-            (spec, sets.entries.remove(base).unwrap_or_default())
-        })
-        .collect();
-    desired
+    fragment
 }
 
 fn render_port(
@@ -227,8 +216,7 @@ fn render_port(
     endpoints: &[Endpoint],
     node: NodeContext<'_>,
     ctx: &IpvsContext,
-    desired: &mut DesiredIpvs,
-    sets: &mut Sets,
+    fragment: &mut Fragment,
 ) {
     let selected = select_endpoints(port, endpoints, node);
     let proto = port.name.protocol.lower();
@@ -268,20 +256,22 @@ fn render_port(
             flags,
             timeout: port.session_affinity_seconds.unwrap_or(0),
         };
-        desired.services.insert(vs.key(), (vs, real.clone()));
+        fragment.services.insert(vs.key(), (vs, real.clone()));
         if bind {
-            desired.bound.insert(address);
+            fragment.bound.insert(address);
         }
     };
 
     for ep in endpoints.iter().filter(|ep| ep.is_local(&ctx.node_name)) {
-        sets.add(
+        fragment.entries.insert((
             "KUBE-LOOP-BACK",
             format!("{},{proto}:{},{}", ep.ip, ep.port, ep.ip),
-        );
+        ));
     }
     let cluster_ip = port.cluster_ips[0];
-    sets.add("KUBE-CLUSTER-IP", ip_port(&cluster_ip, proto, port.port));
+    fragment
+        .entries
+        .insert(("KUBE-CLUSTER-IP", ip_port(&cluster_ip, proto, port.port)));
     add(cluster_ip, port.port, &internal, true);
 
     for ip in &port.external_ips {
@@ -290,28 +280,40 @@ fn render_port(
         } else {
             "KUBE-EXTERNAL-IP"
         };
-        sets.add(base, ip_port(ip, proto, port.port));
+        fragment
+            .entries
+            .insert((base, ip_port(ip, proto, port.port)));
         add(*ip, port.port, &external, !ctx.local_addresses.contains(ip));
     }
     for ip in &port.load_balancer_ips {
         let entry = ip_port(ip, proto, port.port);
-        sets.add("KUBE-LOAD-BALANCER", entry.clone());
+        fragment
+            .entries
+            .insert(("KUBE-LOAD-BALANCER", entry.clone()));
         if port.external_policy_local {
-            sets.add("KUBE-LOAD-BALANCER-LOCAL", entry.clone());
+            fragment
+                .entries
+                .insert(("KUBE-LOAD-BALANCER-LOCAL", entry.clone()));
         }
         if !port.load_balancer_source_ranges.is_empty() {
-            sets.add("KUBE-LOAD-BALANCER-FW", entry.clone());
+            fragment
+                .entries
+                .insert(("KUBE-LOAD-BALANCER-FW", entry.clone()));
             for net in &port.load_balancer_source_ranges {
-                sets.add("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{net}"));
+                fragment
+                    .entries
+                    .insert(("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{net}")));
             }
             if ctx.node_ip.is_some_and(|node_ip| {
                 port.load_balancer_source_ranges
                     .iter()
                     .any(|n| n.contains(&node_ip))
             }) {
-                sets.add("KUBE-LOAD-BALANCER-SOURCE-IP", format!("{entry},{ip}"));
+                fragment
+                    .entries
+                    .insert(("KUBE-LOAD-BALANCER-SOURCE-IP", format!("{entry},{ip}")));
             } else {
-                sets.no_node_access.insert((*ip, proto, port.port));
+                fragment.no_node_access.insert((*ip, proto, port.port));
             }
         }
         add(*ip, port.port, &external, !ctx.local_addresses.contains(ip));
@@ -323,25 +325,35 @@ fn render_port(
         match port.name.protocol {
             crate::model::Protocol::Sctp => {
                 for ip in &ctx.node_port_ips {
-                    sets.add("KUBE-NODE-PORT-SCTP-HASH", ip_port(ip, "sctp", node_port));
+                    fragment
+                        .entries
+                        .insert(("KUBE-NODE-PORT-SCTP-HASH", ip_port(ip, "sctp", node_port)));
                     if local {
-                        sets.add(
+                        fragment.entries.insert((
                             "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
                             ip_port(ip, "sctp", node_port),
-                        );
+                        ));
                     }
                 }
             }
             crate::model::Protocol::Tcp => {
-                sets.add("KUBE-NODE-PORT-TCP", node_port.to_string());
+                fragment
+                    .entries
+                    .insert(("KUBE-NODE-PORT-TCP", node_port.to_string()));
                 if local {
-                    sets.add("KUBE-NODE-PORT-LOCAL-TCP", node_port.to_string());
+                    fragment
+                        .entries
+                        .insert(("KUBE-NODE-PORT-LOCAL-TCP", node_port.to_string()));
                 }
             }
             crate::model::Protocol::Udp => {
-                sets.add("KUBE-NODE-PORT-UDP", node_port.to_string());
+                fragment
+                    .entries
+                    .insert(("KUBE-NODE-PORT-UDP", node_port.to_string()));
                 if local {
-                    sets.add("KUBE-NODE-PORT-LOCAL-UDP", node_port.to_string());
+                    fragment
+                        .entries
+                        .insert(("KUBE-NODE-PORT-LOCAL-UDP", node_port.to_string()));
                 }
             }
         }
@@ -350,7 +362,9 @@ fn render_port(
         }
     }
     if let Some(health_port) = port.health_check_node_port {
-        sets.add("KUBE-HEALTH-CHECK-NODE-PORT", health_port.to_string());
+        fragment
+            .entries
+            .insert(("KUBE-HEALTH-CHECK-NODE-PORT", health_port.to_string()));
     }
 }
 
@@ -361,8 +375,22 @@ fn comment_of(base: &str) -> &'static str {
         .unwrap_or("")
 }
 
+/// What the iptables rules depend on besides the context: which sets have entries, and the LB
+/// addresses the node itself may not reach.
+pub(super) struct RuleInputs<'a> {
+    pub non_empty: BTreeSet<&'static str>,
+    pub no_node_access: Vec<&'a (IpAddr, &'static str, u16)>,
+}
+
+impl RuleInputs<'_> {
+    fn has(&self, base: &str) -> bool {
+        self.non_empty.contains(base)
+    }
+}
+
 /// Upstream's rules for IPVS mode, in its order; a set-matching rule exists only when its set has entries.
-fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
+pub(super) fn iptables_rules(ctx: &IpvsContext, sets: &RuleInputs<'_>) -> String {
+    let set_name = |base: &str| set_name(base, ctx.family);
     let mark = format!("{:#010x}", ctx.masquerade_mark);
     let mut nat = String::new();
     let mut filter = String::new();
@@ -385,7 +413,7 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
                 out,
                 "-A {from} {proto}-m comment --comment \"{}\" -m set --match-set {} {matching} -j {to}",
                 comment_of(base),
-                sets.name(base)
+                set_name(base)
             );
         }
     };
@@ -490,7 +518,7 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
         let prefix = format!(
             "-A KUBE-SERVICES -m comment --comment \"{}\" -m set --match-set {}",
             comment_of("KUBE-CLUSTER-IP"),
-            sets.name("KUBE-CLUSTER-IP")
+            set_name("KUBE-CLUSTER-IP")
         );
         if ctx.masquerade_all {
             let _ = writeln!(nat, "{prefix} dst,dst -j KUBE-MARK-MASQ");
@@ -508,7 +536,7 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
             let prefix = format!(
                 "-A KUBE-SERVICES -m comment --comment \"{}\" -m set --match-set {} dst,dst",
                 comment_of(base),
-                sets.name(base)
+                set_name(base)
             );
             if masquerade {
                 let _ = writeln!(nat, "{prefix} -j KUBE-MARK-MASQ");
@@ -540,7 +568,7 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
             let _ = writeln!(
                 nat,
                 "-A KUBE-SERVICES -m set --match-set {} dst,dst -j {to}",
-                sets.name(base)
+                set_name(base)
             );
         }
     }
@@ -555,7 +583,7 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
     let _ = writeln!(
         filter,
         "-A KUBE-NODE-PORT -m comment --comment \"Kubernetes health check node port\" -m set --match-set {} dst -j ACCEPT",
-        sets.name("KUBE-HEALTH-CHECK-NODE-PORT")
+        set_name("KUBE-HEALTH-CHECK-NODE-PORT")
     );
     for (base, matching) in [
         ("KUBE-LOAD-BALANCER", "dst,dst"),
@@ -567,13 +595,13 @@ fn iptables_rules(ctx: &IpvsContext, sets: &Sets) -> String {
         let _ = writeln!(
             filter,
             "-A KUBE-IPVS-FILTER -m set --match-set {} {matching} -j RETURN",
-            sets.name(base)
+            set_name(base)
         );
     }
     let _ = writeln!(
         filter,
         "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
-        sets.name("KUBE-IPVS-IPS")
+        set_name("KUBE-IPVS-IPS")
     );
     let _ = writeln!(
         nat,

@@ -1,0 +1,220 @@
+//! IPVS mode benchmark, run inside the VM (tests/vm/run-in-vm.sh; this kernel has no IPVS):
+//! for N services x 10 endpoints (ClusterIP + NodePort on one node address), a full sync of our
+//! proxier against the kernel floor of the same state loaded by `ipvsadm -R`, `ipset restore` and
+//! `ip -batch` (the kube-ipvs0 addresses), and a one-endpoint-change sync against one `ipvsadm`
+//! deleting that real server. Both sides run in fresh namespaces of the same VM.
+//!
+//! `cargo bench --bench ipvs` runs 1k and 10k; `-- --sizes 1000` picks sizes. Under `cargo test`
+//! it runs once at 50 services as a smoke test. The VM is emulated (TCG), so absolute times are
+//! several times a real machine's: the ratios are the result.
+
+#[path = "../tests/support/netns.rs"]
+mod netns;
+#[path = "../tests/support/scale.rs"]
+mod scale;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_proxy_rs::config::KubeProxyConfiguration;
+use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
+use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::iptables::render::LocalDetector;
+use kube_proxy_rs::proxier::ipvs::render::{IpvsContext, render};
+use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
+use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
+use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use netns::Netns;
+
+const NODE_IP: &str = "192.168.0.2";
+
+fn proxier() -> IpvsProxier {
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    IpvsProxier::new(
+        IpvsSettings::from_config(&config),
+        Box::new(SystemIptables::new(Backend::Nft)),
+        Box::new(FakeSysctl::default()),
+        Box::new(FixedAddresses(vec![NODE_IP.parse().unwrap()])),
+    )
+    .expect("IPVS proxier")
+}
+
+/// Runs `program args` in `ns` with `input` on stdin; panics unless it succeeds.
+fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Duration {
+    let started = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name, program])
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{program} {args:?} failed");
+    started.elapsed()
+}
+
+struct Sample {
+    full: Duration,
+    floor_full: Duration,
+    change: Duration,
+    floor_change: Duration,
+    virtual_servers: usize,
+}
+
+fn measure(state: &ProxyState) -> Sample {
+    let ours = Netns::new("bench-ipvs");
+    let floor = Netns::new("bench-floor");
+    let mut state = state.clone();
+    let key = NamespacedName::new("bench", "svc-7");
+    let removed = state.endpoints[&key]
+        .values()
+        .next()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let (full, change) = ours.run(move || {
+        let mut p = proxier();
+        let started = Instant::now();
+        assert!(
+            p.sync(&state, &ChangeSummary::default())
+                .expect("full sync")
+                .full
+        );
+        let full = started.elapsed();
+        state
+            .endpoints
+            .get_mut(&key)
+            .unwrap()
+            .values_mut()
+            .next()
+            .unwrap()
+            .pop();
+        let changes = ChangeSummary {
+            changed_services: [key].into(),
+            ..ChangeSummary::default()
+        };
+        let started = Instant::now();
+        assert!(!p.sync(&state, &changes).expect("change sync").full);
+        (full, started.elapsed())
+    });
+    // The floor loads the same state, as our full sync left it, with the kernel's own tools.
+    let ipvs = ours.output(&["ipvsadm", "-Sn"]);
+    let sets = ours.output(&["ipset", "save"]);
+    let addresses: String = ours
+        .output(&["ip", "-o", "addr", "show", "dev", "kube-ipvs0"])
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3))
+        .map(|cidr| format!("addr add {cidr} dev kube-ipvs0\n"))
+        .collect();
+    floor.output(&["ip", "link", "add", "kube-ipvs0", "type", "dummy"]);
+    let floor_full = feed(&floor, "ipvsadm", &["-R"], &ipvs)
+        + feed(&floor, "ipset", &["restore"], &sets)
+        + feed(&floor, "ip", &["-batch", "-"], &addresses);
+    let cluster_ip = "172.30.0.8:80";
+    let real = format!("{}:{}", removed.ip, removed.port);
+    let started = Instant::now();
+    floor.output(&["ipvsadm", "-d", "-t", cluster_ip, "-r", &real]);
+    let floor_change = started.elapsed();
+    assert!(!floor.output(&["ipvsadm", "-Ln"]).contains(&real));
+    Sample {
+        full,
+        floor_full,
+        change,
+        floor_change,
+        virtual_servers: ipvs.lines().filter(|l| l.starts_with("-A")).count(),
+    }
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+fn run(count: usize, runs: usize) {
+    let state = scale::state(count);
+    let ctx = IpvsContext {
+        family: IpFamily::V4,
+        node_name: "node-a".into(),
+        zone: None,
+        node_ip: Some(NODE_IP.parse().unwrap()),
+        node_port_ips: vec![NODE_IP.parse().unwrap()],
+        local_addresses: vec![NODE_IP.parse().unwrap()],
+        scheduler: "rr".into(),
+        masquerade_all: false,
+        masquerade_mark: 0x4000,
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+    };
+    let started = Instant::now();
+    let rendered = render(&state, &ctx).services.len();
+    let render_time = started.elapsed();
+    let samples: Vec<Sample> = (0..runs).map(|_| measure(&state)).collect();
+    assert_eq!(samples[0].virtual_servers, rendered);
+    let pick = |f: fn(&Sample) -> Duration| median(samples.iter().map(f).collect());
+    let (full, floor_full) = (pick(|s| s.full), pick(|s| s.floor_full));
+    let (change, floor_change) = (pick(|s| s.change), pick(|s| s.floor_change));
+    println!(
+        "{count:>6} services x 10 endpoints ({rendered} virtual servers, median of {runs}, in the VM): render {}, \
+         full sync {} vs ipvsadm -R + ipset restore + ip -batch {} (ratio {:.2}), \
+         one-endpoint change {} vs one ipvsadm -d {} (ratio {:.2})",
+        secs(render_time),
+        secs(full),
+        secs(floor_full),
+        full.as_secs_f64() / floor_full.as_secs_f64(),
+        secs(change),
+        secs(floor_change),
+        change.as_secs_f64() / floor_change.as_secs_f64(),
+    );
+}
+
+/// On the host: re-runs this benchmark in the VM with the same arguments.
+fn run_in_vm(args: &[String]) {
+    let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vm/run-in-vm.sh");
+    let status = Command::new(harness)
+        .env("KPRS_IN_VM", "1")
+        .env("VM_MEM", "2048")
+        .env("VM_TIMEOUT", "3000")
+        .arg(std::env::current_exe().expect("bench binary"))
+        .args(&args[1..])
+        .status()
+        .expect("run the VM harness");
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("the IPVS benchmark needs root (it boots a VM and uses network namespaces)");
+        std::process::exit(1);
+    }
+    if std::env::var_os("KPRS_IN_VM").is_none() {
+        return run_in_vm(&args);
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        run(50, 1);
+        return;
+    }
+    let sizes: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--sizes")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1000, 10000]);
+    for count in sizes {
+        run(count, if count > 2000 { 1 } else { 3 });
+    }
+}
