@@ -14,11 +14,8 @@ use kube_proxy_rs::sys::ipvs::{IpvsClient, RealServer, VirtualServer};
 use kube_proxy_rs::sys::link::Links;
 use support::netns::{Netns, can_use_netns};
 
-/// In the VM: true. On the host: runs `name` in the VM, asserts it passed there, and returns false.
-fn in_vm(name: &str) -> bool {
-    if std::env::var_os("KPRS_IN_VM").is_some() {
-        return true;
-    }
+/// On the host: runs test `name` in the VM, asserts it passed there, and returns its output.
+fn run_in_vm(name: &str) -> String {
     assert!(
         can_use_netns(),
         "this test needs root (it installs the VM's packages on first use)"
@@ -40,6 +37,15 @@ fn in_vm(name: &str) -> bool {
         output.status.success() && log.contains("1 passed"),
         "{name} failed in the VM:\n{log}"
     );
+    log
+}
+
+/// In the VM: true. On the host: runs `name` in the VM, asserts it passed there, and returns false.
+fn in_vm(name: &str) -> bool {
+    if std::env::var_os("KPRS_IN_VM").is_some() {
+        return true;
+    }
+    run_in_vm(name);
     false
 }
 
@@ -639,4 +645,193 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     );
     assert!(!after.full, "and then finds the kernel as it left it");
     assert_eq!(partial, ipvs_state(&ours));
+}
+
+const CAPTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/testdata/ipvs/kernel-capture.txt"
+);
+
+/// Netlink traffic as the kernel sees it, through an nlmon tap in this thread's namespace.
+struct NetlinkTap(std::os::fd::OwnedFd);
+
+impl NetlinkTap {
+    fn open() -> NetlinkTap {
+        use nix::libc;
+        use std::os::fd::FromRawFd;
+        let status = Command::new("ip")
+            .args(["link", "add", "nlmon0", "type", "nlmon"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "nlmon link");
+        Command::new("ip")
+            .args(["link", "set", "nlmon0", "up"])
+            .status()
+            .unwrap();
+        let all = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket calls with a zeroed sockaddr_ll of the right size.
+        unsafe {
+            let fd = libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK,
+                all as i32,
+            );
+            assert!(fd >= 0, "AF_PACKET socket");
+            let mut address: libc::sockaddr_ll = std::mem::zeroed();
+            address.sll_family = libc::AF_PACKET as u16;
+            address.sll_protocol = all;
+            address.sll_ifindex = libc::if_nametoindex(c"nlmon0".as_ptr()) as i32;
+            let bound = libc::bind(
+                fd,
+                (&address as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert_eq!(bound, 0, "bind to nlmon0");
+            NetlinkTap(std::os::fd::OwnedFd::from_raw_fd(fd))
+        }
+    }
+
+    /// The IPVS family's messages seen since the last call, as `direction cmd hex` lines (the hex
+    /// is everything after the netlink header: the generic netlink header and the attributes).
+    fn take(&self, family_id: u16, label: &str) -> Vec<String> {
+        use std::os::fd::AsRawFd;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut lines = Vec::new();
+        let mut buffer = vec![0u8; 65536];
+        loop {
+            // SAFETY: reads into a buffer we own, of the length we pass.
+            let n = unsafe {
+                nix::libc::recv(
+                    self.0.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    0,
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+            let mut packet = &buffer[..n as usize];
+            while packet.len() >= 16 {
+                let length = u32::from_ne_bytes(packet[..4].try_into().unwrap()) as usize;
+                let kind = u16::from_ne_bytes(packet[4..6].try_into().unwrap());
+                let flags = u16::from_ne_bytes(packet[6..8].try_into().unwrap());
+                if length < 16 || length > packet.len() {
+                    break;
+                }
+                if kind == family_id {
+                    let direction = if flags & 1 != 0 { "request" } else { "reply" };
+                    let hex: String = packet[16..length]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    lines.push(format!("{label} {direction} {hex}"));
+                }
+                packet = &packet[(length + 3) & !3..];
+            }
+        }
+        lines
+    }
+}
+
+/// Captures, in the kernel, the IPVS messages our client sends and the kernel's answers (and
+/// ipvsadm's requests, for a cross-check), and holds them to tests/testdata/ipvs/kernel-capture.txt,
+/// which the codec's unit tests check byte for byte. UPDATE_GOLDEN=1 rewrites the file.
+#[test]
+fn ipvs_messages_match_the_kernel_capture() {
+    if std::env::var_os("KPRS_IN_VM").is_none() {
+        let log = run_in_vm("ipvs_messages_match_the_kernel_capture");
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            let capture = log
+                .split("CAPTURE-BEGIN\n")
+                .nth(1)
+                .and_then(|rest| rest.split("CAPTURE-END").next())
+                .expect("capture in the VM's output");
+            std::fs::write(CAPTURE, capture).unwrap();
+        }
+        return;
+    }
+    let ns = Netns::new("capture");
+    let captured = ns.run(|| {
+        let tap = NetlinkTap::open();
+        let mut ipvs = IpvsClient::connect().unwrap();
+        let family_id = ipvs.family_id();
+        let mut web = vs("10.96.0.10", Protocol::Tcp, 80, "rr");
+        web.flags = FLAG_PERSISTENT;
+        web.timeout = 10800;
+        let dns = vs("fd00:10:96::10", Protocol::Udp, 53, "wrr");
+        let mut lines = vec![];
+        let mut step = |label: &str, f: &mut dyn FnMut(&mut IpvsClient)| {
+            f(&mut ipvs);
+            lines.extend(tap.take(family_id, label));
+        };
+        step("add-web", &mut |c| c.add_service(&web).unwrap());
+        step("add-dns", &mut |c| c.add_service(&dns).unwrap());
+        step("add-web-real", &mut |c| {
+            c.change_destination(CMD_NEW_DEST, &web, &rs("10.244.1.5", 8080, 1))
+                .unwrap()
+        });
+        step("add-dns-real", &mut |c| {
+            c.change_destination(CMD_NEW_DEST, &dns, &rs("fd00:10:244::5", 5353, 1))
+                .unwrap()
+        });
+        step("drain-web-real", &mut |c| {
+            c.change_destination(CMD_SET_DEST, &web, &rs("10.244.1.5", 8080, 0))
+                .unwrap()
+        });
+        step("list-services", &mut |c| {
+            assert_eq!(c.services().unwrap().len(), 2)
+        });
+        step("list-web-reals", &mut |c| {
+            assert_eq!(c.destinations(&web).unwrap().len(), 1)
+        });
+        step("list-dns-reals", &mut |c| {
+            assert_eq!(c.destinations(&dns).unwrap().len(), 1)
+        });
+        step("timeouts", &mut |c| c.set_timeouts(900, 120, 300).unwrap());
+        step("ipvsadm-add", &mut |_| {
+            let ok = Command::new("ipvsadm")
+                .args(["-A", "-t", "10.96.0.11:80", "-s", "sh"])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        });
+        step("ipvsadm-add-real", &mut |_| {
+            let ok = Command::new("ipvsadm")
+                .args([
+                    "-a",
+                    "-t",
+                    "10.96.0.11:80",
+                    "-r",
+                    "10.244.1.7:8080",
+                    "-m",
+                    "-w",
+                    "3",
+                ])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        });
+        step("delete-web-real", &mut |c| {
+            c.change_destination(CMD_DEL_DEST, &web, &rs("10.244.1.5", 8080, 0))
+                .unwrap()
+        });
+        step("delete-dns", &mut |c| c.delete_service(&dns).unwrap());
+        lines.join("\n") + "\n"
+    });
+    println!("CAPTURE-BEGIN\n{captured}CAPTURE-END");
+    if std::env::var_os("UPDATE_GOLDEN").is_none() {
+        // A dump lists services in hash order: compare the messages, not their order.
+        let sorted = |text: &str| {
+            let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+            lines.sort();
+            lines
+        };
+        let want = std::fs::read_to_string(CAPTURE).unwrap_or_default();
+        assert_eq!(
+            sorted(&captured),
+            sorted(&want),
+            "the kernel's messages differ from {CAPTURE} (UPDATE_GOLDEN=1 rewrites it)"
+        );
+    }
 }

@@ -42,7 +42,7 @@ build_initramfs() {  # busybox + modules (+ deps from modules.dep); rebuilt when
       ip_set_bitmap_port xt_set xt_ipvs xt_comment xt_mark xt_conntrack xt_MASQUERADE xt_nat \
       xt_addrtype xt_multiport xt_statistic xt_physdev xt_recent ipt_REJECT ip6t_REJECT \
       iptable_nat iptable_filter iptable_mangle \
-      iptable_raw ip6table_nat ip6table_filter ip6table_mangle nf_tables nft_compat \
+      iptable_raw ip6table_nat ip6table_filter ip6table_mangle nf_tables nft_compat nlmon \
       nft_chain_nat nft_ct nft_nat nft_masq; do
     f=$(grep -E "/$m\.ko:" $MODS/modules.dep) || { echo "module $m not in $KVER" >&2; exit 1; }
     for f in ${f/:/}; do mkdir -p $st/lib/modules/$KVER/${f%/*}; cp -n $MODS/$f $st/lib/modules/$KVER/$f; done

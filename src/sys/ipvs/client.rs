@@ -76,6 +76,11 @@ impl IpvsClient {
         })
     }
 
+    /// The id the kernel gave the IPVS family (netlink message type of its messages).
+    pub fn family_id(&self) -> u16 {
+        self.family_id
+    }
+
     fn request(
         &mut self,
         message: IpvsMessage,
