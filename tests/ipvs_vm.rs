@@ -327,7 +327,7 @@ async fn ipvs_mode_end_to_end() {
         return;
     }
     use support::cluster::{Cluster, NODE_IP, addr, many, names, seed, slice, web_ports};
-    use support::netns::tcp_request;
+    use support::netns::{echo, tcp_connect, tcp_request};
     use support::{WAIT, eventually};
 
     let cluster = Cluster::start().await;
@@ -335,7 +335,8 @@ async fn ipvs_mode_end_to_end() {
     cluster
         .node
         .exec(&["ipvsadm", "-A", "-t", "172.31.9.9:9999", "-s", "rr"]);
-    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n"));
+    let config = cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n");
+    let daemon = cluster.daemon(&config);
     daemon.wait_for("\"Using ipvs Proxier\"").await;
     daemon.wait_for("\"Synced proxy rules\"").await;
     let node = &cluster.node;
@@ -374,6 +375,29 @@ async fn ipvs_mode_end_to_end() {
         tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30080")))
     });
     assert!(names(&answers).len() >= 2, "NodePort: {answers:?}");
+
+    // A restart disturbs nothing: while the daemon is gone and after the new one's first (full)
+    // sync, an open connection keeps working, new ones are served, and the kernel state is as it was.
+    let before = node.output(&["ipvsadm", "-Sn"]);
+    let (mut held, _) = tcp_connect(&cluster.client, addr("10.96.0.10:80"));
+    daemon.stop().await;
+    assert_eq!(
+        echo(&mut held, "while stopped").as_deref(),
+        Ok("while stopped")
+    );
+    assert!(tcp_request(node, addr("10.96.0.10:80")).is_ok());
+    let daemon = cluster.daemon(&config);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    assert_eq!(
+        echo(&mut held, "after restart").as_deref(),
+        Ok("after restart")
+    );
+    assert_eq!(
+        node.output(&["ipvsadm", "-Sn"]),
+        before,
+        "the restart changed nothing"
+    );
+    drop(held);
 
     let (_, slice_ports) = web_ports();
     cluster
@@ -834,4 +858,74 @@ fn ipvs_messages_match_the_kernel_capture() {
             "the kernel's messages differ from {CAPTURE} (UPDATE_GOLDEN=1 rewrites it)"
         );
     }
+}
+
+/// IPv6 in IPVS mode: a dual-stack node serves an IPv6 ClusterIP and NodePort through IPVS
+/// (KUBE-6- sets, ip6tables rules) with real connections spread over the pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipvs_mode_ipv6_traffic() {
+    if !in_vm("ipvs_mode_ipv6_traffic") {
+        return;
+    }
+    use serde_json::json;
+    use support::cluster::{Cluster, NODE_IP6, addr, many, names, service, slice6};
+    use support::netns::tcp_request;
+
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30086}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let mut web6 = service(
+        "web6",
+        "fd00:10:96::10",
+        ports,
+        json!({"type": "NodePort", "ipFamilies": ["IPv6"]}),
+    );
+    web6["spec"]["clusterIPs"] = json!(["fd00:10:96::10"]);
+    cluster.api.apply(web6).unwrap();
+    cluster
+        .api
+        .apply(slice6(
+            "web6",
+            slice_ports,
+            &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
+        ))
+        .unwrap();
+    let config = cluster.config_with_mode("ipvs", "");
+    let daemon = cluster.daemon(&config);
+    daemon.wait_for("\"Using ipvs Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let listing = node.output(&["ipvsadm", "-Ln"]);
+    for want in [
+        "TCP  [fd00:10:96::10]:80 rr",
+        &format!("TCP  [{NODE_IP6}]:30086 rr"),
+        "-> [fd00:10:244::11]:8080",
+    ] {
+        assert!(
+            listing.contains(want),
+            "ipvsadm -Ln lacks {want:?}:\n{listing}"
+        );
+    }
+    assert!(
+        node.output(&["ip", "-6", "addr", "show", "kube-ipvs0"])
+            .contains("fd00:10:96::10/128")
+    );
+    assert!(
+        node.output(&["ipset", "list", "-n"])
+            .contains("KUBE-6-CLUSTER-IP")
+    );
+    let answers = many(20, || tcp_request(node, addr("[fd00:10:96::10]:80")));
+    assert!(
+        names(&answers).len() >= 2,
+        "ClusterIP over IPv6: {answers:?}"
+    );
+    let answers = many(20, || {
+        tcp_request(&cluster.client, addr(&format!("[{NODE_IP6}]:30086")))
+    });
+    assert!(
+        names(&answers).len() >= 2,
+        "NodePort over IPv6: {answers:?}"
+    );
+    daemon.stop().await;
 }

@@ -29,10 +29,20 @@ pub const PODS: [(&str, &str, &str); 4] = [
     ("pod-b2", "10.244.2.22", "node-b"),
 ];
 
+/// The IPv6 side of a dual-stack cluster (`Cluster::add_ipv6`).
+pub const NODE_IP6: &str = "fd00:100::2";
+pub const CLIENT_IP6: &str = "fd00:100::1";
+
+/// A pod's IPv6 address: fd00:10:244::<last octet of its IPv4 address>.
+pub fn pod_ip6(ip: &str) -> String {
+    format!("fd00:10:244::{}", ip.rsplit('.').next().unwrap_or("1"))
+}
+
 pub struct Cluster {
     pub node: Netns,
     pub client: Netns,
     _pods: Vec<(Netns, EchoServer)>,
+    v6_servers: Vec<EchoServer>,
     pub api: ApiServer,
     pub dir: tempfile::TempDir,
 }
@@ -90,9 +100,63 @@ impl Cluster {
             node,
             client,
             _pods: pods,
+            v6_servers: Vec::new(),
             api,
             dir,
         }
+    }
+
+    /// Makes the cluster dual-stack: IPv6 on the node, the client and every pod (with a v6 echo
+    /// server), and an IPv6 InternalIP on the Node. Call before starting a daemon.
+    pub fn add_ipv6(&mut self) {
+        let nodad = |ns: &Netns, cidr: &str, dev: &str| {
+            ns.exec(&["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"]);
+        };
+        self.node.sysctl("net.ipv6.conf.all.forwarding", "1");
+        nodad(&self.node, &format!("{NODE_IP6}/64"), "eth0");
+        nodad(&self.client, &format!("{CLIENT_IP6}/64"), "eth0");
+        self.client
+            .exec(&["ip", "-6", "route", "add", "default", "via", NODE_IP6]);
+        self.node
+            .exec(&["ip", "-6", "route", "add", "default", "via", CLIENT_IP6]);
+        for (i, (name, ip, _)) in PODS.iter().enumerate() {
+            let pod = &self._pods[i].0;
+            let ip6 = pod_ip6(ip);
+            let node_if = format!("veth{i}");
+            nodad(&self.node, "fd00:10:244::1/128", &node_if);
+            self.node.exec(&[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                &format!("{ip6}/128"),
+                "dev",
+                &node_if,
+            ]);
+            nodad(pod, &format!("{ip6}/128"), "eth0");
+            pod.exec(&["ip", "-6", "route", "add", "fd00:10:244::1", "dev", "eth0"]);
+            pod.exec(&[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "fd00:10:244::1",
+            ]);
+            pod.sysctl("net.ipv6.bindv6only", "1");
+            let server = EchoServer::start_on(pod, name, "::", 8080);
+            self.v6_servers.push(server);
+        }
+        self.api
+            .apply(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node-a", "labels": {"kubernetes.io/hostname": "node-a"}},
+                "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64"]},
+                "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP},
+                                          {"type": "InternalIP", "address": NODE_IP6}]}
+            }))
+            .unwrap();
     }
 
     pub fn config(&self, extra: &str) -> std::path::PathBuf {
@@ -191,6 +255,20 @@ pub fn service(name: &str, ip: &str, ports: Value, extra: Value) -> Value {
         }
     }
     json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+}
+
+/// The IPv6 slice `<service>-6` of the pods' v6 addresses.
+pub fn slice6(service: &str, ports: Value, pods: &[&str]) -> Value {
+    let endpoints: Vec<Value> = PODS
+        .iter()
+        .filter(|(name, _, _)| pods.contains(name))
+        .map(|(name, ip, node)| json!({"addresses": [pod_ip6(ip)], "conditions": {"ready": true}, "nodeName": node, "targetRef": {"kind": "Pod", "name": name}}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv6",
+        "metadata": {"name": format!("{service}-6"), "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+        "ports": ports, "endpoints": endpoints
+    })
 }
 
 pub fn slice(service: &str, ports: Value, pods: &[&str]) -> Value {

@@ -117,9 +117,14 @@ pub struct EchoServer {
 
 impl EchoServer {
     pub fn start(ns: &Netns, name: &str, port: u16) -> EchoServer {
+        Self::start_on(ns, name, "0.0.0.0", port)
+    }
+
+    /// The same on one local address (`::` beside a v4 server needs net.ipv6.bindv6only=1).
+    pub fn start_on(ns: &Netns, name: &str, ip: &'static str, port: u16) -> EchoServer {
         let (tcp, udp) = ns.run(move || {
-            let tcp = TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
-            let udp = UdpSocket::bind(("0.0.0.0", port)).expect("bind udp");
+            let tcp = TcpListener::bind((ip, port)).expect("bind tcp");
+            let udp = UdpSocket::bind((ip, port)).expect("bind udp");
             (tcp, udp)
         });
         let stop = Arc::new(AtomicBool::new(false));
