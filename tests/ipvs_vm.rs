@@ -585,7 +585,9 @@ fn ipvs_partial_syncs_match_a_full_sync() {
             ..ChangeSummary::default()
         };
         // One endpoint fewer, a service gone, a new one, a port changed, every endpoint gone.
-        let step: [Box<dyn Fn(&mut kube_proxy_rs::model::ProxyState) -> Vec<NamespacedName>>; 5] = [
+        type Step<'a> =
+            Box<dyn Fn(&mut kube_proxy_rs::model::ProxyState) -> Vec<NamespacedName> + 'a>;
+        let step: [Step<'_>; 5] = [
             Box::new(|s| {
                 s.endpoints
                     .get_mut(&key(3))

@@ -74,6 +74,8 @@ fn restricted(whole: &DesiredIpvs, touched: &Touched) -> DesiredIpvs {
     }
 }
 
+type Step = Box<dyn Fn(&mut ProxyState)>;
+
 #[test]
 fn rerendering_changed_services_equals_a_full_render() {
     let ctx = context();
@@ -93,7 +95,7 @@ fn rerendering_changed_services_equals_a_full_render() {
 
     let b = NamespacedName::new("ns", "b");
     let a = NamespacedName::new("ns", "a");
-    let steps: Vec<(NamespacedName, Box<dyn Fn(&mut ProxyState)>)> = vec![
+    let steps: Vec<(NamespacedName, Step)> = vec![
         // b goes: its external IP stays bound (c needs it), its cluster IP does not.
         (
             b.clone(),
