@@ -13,10 +13,15 @@ use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
+use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
+use crate::servers::{
+    Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind, health_check_ports,
+    serve_health, serve_metrics,
+};
 use crate::sys::iptables::{Backend, SystemIptables};
-use crate::sys::net::{ProcSysctl, SystemAddresses};
+use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +35,12 @@ pub enum DaemonError {
     /// The configured mode is valid upstream but not something this program implements.
     #[error("proxy mode {0:?} is not supported by kube-proxy-rs; use \"iptables\" or \"ipvs\"")]
     UnsupportedMode(&'static str),
+    /// The health or metrics server could not listen and bindAddressHardFail is set.
+    #[error("{0}")]
+    Server(#[from] ServerError),
+    /// The metrics could not be registered (a programming error).
+    #[error("metrics: {0}")]
+    Metrics(String),
 }
 
 /// How the daemon runs besides its configuration.
@@ -62,14 +73,15 @@ pub async fn run(
     if config.mode.is_empty() {
         info!("Using iptables proxy");
     }
-    let intervals = match mode {
+    let (min_sync, sync_period) = match mode {
         ProxyMode::Nftables => return Err(DaemonError::UnsupportedMode("nftables")),
-        ProxyMode::Iptables => sync_intervals(
+        ProxyMode::Iptables => (
             config.iptables.min_sync_period.0,
             config.iptables.sync_period.0,
         ),
-        ProxyMode::Ipvs => sync_intervals(config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
+        ProxyMode::Ipvs => (config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
     };
+    let intervals = sync_intervals(min_sync, sync_period);
     let proxier: Box<dyn Proxier> = if options.dry_run {
         info!(
             mode = mode.as_str(),
@@ -79,6 +91,15 @@ pub async fn run(
     } else {
         choose_proxier(mode, config, options)?
     };
+    let health = Arc::new(ProxyHealth::new(sync_period));
+    let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
+    let hard_fail = config.bind_address_hard_fail;
+    if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
+        serve_health(listener, health.clone());
+    }
+    if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
+        serve_metrics(listener, metrics.clone(), health.clone(), proxier.mode());
+    }
 
     let client =
         k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
@@ -86,8 +107,12 @@ pub async fn run(
     let requester = SyncRequester::default();
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let on_change = {
-        let requester = requester.clone();
-        Arc::new(move || requester.request())
+        let (requester, health, metrics) = (requester.clone(), health.clone(), metrics.clone());
+        Arc::new(move || {
+            health.queued();
+            metrics.queued();
+            requester.request();
+        })
     };
     let sink = WatchSink {
         tracker: tracker.clone(),
@@ -112,6 +137,12 @@ pub async fn run(
         tracker,
         state: ProxyState::default(),
         proxier,
+        health,
+        metrics,
+        // A dry run opens no ports for services either.
+        service_health: (!options.dry_run).then(|| ServiceHealthServers::new(Vec::new())),
+        node_port_addresses: config.node_port_addresses.clone(),
+        node_name: settings.node_name.clone(),
     };
     let runtime = tokio::runtime::Handle::current();
     let sync_thread = tokio::task::spawn_blocking(move || {
@@ -166,6 +197,28 @@ fn choose_proxier(
     )))
 }
 
+/// Binds a server's address; a failure stops the daemon only with bindAddressHardFail, as upstream.
+async fn listen(
+    what: &str,
+    address: &str,
+    hard_fail: bool,
+) -> Result<Option<tokio::net::TcpListener>, DaemonError> {
+    match bind(address).await {
+        Ok(listener) => {
+            let bound = listener
+                .local_addr()
+                .map_or_else(|_| address.to_string(), |a| a.to_string());
+            info!(address = %bound, "Starting {what} server");
+            Ok(Some(listener))
+        }
+        Err(err) if hard_fail => Err(err.into()),
+        Err(err) => {
+            error!(error = %err, "Failed to start {what} server");
+            Ok(None)
+        }
+    }
+}
+
 /// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after
 /// a second (at least minSyncPeriod), doubling up to syncPeriod; upstream waits a whole syncPeriod.
 fn sync_intervals(min_sync: Duration, sync: Duration) -> Intervals {
@@ -181,6 +234,38 @@ struct SyncLoop {
     tracker: Arc<Mutex<ChangeTracker>>,
     state: ProxyState,
     proxier: Box<dyn Proxier>,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+    service_health: Option<ServiceHealthServers>,
+    node_port_addresses: Vec<String>,
+    node_name: String,
+}
+
+impl SyncLoop {
+    /// Opens and closes the per-service health-check servers after a successful sync.
+    fn sync_service_health(&mut self) {
+        if self.service_health.is_none() {
+            return;
+        }
+        let wanted = health_check_ports(&self.state, &self.node_name);
+        if wanted.is_empty()
+            && self
+                .service_health
+                .as_ref()
+                .is_some_and(|s| s.ports().is_empty())
+        {
+            return;
+        }
+        let node_ip = self.state.node.addresses.first().copied();
+        let addresses = selected_node_port_ips(&self.node_port_addresses, node_ip, || {
+            SystemAddresses.addresses()
+        })
+        .unwrap_or_default();
+        if let Some(servers) = self.service_health.as_mut() {
+            servers.set_addresses(addresses);
+            servers.sync(wanted);
+        }
+    }
 }
 
 impl Syncer for SyncLoop {
@@ -191,10 +276,20 @@ impl Syncer for SyncLoop {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take_changes();
+            self.metrics
+                .pending(changes.services.len(), changes.endpoints.len());
             let summary = self.state.apply(changes);
             let started = Instant::now();
             match self.proxier.sync(&self.state, &summary) {
                 Ok(report) => {
+                    self.health.updated();
+                    self.metrics.synced(
+                        &report,
+                        started.elapsed(),
+                        (summary.service_changes, summary.endpoint_changes),
+                        &summary.trigger_times,
+                    );
+                    self.sync_service_health();
                     debug!(
                         mode = self.proxier.mode(),
                         full = report.full,
@@ -210,6 +305,7 @@ impl Syncer for SyncLoop {
                     Ok(())
                 }
                 Err(err) => {
+                    self.metrics.failed();
                     error!(error = %err, "Failed to sync proxy rules; retrying");
                     Err(())
                 }

@@ -8,4 +8,5 @@ pub mod logging;
 pub mod model;
 pub mod proxier;
 pub mod runner;
+pub mod servers;
 pub mod sys;

@@ -19,10 +19,21 @@ struct Daemon {
 
 impl Daemon {
     fn spawn(args: &[&str]) -> Daemon {
+        // The host's namespace: servers on loopback ports of the kernel's choosing, so parallel
+        // tests do not fight over 10256 (flags count only without --config).
+        let servers: &[&str] = if args.iter().any(|a| a.starts_with("--config")) {
+            &[]
+        } else {
+            &[
+                "--healthz-bind-address=127.0.0.1:0",
+                "--metrics-bind-address=127.0.0.1:0",
+            ]
+        };
         // --dry-run: these tests run in the host's network namespace, which must never be programmed.
         let mut child = Command::new(BIN)
             .arg("--dry-run")
             .args(args)
+            .args(servers)
             .env_remove("RUST_LOG")
             .env_remove("NODE_NAME")
             .stdout(Stdio::null())
@@ -72,10 +83,13 @@ async fn follows_the_cluster_and_stops_on_sigterm() {
     seed_web(s);
     let config = cluster.write_file(
         "config.conf",
-        &include_str!("testdata/kubeadm-config.conf").replace(
-            "/var/lib/kube-proxy/kubeconfig.conf",
-            cluster.kubeconfig.to_str().unwrap(),
-        ),
+        &include_str!("testdata/kubeadm-config.conf")
+            .replace(
+                "/var/lib/kube-proxy/kubeconfig.conf",
+                cluster.kubeconfig.to_str().unwrap(),
+            )
+            .replace(LOOPBACK_PORTS.0, LOOPBACK_PORTS.1)
+            .replace(LOOPBACK_PORTS.2, LOOPBACK_PORTS.3),
     );
     let config_arg = format!("--config={}", config.display());
     let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);
@@ -139,7 +153,8 @@ async fn unknown_fields_warn_and_api_outage_keeps_running() {
         .unwrap();
     let config = cluster.write_file(
         "config.conf",
-        "kind: KubeProxyConfiguration\nmode: ipvs\nmysteryField: 1\n",
+        "kind: KubeProxyConfiguration\nmode: ipvs\nmysteryField: 1\n\
+         healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: 127.0.0.1:0\n",
     );
     let config_arg = format!("--config={}", config.display());
     let kubeconfig_arg = format!("--kubeconfig={}", cluster.kubeconfig.display());
@@ -169,6 +184,14 @@ async fn unknown_fields_warn_and_api_outage_keeps_running() {
         d.log()
     );
 }
+
+/// The kubeadm config's server addresses, and loopback ones for tests in the host's namespace.
+const LOOPBACK_PORTS: (&str, &str, &str, &str) = (
+    "healthzBindAddress: \"\"",
+    "healthzBindAddress: 127.0.0.1:0",
+    "metricsBindAddress: \"\"",
+    "metricsBindAddress: 127.0.0.1:0",
+);
 
 /// Runs the binary to completion with a config file; returns (exit code, stderr).
 async fn run_with_config(text: &str, extra: &[&str]) -> (i32, String) {

@@ -317,6 +317,7 @@ pub fn endpoint_slice(
     let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
     Ok(Converted {
         value: Some(EndpointSlice {
+            trigger_time: trigger_time(slice),
             name: key,
             service,
             family,
@@ -325,6 +326,17 @@ pub fn endpoint_slice(
         }),
         warnings,
     })
+}
+
+/// The slice's `endpoints.kubernetes.io/last-change-trigger-time`, if present and readable.
+fn trigger_time(slice: &ApiEndpointSlice) -> Option<std::time::SystemTime> {
+    let text = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get("endpoints.kubernetes.io/last-change-trigger-time")?;
+    let time = chrono::DateTime::parse_from_rfc3339(text).ok()?;
+    Some(time.with_timezone(&chrono::Utc).into())
 }
 
 /// This node's addresses, labels and pod CIDRs.

@@ -52,6 +52,7 @@ mod tests {
 
     fn slice(name: &str, ports: &[(&str, u16)], endpoints: &[(&str, bool)]) -> EndpointSlice {
         EndpointSlice {
+            trigger_time: None,
             name: NamespacedName::new("ns", name),
             service: NamespacedName::new("ns", "svc"),
             family: IpFamily::V4,

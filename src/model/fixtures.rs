@@ -56,6 +56,7 @@ pub fn slice(
     endpoints: &[(&str, &str)],
 ) -> EndpointSlice {
     EndpointSlice {
+        trigger_time: None,
         name: NamespacedName::new(namespace, slice),
         service: NamespacedName::new(namespace, service),
         family: IpFamily::V4,

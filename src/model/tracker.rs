@@ -71,6 +71,8 @@ pub struct Changes {
     pub services: BTreeMap<NamespacedName, Change<ServicePortMap>>,
     pub endpoints: BTreeMap<NamespacedName, Change<EndpointsMap>>,
     pub node: Option<Option<NodeInfo>>,
+    /// When the pending endpoint changes were triggered (earliest per service).
+    pub trigger_times: Vec<std::time::SystemTime>,
 }
 
 /// The watch side: the converted objects seen so far and the changes not yet synced.
@@ -85,6 +87,7 @@ pub struct ChangeTracker {
     pending_services: PendingChanges<ServicePortMap>,
     pending_endpoints: PendingChanges<EndpointsMap>,
     pending_node: Option<Option<NodeInfo>>,
+    pending_triggers: BTreeMap<NamespacedName, std::time::SystemTime>,
 }
 
 impl ChangeTracker {
@@ -105,6 +108,7 @@ impl ChangeTracker {
         slice: Option<EndpointSlice>,
     ) -> bool {
         let new_owner = slice.as_ref().map(|s| s.service.clone());
+        let trigger = slice.as_ref().and_then(|s| s.trigger_time);
         let old_owner = self.slice_owner.get(slice_key).cloned();
         let affected: BTreeSet<NamespacedName> =
             old_owner.iter().chain(new_owner.iter()).cloned().collect();
@@ -134,9 +138,14 @@ impl ChangeTracker {
         let mut pending = false;
         for (svc, previous) in before {
             let current = self.merged(&svc);
-            pending |= self
-                .pending_endpoints
-                .record(&svc, non_empty(previous), non_empty(current));
+            let changed =
+                self.pending_endpoints
+                    .record(&svc, non_empty(previous), non_empty(current));
+            if let (true, Some(trigger)) = (changed, trigger) {
+                let earliest = self.pending_triggers.entry(svc).or_insert(trigger);
+                *earliest = (*earliest).min(trigger);
+            }
+            pending |= changed;
         }
         pending
     }
@@ -206,6 +215,9 @@ impl ChangeTracker {
             services: self.pending_services.take(),
             endpoints: self.pending_endpoints.take(),
             node: self.pending_node.take(),
+            trigger_times: std::mem::take(&mut self.pending_triggers)
+                .into_values()
+                .collect(),
         }
     }
 
@@ -247,6 +259,8 @@ pub struct ChangeSummary {
     pub endpoint_changes: usize,
     /// The Node changed (labels, addresses, pod CIDRs): every service may render differently.
     pub node_changed: bool,
+    /// When the applied endpoint changes were triggered, for network programming latency.
+    pub trigger_times: Vec<std::time::SystemTime>,
 }
 
 /// The sync side: the state the proxier programs, updated only by applying changes.
@@ -263,6 +277,7 @@ impl ProxyState {
         let mut summary = ChangeSummary {
             service_changes: changes.services.len(),
             endpoint_changes: changes.endpoints.len(),
+            trigger_times: changes.trigger_times,
             ..ChangeSummary::default()
         };
         for (key, change) in changes.services {

@@ -237,6 +237,9 @@ pub struct EndpointSlice {
     pub family: IpFamily,
     pub ports: Vec<SlicePort>,
     pub endpoints: Vec<SliceEndpoint>,
+    /// When the change this slice carries was triggered (annotation
+    /// `endpoints.kubernetes.io/last-change-trigger-time`), for network programming latency.
+    pub trigger_time: Option<std::time::SystemTime>,
 }
 
 /// This node, as its Node object describes it.

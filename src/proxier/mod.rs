@@ -31,6 +31,8 @@ pub struct SyncReport {
     pub restore_lines: usize,
     /// Service ports without usable local endpoints for (internal, external) traffic.
     pub no_local_endpoints: (usize, usize),
+    /// iptables rules this program owns, per table, when the proxier knows them.
+    pub iptables_rules: Vec<(&'static str, usize)>,
 }
 
 /// A proxy mode's programmer of kernel state.

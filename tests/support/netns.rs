@@ -231,3 +231,32 @@ pub fn udp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorK
         Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
     })
 }
+
+/// One HTTP/1.0 GET from `ns`: the status code and the body, or the error kind.
+pub fn http_get(
+    ns: &Netns,
+    to: SocketAddr,
+    path: &str,
+) -> Result<(u16, String), std::io::ErrorKind> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {to}\r\n\r\n");
+    ns.run(move || {
+        let mut stream =
+            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.kind())?;
+        stream.write_all(request.as_bytes()).map_err(|e| e.kind())?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).map_err(|e| e.kind())?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_default();
+        Ok((status, body))
+    })
+}

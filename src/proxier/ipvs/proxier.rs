@@ -429,6 +429,17 @@ impl IpvsProxier {
             desired.sets.extend(part.sets);
             per_family.push((family, part.iptables));
         }
+        if incremental {
+            // Connection counts decide whether a removed real server drains or goes at once:
+            // read them afresh for the touched virtual servers (memory has the last read's).
+            for key in &scope.services {
+                if let Some((vs, _)) = observed.services.get(key) {
+                    let vs = vs.clone();
+                    let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
+                    observed.services.insert(key.clone(), (vs, reals));
+                }
+            }
+        }
         let view = if incremental {
             Cow::Owned(observed.restricted(&scope.services, &scope.bound))
         } else {

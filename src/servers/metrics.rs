@@ -1,0 +1,274 @@
+//! upstream's metrics, by the same names, on a Prometheus registry of our own.
+
+use std::time::{Duration, SystemTime};
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::proxier::SyncReport;
+
+/// Every metric the daemon exports.
+pub struct Metrics {
+    registry: Registry,
+    sync_duration: Histogram,
+    full_sync_duration: Histogram,
+    partial_sync_duration: Histogram,
+    last_sync: Gauge,
+    last_queued: Gauge,
+    network_programming: Histogram,
+    endpoint_changes: IntCounter,
+    endpoint_changes_pending: IntGauge,
+    service_changes: IntCounter,
+    service_changes_pending: IntGauge,
+    iptables_rules: GaugeVec,
+    restore_failures: IntCounter,
+    no_local_endpoints: GaugeVec,
+}
+
+/// How long syncs take: 1 ms doubling to 16 s, as upstream.
+fn sync_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(0.001, 2.0, 15).unwrap_or_default()
+}
+
+/// Network programming latency: a quarter second up to ten minutes.
+fn programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.25, 0.5];
+    buckets.extend((1..=10).map(f64::from));
+    buckets.extend([
+        15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+    ]);
+    buckets
+}
+
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> prometheus::Result<M> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> prometheus::Result<Histogram> {
+    let opts = HistogramOpts::new(name, help).buckets(buckets);
+    registered(registry, Histogram::with_opts(opts)?)
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    registered(registry, IntCounter::new(name, help)?)
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    registered(registry, IntGauge::new(name, help)?)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<Gauge> {
+    registered(registry, Gauge::new(name, help)?)
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> prometheus::Result<GaugeVec> {
+    registered(registry, GaugeVec::new(Opts::new(name, help), &[label])?)
+}
+
+fn unix_seconds(time: SystemTime) -> f64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl Metrics {
+    /// Registers every metric (fails only on a programming error: a bad or repeated name).
+    pub fn new() -> prometheus::Result<Metrics> {
+        let r = Registry::new();
+        Ok(Metrics {
+            sync_duration: histogram(
+                &r,
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds",
+                sync_buckets(),
+            )?,
+            full_sync_duration: histogram(
+                &r,
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for full resyncs",
+                sync_buckets(),
+            )?,
+            partial_sync_duration: histogram(
+                &r,
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for partial resyncs",
+                sync_buckets(),
+            )?,
+            last_sync: gauge(
+                &r,
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+            )?,
+            last_queued: gauge(
+                &r,
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+            )?,
+            network_programming: histogram(
+                &r,
+                "kubeproxy_network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                programming_buckets(),
+            )?,
+            endpoint_changes: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                "Cumulative proxy rules Endpoint changes",
+            )?,
+            endpoint_changes_pending: int_gauge(
+                &r,
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "Pending proxy rules Endpoint changes",
+            )?,
+            service_changes: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                "Cumulative proxy rules Service changes",
+            )?,
+            service_changes_pending: int_gauge(
+                &r,
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "Pending proxy rules Service changes",
+            )?,
+            iptables_rules: gauge_vec(
+                &r,
+                "kubeproxy_sync_proxy_rules_iptables_total",
+                "Total number of iptables rules owned by kube-proxy",
+                "table",
+            )?,
+            restore_failures: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                "Cumulative proxy iptables restore failures",
+            )?,
+            no_local_endpoints: gauge_vec(
+                &r,
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "Number of services with a Local traffic policy and no endpoints",
+                "traffic_policy",
+            )?,
+            registry: r,
+        })
+    }
+
+    /// A change arrived from the API server.
+    pub fn queued(&self) {
+        self.last_queued.set(unix_seconds(SystemTime::now()));
+    }
+
+    /// A sync is about to apply these many service and endpoint changes.
+    pub fn pending(&self, services: usize, endpoints: usize) {
+        self.service_changes_pending.set(services as i64);
+        self.endpoint_changes_pending.set(endpoints as i64);
+    }
+
+    /// A sync that applied `service_changes` and `endpoint_changes` succeeded.
+    pub fn synced(
+        &self,
+        report: &SyncReport,
+        elapsed: Duration,
+        changes: (usize, usize),
+        trigger_times: &[SystemTime],
+    ) {
+        let seconds = elapsed.as_secs_f64();
+        self.sync_duration.observe(seconds);
+        if report.full {
+            self.full_sync_duration.observe(seconds);
+        } else {
+            self.partial_sync_duration.observe(seconds);
+        }
+        let now = SystemTime::now();
+        self.last_sync.set(unix_seconds(now));
+        self.service_changes.inc_by(changes.0 as u64);
+        self.endpoint_changes.inc_by(changes.1 as u64);
+        self.service_changes_pending.set(0);
+        self.endpoint_changes_pending.set(0);
+        for trigger in trigger_times {
+            if let Ok(latency) = now.duration_since(*trigger) {
+                self.network_programming.observe(latency.as_secs_f64());
+            }
+        }
+        for (table, rules) in &report.iptables_rules {
+            self.iptables_rules
+                .with_label_values(&[*table])
+                .set(*rules as f64);
+        }
+        let (internal, external) = report.no_local_endpoints;
+        self.no_local_endpoints
+            .with_label_values(&["internal"])
+            .set(internal as f64);
+        self.no_local_endpoints
+            .with_label_values(&["external"])
+            .set(external as f64);
+    }
+
+    /// A sync failed to program the kernel.
+    pub fn failed(&self) {
+        self.restore_failures.inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut buffer = Vec::new();
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syncs_move_the_counters() {
+        let metrics = Metrics::new().unwrap();
+        metrics.queued();
+        metrics.pending(1, 3);
+        let report = SyncReport {
+            full: true,
+            iptables_rules: vec![("nat", 42), ("filter", 7)],
+            no_local_endpoints: (1, 2),
+            ..SyncReport::default()
+        };
+        let trigger = SystemTime::now() - Duration::from_secs(2);
+        metrics.synced(&report, Duration::from_millis(30), (1, 3), &[trigger]);
+        metrics.failed();
+        let text = metrics.encode();
+        for want in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_count 1",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_service_changes_total 1",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 3",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
+            "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 42",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"} 0",
+            "kubeproxy_network_programming_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(want), "{want} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The HTTP endpoints an operator's probes and Prometheus read: the health server
+//! (healthzBindAddress), the metrics server (metricsBindAddress) and one health-check server per
+//! Service with externalTrafficPolicy Local.
+
+mod health;
+mod http;
+mod metrics;
+mod service_health;
+
+pub use health::ProxyHealth;
+pub use http::{Reply, ServerError, bind, serve};
+pub use metrics::Metrics;
+pub use service_health::ServiceHealthServers;
+pub use service_health::wanted as health_check_ports;
+
+use std::sync::Arc;
+
+/// Starts the health server on `listener`: `/healthz` (readiness: 503 until the first sync, and
+/// when updates are stale) and `/livez` (503 only when updates are stale).
+pub fn serve_health(listener: tokio::net::TcpListener, health: Arc<ProxyHealth>) {
+    serve(listener, move |path| match path {
+        "/healthz" => health.reply(true),
+        "/livez" => health.reply(false),
+        _ => Reply::not_found(),
+    });
+}
+
+/// Starts the metrics server on `listener`: `/metrics`, `/healthz` and `/proxyMode`.
+pub fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<ProxyHealth>,
+    mode: &'static str,
+) {
+    serve(listener, move |path| match path {
+        "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
+        "/healthz" => health.reply(true),
+        "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
+        _ => Reply::not_found(),
+    });
+}
