@@ -11,6 +11,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
+use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
@@ -143,6 +144,8 @@ pub async fn run(
         service_health: (!options.dry_run).then(|| ServiceHealthServers::new(Vec::new())),
         node_port_addresses: config.node_port_addresses.clone(),
         node_name: settings.node_name.clone(),
+        // A dry run leaves the node alone, the other mode's state included.
+        leftovers_removed: options.dry_run,
     };
     let runtime = tokio::runtime::Handle::current();
     let sync_thread = tokio::task::spawn_blocking(move || {
@@ -197,6 +200,14 @@ fn choose_proxier(
     )))
 }
 
+/// `--cleanup`: removes every chain, rule, ipset, virtual server and kube-ipvs0 of either mode, in
+/// both families and back ends. Nothing else is touched; a second run finds nothing to do.
+pub fn cleanup() {
+    info!("Cleaning up iptables and IPVS state owned by kube-proxy");
+    cleanup::cleanup(Leftovers::All, &SystemAddresses.addresses());
+    info!("Cleanup done");
+}
+
 /// Binds a server's address; a failure stops the daemon only with bindAddressHardFail, as upstream.
 async fn listen(
     what: &str,
@@ -239,9 +250,29 @@ struct SyncLoop {
     service_health: Option<ServiceHealthServers>,
     node_port_addresses: Vec<String>,
     node_name: String,
+    /// Whether the other mode's state has been removed (once, after the first successful sync).
+    leftovers_removed: bool,
 }
 
 impl SyncLoop {
+    /// After the first successful sync in this mode, removes what the other mode left behind:
+    /// traffic is already served by the new rules when the old ones go.
+    fn remove_other_mode(&mut self) {
+        if self.leftovers_removed {
+            return;
+        }
+        self.leftovers_removed = true;
+        let other = match self.proxier.mode() {
+            "ipvs" => Leftovers::IptablesMode,
+            _ => Leftovers::IpvsMode,
+        };
+        info!(
+            mode = self.proxier.mode(),
+            "Removing the other proxy mode's leftovers"
+        );
+        cleanup::cleanup(other, &SystemAddresses.addresses());
+    }
+
     /// Opens and closes the per-service health-check servers after a successful sync.
     fn sync_service_health(&mut self) {
         if self.service_health.is_none() {
@@ -290,6 +321,7 @@ impl Syncer for SyncLoop {
                         &summary.trigger_times,
                     );
                     self.sync_service_health();
+                    self.remove_other_mode();
                     debug!(
                         mode = self.proxier.mode(),
                         full = report.full,

@@ -47,8 +47,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if flags.cleanup == Some(true) {
-        eprintln!("kube-proxy-rs: --cleanup is not implemented yet in this build");
-        return ExitCode::FAILURE;
+        daemon::cleanup();
+        return ExitCode::SUCCESS;
     }
     let options = daemon::RunOptions {
         dry_run: flags.dry_run,

@@ -1,6 +1,7 @@
 //! Proxiers: what turns the model into kernel state. Each mode renders the desired state (pure)
 //! and applies it (thin); the sync loop only sees this trait.
 
+pub mod cleanup;
 pub mod iptables;
 pub mod ipvs;
 pub mod local;
