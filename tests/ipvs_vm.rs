@@ -931,3 +931,87 @@ async fn ipvs_mode_ipv6_traffic() {
     );
     daemon.stop().await;
 }
+
+/// Switching modes as seed 002 does (edit the ConfigMap, restart), iptables -> ipvs -> iptables:
+/// traffic keeps flowing through every switch, each start leaves exactly its own mode's state,
+/// and a virtual server and rule of someone else survive. Then `--cleanup`, twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switches_leave_one_mode_and_cleanup_leaves_nothing() {
+    if !in_vm("mode_switches_leave_one_mode_and_cleanup_leaves_nothing") {
+        return;
+    }
+    use support::cluster::{BIN, Cluster, addr, seed};
+    use support::netns::tcp_request;
+
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let node = &cluster.node;
+    node.exec(&["ipvsadm", "-A", "-t", "172.31.9.9:9999", "-s", "rr"]);
+    node.exec(&["iptables-nft", "-t", "nat", "-N", "FOREIGN"]);
+    let serving = || tcp_request(node, addr("10.96.0.10:80")).is_ok();
+    let per_service_chains = || {
+        node.output(&["iptables-nft-save", "-t", "nat"])
+            .lines()
+            .filter(|l| l.starts_with(":KUBE-SVC-") || l.starts_with(":KUBE-SEP-"))
+            .count()
+    };
+    let ipvs_state = || {
+        (
+            node.output(&["ipvsadm", "-Ln"]).contains("10.96.0.10:80"),
+            node.output(&["ip", "link", "show", "kube-ipvs0"])
+                .contains("kube-ipvs0"),
+            node.output(&["ipset", "list", "-n"])
+                .contains("KUBE-CLUSTER-IP"),
+        )
+    };
+
+    for (round, mode) in ["iptables", "ipvs", "iptables"].into_iter().enumerate() {
+        let daemon = cluster.daemon(&cluster.config_with_mode(mode, ""));
+        daemon.wait_for(&format!("\"Using {mode} Proxier\"")).await;
+        if round > 0 {
+            daemon
+                .wait_for("\"Removing the other proxy mode's leftovers\"")
+                .await;
+        }
+        daemon.wait_for("\"Synced proxy rules\"").await;
+        // Give the removal after the first sync a moment, then look.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(serving(), "{mode}: traffic flows");
+        if mode == "ipvs" {
+            assert_eq!(per_service_chains(), 0, "iptables mode's chains are gone");
+            assert_eq!(ipvs_state(), (true, true, true));
+        } else {
+            assert!(per_service_chains() > 0);
+            assert_eq!(ipvs_state(), (false, false, false), "IPVS state is gone");
+        }
+        assert!(node.output(&["ipvsadm", "-Ln"]).contains("172.31.9.9:9999"));
+        assert!(
+            node.output(&["iptables-nft-save", "-t", "nat"])
+                .contains(":FOREIGN")
+        );
+        daemon.stop().await;
+        assert!(serving(), "{mode}: traffic flows with the daemon stopped");
+    }
+
+    // Leave IPVS state behind, then clean everything up, twice.
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", ""));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon.stop().await;
+    for _ in 0..2 {
+        let output = std::process::Command::new("ip")
+            .args(["netns", "exec", &node.name, BIN, "--cleanup"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let saved = node.output(&["iptables-nft-save"]);
+        assert!(
+            !saved
+                .lines()
+                .any(|l| l.contains("KUBE-") && !l.contains("KUBE-FIREWALL")),
+            "{saved}"
+        );
+        assert_eq!(ipvs_state(), (false, false, false));
+        assert!(node.output(&["ipvsadm", "-Ln"]).contains("172.31.9.9:9999"));
+        assert!(saved.contains(":FOREIGN"));
+    }
+}

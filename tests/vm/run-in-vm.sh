@@ -40,7 +40,7 @@ build_initramfs() {  # busybox + modules (+ deps from modules.dep); rebuilt when
       nf_conntrack nf_conntrack_netlink nf_nat ip_set ip_set_hash_ip ip_set_hash_ipport \
       ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_hash_net ip_set_hash_netport \
       ip_set_bitmap_port xt_set xt_ipvs xt_comment xt_mark xt_conntrack xt_MASQUERADE xt_nat \
-      xt_addrtype xt_multiport xt_statistic xt_physdev xt_recent ipt_REJECT ip6t_REJECT \
+      xt_addrtype xt_multiport xt_statistic xt_physdev xt_recent xt_tcpudp ipt_REJECT ip6t_REJECT \
       iptable_nat iptable_filter iptable_mangle \
       iptable_raw ip6table_nat ip6table_filter ip6table_mangle nf_tables nft_compat nlmon \
       nft_chain_nat nft_ct nft_nat nft_masq; do
