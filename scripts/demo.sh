@@ -23,7 +23,7 @@ for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done
 server=$(sed -n 's/^ *server: http:\/\///p' "$work/kubeconfig")
 echo "== test API server on http://$server (objects from examples/demo.yaml)"
 
-./target/debug/kube-proxy-rs --dry-run --healthz-bind-address=127.0.0.1:0 --metrics-bind-address=127.0.0.1:0 --kubeconfig "$work/kubeconfig" --hostname-override node-a --v=2 2>"$work/proxy.log" &
+./target/debug/kube-proxy-rs --dry-run --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 --kubeconfig "$work/kubeconfig" --hostname-override node-a --v=2 2>"$work/proxy.log" &
 pids+=($!)
 
 wait_for() {

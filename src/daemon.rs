@@ -39,6 +39,9 @@ pub enum DaemonError {
     /// The health or metrics server could not listen and bindAddressHardFail is set.
     #[error("{0}")]
     Server(#[from] ServerError),
+    /// The configuration file changed: exiting so the pod restarts with it, as upstream does.
+    #[error("content of the proxy server's configuration file {0} was updated")]
+    ConfigChanged(String),
     /// The metrics could not be registered (a programming error).
     #[error("metrics: {0}")]
     Metrics(String),
@@ -51,6 +54,8 @@ pub struct RunOptions {
     pub dry_run: bool,
     /// When IPVS mode cannot run, use iptables (as older kube-proxy did) instead of exiting.
     pub ipvs_fallback: bool,
+    /// Exit when the configuration file changes (so the DaemonSet restarts us with it).
+    pub exit_on_config_change: bool,
 }
 
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
@@ -151,8 +156,22 @@ pub async fn run(
     let sync_thread = tokio::task::spawn_blocking(move || {
         runtime.block_on(runner::run(intervals, requester, shutdown, &mut sync_loop));
     });
-    if let Err(err) = sync_thread.await {
-        error!(error = %err, "The sync loop stopped unexpectedly");
+    let config_changed = async {
+        match (&settings.config_file, options.exit_on_config_change) {
+            (Some(path), true) => config_file_changed(path).await,
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        joined = sync_thread => {
+            if let Err(err) = joined {
+                error!(error = %err, "The sync loop stopped unexpectedly");
+            }
+        }
+        path = config_changed => {
+            info!(path = %path, "Config file changed, exiting so that it is read again; the programmed rules stay in place");
+            return Err(DaemonError::ConfigChanged(path));
+        }
     }
     info!("Shutting down; the programmed rules stay in place");
     Ok(())
@@ -198,6 +217,19 @@ fn choose_proxier(
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
     )))
+}
+
+/// Resolves when the file's content differs from what it was at start (polled every two seconds:
+/// a ConfigMap update swaps a symlink, which a poll sees as surely as an inotify watch would).
+async fn config_file_changed(path: &std::path::Path) -> String {
+    let initial = tokio::fs::read(path).await.ok();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = tokio::fs::read(path).await.ok();
+        if now != initial {
+            return path.display().to_string();
+        }
+    }
 }
 
 /// `--cleanup`: removes every chain, rule, ipset, virtual server and kube-ipvs0 of either mode, in

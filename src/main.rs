@@ -53,6 +53,7 @@ fn main() -> ExitCode {
     let options = daemon::RunOptions {
         dry_run: flags.dry_run,
         ipvs_fallback: flags.ipvs_fallback.unwrap_or(true),
+        exit_on_config_change: flags.exit_on_config_change.unwrap_or(true),
     };
     match run(settings, options) {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,21 +19,21 @@ struct Daemon {
 
 impl Daemon {
     fn spawn(args: &[&str]) -> Daemon {
-        // The host's namespace: servers on loopback ports of the kernel's choosing, so parallel
-        // tests do not fight over 10256 (flags count only without --config).
-        let servers: &[&str] = if args.iter().any(|a| a.starts_with("--config")) {
-            &[]
+        // The host's namespace: servers on free loopback ports, so parallel tests do not fight
+        // over 10256 (flags count only without --config; config files get them from the test).
+        let servers: Vec<String> = if args.iter().any(|a| a.starts_with("--config")) {
+            vec![]
         } else {
-            &[
-                "--healthz-bind-address=127.0.0.1:0",
-                "--metrics-bind-address=127.0.0.1:0",
+            vec![
+                format!("--healthz-bind-address=127.0.0.1:{}", free_port()),
+                format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
             ]
         };
         // --dry-run: these tests run in the host's network namespace, which must never be programmed.
         let mut child = Command::new(BIN)
             .arg("--dry-run")
             .args(args)
-            .args(servers)
+            .args(&servers)
             .env_remove("RUST_LOG")
             .env_remove("NODE_NAME")
             .stdout(Stdio::null())
@@ -83,13 +83,21 @@ async fn follows_the_cluster_and_stops_on_sigterm() {
     seed_web(s);
     let config = cluster.write_file(
         "config.conf",
-        &include_str!("testdata/kubeadm-config.conf")
-            .replace(
-                "/var/lib/kube-proxy/kubeconfig.conf",
-                cluster.kubeconfig.to_str().unwrap(),
-            )
-            .replace(LOOPBACK_PORTS.0, LOOPBACK_PORTS.1)
-            .replace(LOOPBACK_PORTS.2, LOOPBACK_PORTS.3),
+        &loopback_servers(
+            &include_str!("testdata/kubeadm-config.conf")
+                .replace(
+                    "/var/lib/kube-proxy/kubeconfig.conf",
+                    cluster.kubeconfig.to_str().unwrap(),
+                )
+                .replace(
+                    "healthzBindAddress: \"\"",
+                    "healthzBindAddress: 127.0.0.1:0",
+                )
+                .replace(
+                    "metricsBindAddress: \"\"",
+                    "metricsBindAddress: 127.0.0.1:0",
+                ),
+        ),
     );
     let config_arg = format!("--config={}", config.display());
     let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);
@@ -153,8 +161,10 @@ async fn unknown_fields_warn_and_api_outage_keeps_running() {
         .unwrap();
     let config = cluster.write_file(
         "config.conf",
-        "kind: KubeProxyConfiguration\nmode: ipvs\nmysteryField: 1\n\
-         healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: 127.0.0.1:0\n",
+        &loopback_servers(
+            "kind: KubeProxyConfiguration\nmode: ipvs\nmysteryField: 1\n\
+             healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: 127.0.0.1:0\n",
+        ),
     );
     let config_arg = format!("--config={}", config.display());
     let kubeconfig_arg = format!("--kubeconfig={}", cluster.kubeconfig.display());
@@ -185,13 +195,72 @@ async fn unknown_fields_warn_and_api_outage_keeps_running() {
     );
 }
 
-/// The kubeadm config's server addresses, and loopback ones for tests in the host's namespace.
-const LOOPBACK_PORTS: (&str, &str, &str, &str) = (
-    "healthzBindAddress: \"\"",
-    "healthzBindAddress: 127.0.0.1:0",
-    "metricsBindAddress: \"\"",
-    "metricsBindAddress: 127.0.0.1:0",
-);
+/// A ConfigMap edit reaching the pod (the --config file changes) makes the daemon log it and exit,
+/// so the DaemonSet restarts it with the new configuration; --exit-on-config-change=false keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_when_the_config_file_changes() {
+    let cluster = Cluster::start().await;
+    seed_web(&cluster.server);
+    let text = loopback_servers(&format!(
+        "kind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: {}\n\
+         healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: 127.0.0.1:0\n",
+        cluster.kubeconfig.display()
+    ));
+    let config = cluster.write_file("config.conf", &text);
+    let config_arg = format!("--config={}", config.display());
+    let staying = Daemon::spawn(&[
+        &config_arg,
+        "--hostname-override=node-a",
+        "--exit-on-config-change=false",
+        "--v=2",
+    ]);
+    let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);
+    d.wait_for("\"Synced proxy rules\"").await;
+    staying.wait_for("\"Synced proxy rules\"").await;
+    std::fs::write(&config, format!("{text}mode: ipvs\n")).unwrap();
+    d.wait_for("\"Config file changed, exiting so that it is read again")
+        .await;
+    let mut child = d.child;
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("exits")
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a restart is wanted: non-zero, as upstream"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let mut staying_child = staying.child;
+    assert!(
+        staying_child.try_wait().unwrap().is_none(),
+        "the flag keeps it running"
+    );
+}
+
+/// A loopback port nobody listens on right now (the config validation, as upstream's, wants a
+/// real port, not 0).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The config's server addresses replaced by free loopback ones (tests run in the host's namespace).
+fn loopback_servers(config: &str) -> String {
+    config
+        .replace(
+            "healthzBindAddress: \"\"",
+            &format!("healthzBindAddress: 127.0.0.1:{}", free_port()),
+        )
+        .replace(
+            "metricsBindAddress: \"\"",
+            &format!("metricsBindAddress: 127.0.0.1:{}", free_port()),
+        )
+        .replacen("127.0.0.1:0", &format!("127.0.0.1:{}", free_port()), 1)
+        .replacen("127.0.0.1:0", &format!("127.0.0.1:{}", free_port()), 1)
+}
 
 /// Runs the binary to completion with a config file; returns (exit code, stderr).
 async fn run_with_config(text: &str, extra: &[&str]) -> (i32, String) {

@@ -80,6 +80,11 @@ pub struct Flags {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub ipvs_fallback: Option<bool>,
 
+    /// Exit when the --config file changes on disk (the ConfigMap edit reaching the pod), so the
+    /// DaemonSet restarts us with it, as upstream does (default true). Not an upstream flag.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub exit_on_config_change: Option<bool>,
+
     /// Other commands (the daemon runs when none is given).
     #[command(subcommand)]
     pub command: Option<Command>,
