@@ -11,6 +11,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
+use crate::node_setup;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
@@ -97,6 +98,13 @@ pub async fn run(
     } else {
         choose_proxier(mode, config, options)?
     };
+    if !options.dry_run {
+        // As upstream, before the first sync: the process's OOM priority and conntrack settings.
+        if let Some(value) = config.oom_score_adj {
+            node_setup::apply_oom_score_adj(value);
+        }
+        node_setup::apply_conntrack(config, &mut ProcSysctl::default());
+    }
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
     let hard_fail = config.bind_address_hard_fail;

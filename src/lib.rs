@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod k8s;
 pub mod logging;
 pub mod model;
+pub mod node_setup;
 pub mod proxier;
 pub mod runner;
 pub mod servers;

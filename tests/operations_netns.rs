@@ -43,6 +43,19 @@ async fn health_metrics_and_service_health_servers() {
     daemon.wait_for("\"Synced proxy rules\"").await;
     let node = &cluster.node;
 
+    // Node setup as upstream: conntrack timeouts (per namespace) and the OOM score.
+    let sysctl = |name: &str| node.output(&["sysctl", "-n", name]).trim().to_string();
+    assert_eq!(
+        sysctl("net.netfilter.nf_conntrack_tcp_timeout_established"),
+        "86400"
+    );
+    assert_eq!(
+        sysctl("net.netfilter.nf_conntrack_tcp_timeout_close_wait"),
+        "3600"
+    );
+    // Lowering it needs CAP_SYS_RESOURCE, which this sandbox may lack: then it is a warning.
+    daemon.wait_for("oom_score_adj\" value=-999").await;
+
     // Health: ready and alive, with upstream's JSON.
     let healthz = http_get(node, addr("127.0.0.1:10256"), "/healthz").unwrap();
     assert_eq!(healthz.0, 200, "{healthz:?}");

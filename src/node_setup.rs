@@ -1,0 +1,128 @@
+//! Node-level settings upstream applies at start: the conntrack table's size and timeouts, and
+//! the process's oom_score_adj. Each change is logged; a failure is a warning, never fatal (in a
+//! network namespace other than the host's, nf_conntrack_max cannot be written, for one).
+
+use tracing::{info, warn};
+
+use crate::config::KubeProxyConfiguration;
+use crate::sys::net::{Sysctl, ensure_sysctl};
+
+const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
+
+/// The table size upstream wants: maxPerCore x cores, at least `min`; None leaves it alone.
+pub fn conntrack_max(config: &KubeProxyConfiguration, cores: usize) -> Option<u64> {
+    let per_core = u64::try_from(config.conntrack.max_per_core.unwrap_or(0)).ok()?;
+    if per_core == 0 {
+        return None;
+    }
+    let min = u64::try_from(config.conntrack.min.unwrap_or(0)).unwrap_or(0);
+    Some((per_core * cores as u64).max(min))
+}
+
+/// The conntrack timeouts to set (sysctl, seconds); zero durations leave the kernel's.
+pub fn conntrack_timeouts(config: &KubeProxyConfiguration) -> Vec<(&'static str, String)> {
+    let ct = &config.conntrack;
+    let secs = |d: Option<crate::config::GoDuration>| d.map_or(0, |d| d.0.as_secs());
+    let mut wanted = vec![
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_established",
+            secs(ct.tcp_established_timeout),
+        ),
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+            secs(ct.tcp_close_wait_timeout),
+        ),
+        (
+            "net/netfilter/nf_conntrack_udp_timeout",
+            secs(Some(ct.udp_timeout)),
+        ),
+        (
+            "net/netfilter/nf_conntrack_udp_timeout_stream",
+            secs(Some(ct.udp_stream_timeout)),
+        ),
+    ];
+    if ct.tcp_be_liberal {
+        wanted.push(("net/netfilter/nf_conntrack_tcp_be_liberal", 1));
+    }
+    wanted
+        .into_iter()
+        .filter(|(_, value)| *value > 0)
+        .map(|(name, value)| (name, value.to_string()))
+        .collect()
+}
+
+/// Applies the conntrack settings: the table only ever grows, as upstream.
+pub fn apply_conntrack(config: &KubeProxyConfiguration, sysctl: &mut dyn Sysctl) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(max) = conntrack_max(config, cores) {
+        let current = sysctl
+            .get(CONNTRACK_MAX)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if current.is_none_or(|current| current < max)
+            && let Err(err) = ensure_sysctl(sysctl, CONNTRACK_MAX, &max.to_string())
+        {
+            warn!(name = CONNTRACK_MAX, value = max, error = %err, "Failed to set sysctl");
+        }
+    }
+    for (name, value) in conntrack_timeouts(config) {
+        if let Err(err) = ensure_sysctl(sysctl, name, &value) {
+            warn!(name, value, error = %err, "Failed to set sysctl");
+        }
+    }
+}
+
+/// Writes the process's oom_score_adj.
+pub fn apply_oom_score_adj(value: i32) {
+    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        Ok(()) => info!(value, "Set oom_score_adj"),
+        Err(err) => warn!(value, error = %err, "Failed to set oom_score_adj"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::net::FakeSysctl;
+
+    fn config() -> KubeProxyConfiguration {
+        let mut config = KubeProxyConfiguration::default();
+        config.apply_defaults();
+        config
+    }
+
+    #[test]
+    fn table_size_and_timeouts_as_upstream() {
+        let config = config();
+        assert_eq!(
+            conntrack_max(&config, 2),
+            Some(131072),
+            "min wins on 2 cores"
+        );
+        assert_eq!(conntrack_max(&config, 8), Some(262144), "32768 x 8");
+        let mut off = config.clone();
+        off.conntrack.max_per_core = Some(0);
+        assert_eq!(conntrack_max(&off, 8), None, "0 leaves the table alone");
+
+        let mut sysctl = FakeSysctl::default();
+        sysctl.values.insert(CONNTRACK_MAX.into(), "1048576".into());
+        apply_conntrack(&config, &mut sysctl);
+        assert_eq!(sysctl.values[CONNTRACK_MAX], "1048576", "never shrunk");
+        assert_eq!(
+            sysctl.values["net/netfilter/nf_conntrack_tcp_timeout_established"],
+            "86400"
+        );
+        assert_eq!(
+            sysctl.values["net/netfilter/nf_conntrack_tcp_timeout_close_wait"],
+            "3600"
+        );
+        assert!(
+            !sysctl
+                .values
+                .contains_key("net/netfilter/nf_conntrack_udp_timeout")
+        );
+        sysctl.values.insert(CONNTRACK_MAX.into(), "65536".into());
+        apply_conntrack(&config, &mut sysctl);
+        assert!(sysctl.values[CONNTRACK_MAX].parse::<u64>().unwrap() >= 131072);
+    }
+}
