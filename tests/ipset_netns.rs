@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::sys::ipset::{SetSpec, SetType, SystemIpset, parse_save, sync_input};
-use support::netns::{Netns, can_use_netns};
+use support::netns::{Netns, require_netns};
 
 fn set(entries: &[&str]) -> BTreeSet<String> {
     entries.iter().map(|e| e.to_string()).collect()
@@ -14,10 +14,7 @@ fn set(entries: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn sets_converge_with_minimal_batched_changes() {
-    assert!(
-        can_use_netns(),
-        "this test needs root and iproute2 (run it through .ci/run as root)"
-    );
+    require_netns();
     let ns = Netns::new("ipset");
     ns.exec(&["ipset", "create", "OTHER", "hash:ip"]);
     ns.exec(&["ipset", "add", "OTHER", "192.0.2.1"]);

@@ -14,7 +14,7 @@ use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
-use support::netns::{Netns, can_use_netns};
+use support::netns::{Netns, require_netns};
 
 fn settings() -> IptablesSettings {
     let mut config = KubeProxyConfiguration {
@@ -147,10 +147,7 @@ fn node() -> NodeInfo {
 
 #[test]
 fn partial_syncs_equal_a_full_sync_in_the_kernel() {
-    assert!(
-        can_use_netns(),
-        "this test needs root and iproute2 (run it through .ci/run as root)"
-    );
+    require_netns();
     for backend in [Backend::Nft, Backend::Legacy] {
         let incremental = Netns::new("incr");
         let full = Netns::new("full");

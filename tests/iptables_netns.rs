@@ -11,16 +11,13 @@ use serde_json::json;
 use support::cluster::{
     CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed, slice, web_ports,
 };
-use support::netns::{can_use_netns, tcp_request, udp_request};
+use support::netns::{require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
 use test_apiserver::Resource;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_packets_through_the_daemon() {
-    assert!(
-        can_use_netns(),
-        "this test needs root and iproute2 (run it through .ci/run as root)"
-    );
+    require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
     // Another program's rules in the same tables.
@@ -200,10 +197,7 @@ async fn real_packets_through_the_daemon() {
 /// This kernel has no IPVS: mode ipvs falls back to iptables, says why in the logs, and serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipvs_mode_falls_back_to_iptables_here() {
-    assert!(
-        can_use_netns(),
-        "this test needs root and iproute2 (run it through .ci/run as root)"
-    );
+    require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
     let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n"));

@@ -12,14 +12,11 @@ use kube_proxy_rs::proxier::ipvs::{IpvsUnsupported, check_support};
 use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
 use kube_proxy_rs::sys::ipvs::{IpvsClient, RealServer, VirtualServer};
 use kube_proxy_rs::sys::link::Links;
-use support::netns::{Netns, can_use_netns};
+use support::netns::{Netns, require_netns};
 
 /// On the host: runs test `name` in the VM, asserts it passed there, and returns its output.
 fn run_in_vm(name: &str) -> String {
-    assert!(
-        can_use_netns(),
-        "this test needs root (it installs the VM's packages on first use)"
-    );
+    require_netns();
     let exe = std::env::current_exe().expect("test binary");
     let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vm/run-in-vm.sh");
     let output = Command::new(harness)

@@ -5,7 +5,7 @@ mod support;
 
 use serde_json::{Value, json};
 use support::cluster::{Cluster, NODE_IP, addr, seed, service, slice};
-use support::netns::{can_use_netns, http_get};
+use support::netns::{http_get, require_netns};
 use support::{WAIT, eventually};
 
 fn json_body(reply: &(u16, String)) -> Value {
@@ -14,10 +14,7 @@ fn json_body(reply: &(u16, String)) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_service_health_servers() {
-    if !can_use_netns() {
-        eprintln!("skipped: needs root for network namespaces");
-        return;
-    }
+    require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
     let tcp = json!([{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 30082}]);
@@ -200,10 +197,7 @@ fn cleanup(node: &support::netns::Netns) -> String {
 /// nothing else; a second run has nothing to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_removes_ours_and_nothing_else_twice() {
-    if !can_use_netns() {
-        eprintln!("skipped: needs root for network namespaces");
-        return;
-    }
+    require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
     let node = &cluster.node;
@@ -264,10 +258,7 @@ async fn cleanup_removes_ours_and_nothing_else_twice() {
 /// sets) once the new rules are in, and traffic flows throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iptables_mode_removes_ipvs_leftovers_after_its_first_sync() {
-    if !can_use_netns() {
-        eprintln!("skipped: needs root for network namespaces");
-        return;
-    }
+    require_netns();
     use support::netns::tcp_request;
     let cluster = Cluster::start().await;
     seed(&cluster.api);

@@ -38,6 +38,15 @@ pub fn can_use_netns() -> bool {
     nix::unistd::Uid::effective().is_root() && Command::new("ip").arg("-V").output().is_ok()
 }
 
+/// Fails the test (never skips it) unless this process may create namespaces: a kernel test that
+/// returns early without root would pass in CI having proved nothing.
+pub fn require_netns() {
+    assert!(
+        can_use_netns(),
+        "this test needs root and iproute2 (run it through .ci/run as root)"
+    );
+}
+
 impl Netns {
     /// Creates `kprs-<pid>-<n>-<role>` with loopback up.
     pub fn new(role: &str) -> Netns {
