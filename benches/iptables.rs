@@ -17,28 +17,16 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::iptables::IptablesProxier;
 use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_service,
 };
-use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables, tool};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
-
-fn settings() -> IptablesSettings {
-    let mut config = KubeProxyConfiguration {
-        cluster_cidr: "10.0.0.0/8".into(),
-        ..KubeProxyConfiguration::default()
-    };
-    config.apply_defaults();
-    let mut settings = IptablesSettings::from_config(&config);
-    // No canary checks in the middle of a test: the first sync is full anyway.
-    settings.canary_interval = Duration::from_secs(3600);
-    settings
-}
+use scale::{median, secs};
 
 fn bare_restore(ns: &Netns, backend: Backend, text: &str, noflush: bool) -> Duration {
     let started = Instant::now();
@@ -68,10 +56,6 @@ fn bare_restore(ns: &Netns, backend: Backend, text: &str, noflush: bool) -> Dura
     started.elapsed()
 }
 
-fn secs(d: Duration) -> String {
-    format!("{:.3}s", d.as_secs_f64())
-}
-
 /// One measurement in fresh namespaces: (full sync, bare full restore, change sync, bare change
 /// restore, restore lines, change lines).
 fn measure(
@@ -84,7 +68,7 @@ fn measure(
     let (full, full_text, change, change_text) = ours.run(move || {
         let mut p = IptablesProxier::new(
             SystemIptables::new(backend),
-            settings(),
+            scale::iptables_settings("10.0.0.0/8"),
             Box::new(FixedAddresses(vec![])),
             Box::new(FakeSysctl::default()),
         );
@@ -120,11 +104,6 @@ fn measure(
         full_text.lines().count(),
         change_text.lines().count(),
     )
-}
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
 }
 
 fn run(count: usize, backend: Backend, runs: usize) {

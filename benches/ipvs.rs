@@ -17,32 +17,12 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::render::LocalDetector;
 use kube_proxy_rs::proxier::ipvs::render::{IpvsContext, render};
-use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
-
-const NODE_IP: &str = "192.168.0.2";
-
-fn proxier() -> IpvsProxier {
-    let mut config = KubeProxyConfiguration {
-        cluster_cidr: "10.0.0.0/8".into(),
-        ..KubeProxyConfiguration::default()
-    };
-    config.apply_defaults();
-    IpvsProxier::new(
-        IpvsSettings::from_config(&config),
-        Box::new(SystemIptables::new(Backend::Nft)),
-        Box::new(FakeSysctl::default()),
-        Box::new(FixedAddresses(vec![NODE_IP.parse().unwrap()])),
-    )
-    .expect("IPVS proxier")
-}
+use scale::{NODE_IP, median, secs};
 
 /// Runs `program args` in `ns` with `input` on stdin; panics unless it succeeds.
 fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Duration {
@@ -84,7 +64,7 @@ fn measure(state: &ProxyState) -> Sample {
         .unwrap()
         .clone();
     let (full, change) = ours.run(move || {
-        let mut p = proxier();
+        let mut p = scale::ipvs_proxier();
         let started = Instant::now();
         assert!(
             p.sync(&state, &ChangeSummary::default())
@@ -134,15 +114,6 @@ fn measure(state: &ProxyState) -> Sample {
         floor_change,
         virtual_servers: ipvs.lines().filter(|l| l.starts_with("-A")).count(),
     }
-}
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.3}s", d.as_secs_f64())
 }
 
 fn run(count: usize, runs: usize) {

@@ -83,21 +83,10 @@ async fn follows_the_cluster_and_stops_on_sigterm() {
     seed_web(s);
     let config = cluster.write_file(
         "config.conf",
-        &loopback_servers(
-            &include_str!("testdata/kubeadm-config.conf")
-                .replace(
-                    "/var/lib/kube-proxy/kubeconfig.conf",
-                    cluster.kubeconfig.to_str().unwrap(),
-                )
-                .replace(
-                    "healthzBindAddress: \"\"",
-                    "healthzBindAddress: 127.0.0.1:0",
-                )
-                .replace(
-                    "metricsBindAddress: \"\"",
-                    "metricsBindAddress: 127.0.0.1:0",
-                ),
-        ),
+        &loopback_servers(&include_str!("testdata/kubeadm-config.conf").replace(
+            "/var/lib/kube-proxy/kubeconfig.conf",
+            cluster.kubeconfig.to_str().unwrap(),
+        )),
     );
     let config_arg = format!("--config={}", config.display());
     let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);

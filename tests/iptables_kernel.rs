@@ -3,42 +3,20 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
     ServicePortName,
 };
 use kube_proxy_rs::proxier::Proxier;
-use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings};
+use kube_proxy_rs::proxier::iptables::IptablesProxier;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use support::netns::{Netns, require_netns};
 
-fn settings() -> IptablesSettings {
-    let mut config = KubeProxyConfiguration {
-        cluster_cidr: "10.244.0.0/16".into(),
-        ..KubeProxyConfiguration::default()
-    };
-    config.apply_defaults();
-    let mut settings = IptablesSettings::from_config(&config);
-    // No canary checks in the middle of a test: the first sync is full anyway.
-    settings.canary_interval = std::time::Duration::from_secs(3600);
-    settings
-}
-
 fn endpoint(ip: &str, node: &str) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some(node.into()),
-        zone: None,
-        zone_hints: BTreeSet::new(),
-    }
+    Endpoint::ready(ip.parse().unwrap(), 8080, Some(node))
 }
 
 fn put(
@@ -238,7 +216,7 @@ fn partial_syncs_equal_a_full_sync_in_the_kernel() {
         let fulls: Vec<bool> = incremental.run(move || {
             let mut p = IptablesProxier::new(
                 SystemIptables::new(backend),
-                settings(),
+                support::scale::iptables_settings("10.244.0.0/16"),
                 Box::new(FixedAddresses(vec![])),
                 Box::new(FakeSysctl::default()),
             );
@@ -256,7 +234,7 @@ fn partial_syncs_equal_a_full_sync_in_the_kernel() {
         full.run(move || {
             let mut p = IptablesProxier::new(
                 SystemIptables::new(backend),
-                settings(),
+                support::scale::iptables_settings("10.244.0.0/16"),
                 Box::new(FixedAddresses(vec![])),
                 Box::new(FakeSysctl::default()),
             );

@@ -58,13 +58,7 @@ fn vs(address: &str, protocol: Protocol, port: u16, scheduler: &str) -> VirtualS
 }
 
 fn rs(address: &str, port: u16, weight: u32) -> RealServer {
-    RealServer {
-        address: address.parse().unwrap(),
-        port,
-        weight,
-        active_conns: 0,
-        inactive_conns: 0,
-    }
+    RealServer::new(address.parse().unwrap(), port, weight)
 }
 
 fn text(ns: &Netns, args: &[&str]) -> String {
@@ -228,7 +222,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     if !in_vm("ipvs_mode_rules_and_sets_are_accepted_by_the_kernel") {
         return;
     }
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
 
     use kube_proxy_rs::model::{
         Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
@@ -255,16 +249,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         internal_policy_local: false,
         health_check_node_port: None,
     };
-    let endpoint = Endpoint {
-        ip: "10.244.1.7".parse().unwrap(),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some("node-a".into()),
-        zone: None,
-        zone_hints: BTreeSet::new(),
-    };
+    let endpoint = Endpoint::ready("10.244.1.7".parse().unwrap(), 8080, Some("node-a"));
     let key = NamespacedName::new("ns", "lb");
     let mut state = ProxyState {
         node: NodeInfo {
@@ -532,26 +517,6 @@ fn ipvs_state(ns: &Netns) -> Vec<String> {
     lines
 }
 
-fn ipvs_proxier() -> kube_proxy_rs::proxier::ipvs::IpvsProxier {
-    use kube_proxy_rs::config::KubeProxyConfiguration;
-    use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
-    use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-    use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
-
-    let mut config = KubeProxyConfiguration {
-        cluster_cidr: "10.0.0.0/8".into(),
-        ..KubeProxyConfiguration::default()
-    };
-    config.apply_defaults();
-    IpvsProxier::new(
-        IpvsSettings::from_config(&config),
-        Box::new(SystemIptables::new(Backend::Nft)),
-        Box::new(FakeSysctl::default()),
-        Box::new(FixedAddresses(vec!["192.168.0.2".parse().unwrap()])),
-    )
-    .expect("IPVS proxier")
-}
-
 /// Syncs of a few changed services diff against memory, not the kernel: after a series of them
 /// the kernel holds exactly what a fresh full sync programs; state removed by hand is noticed by
 /// the periodic (nothing changed) sync and restored.
@@ -567,7 +532,7 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     let fresh = Netns::new("ipvs-fresh");
     let state = support::scale::state(30);
     let final_state = ours.run(move || {
-        let mut proxier = ipvs_proxier();
+        let mut proxier = support::scale::ipvs_proxier();
         let mut state = state;
         assert!(
             proxier
@@ -643,7 +608,7 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     );
     let for_fresh = final_state.clone();
     fresh.run(move || {
-        ipvs_proxier()
+        support::scale::ipvs_proxier()
             .sync(&for_fresh, &ChangeSummary::default())
             .unwrap();
     });

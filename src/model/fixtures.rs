@@ -23,16 +23,7 @@ pub fn service_port(namespace: &str, name: &str, port: &str) -> ServicePort {
 
 /// A ready endpoint at `ip:8080` on `node`.
 pub fn endpoint(ip: &str, node: &str) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some(node.into()),
-        zone: None,
-        zone_hints: BTreeSet::new(),
-    }
+    Endpoint::ready(ip.parse().unwrap(), 8080, Some(node))
 }
 
 /// The same endpoint, terminating but still serving.

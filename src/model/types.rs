@@ -196,6 +196,20 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready, serving endpoint (on `node`, when known), without zone or hints.
+    pub fn ready(ip: IpAddr, port: u16, node: Option<&str>) -> Endpoint {
+        Endpoint {
+            ip,
+            port,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: node.map(str::to_string),
+            zone: None,
+            zone_hints: BTreeSet::new(),
+        }
+    }
+
     /// Runs on the named node.
     pub fn is_local(&self, node_name: &str) -> bool {
         self.node_name.as_deref() == Some(node_name)
@@ -205,6 +219,26 @@ impl Endpoint {
     pub fn address(&self) -> String {
         std::net::SocketAddr::new(self.ip, self.port).to_string()
     }
+}
+
+/// Each port of a service that serves `family`, as that family sees it, with its endpoints of
+/// that family: what both modes render a service from.
+pub fn ports_in_family<'a>(
+    ports: &'a ServicePortMap,
+    endpoints: Option<&'a EndpointsMap>,
+    family: IpFamily,
+) -> impl Iterator<Item = (ServicePort, Vec<Endpoint>)> + 'a {
+    ports.values().filter_map(move |port| {
+        let port = port.for_family(family)?;
+        let of_family = endpoints
+            .and_then(|map| map.get(&port.name))
+            .into_iter()
+            .flatten()
+            .filter(|ep| IpFamily::of(&ep.ip) == family)
+            .cloned()
+            .collect();
+        Some((port, of_family))
+    })
 }
 
 /// One port that an EndpointSlice lists.

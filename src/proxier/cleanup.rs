@@ -11,9 +11,9 @@ use tracing::{info, warn};
 use super::ipvs::DUMMY_LINK;
 use super::ipvs::render::{SETS, set_name};
 use crate::model::IpFamily;
-use crate::sys::ipset::{SystemIpset, parse_save};
-use crate::sys::iptables::{Backend, Iptables, SystemIptables, table_section};
-use crate::sys::ipvs::IpvsClient;
+use crate::sys::ipset::SystemIpset;
+use crate::sys::iptables::{Backend, Iptables, SystemIptables, jump_target, table_section};
+use crate::sys::ipvs::{IpvsClient, VirtualServer};
 use crate::sys::link::Links;
 
 /// Whose state to remove.
@@ -99,13 +99,8 @@ pub fn removal_input(saved: &str, table: &str, remove: &dyn Fn(&str) -> bool) ->
         let Some(rule) = line.strip_prefix("-A ") else {
             continue;
         };
-        let mut words = rule.split_whitespace();
-        let from = words.next().unwrap_or("");
-        let target = rule
-            .split_whitespace()
-            .skip_while(|w| *w != "-j" && *w != "-g")
-            .nth(1)
-            .unwrap_or("");
+        let from = rule.split_whitespace().next().unwrap_or("");
+        let target = jump_target(rule).unwrap_or("");
         if !chains.contains(from) && chains.contains(target) {
             out.push_str(&format!("-D {rule}\n"));
         }
@@ -141,56 +136,55 @@ pub fn remove_chains(iptables: &mut dyn Iptables, what: Leftovers) -> usize {
 }
 
 /// Removes IPVS mode's kernel state: virtual servers on kube-ipvs0's addresses (and on `local`
-/// addresses in the node port range), our ipsets, kube-ipvs0. Call after its iptables rules are
+/// addresses in the node port range), kube-ipvs0, our ipsets. Call after its iptables rules are
 /// gone (a set in use cannot be destroyed).
 pub fn remove_ipvs_state(local: &[IpAddr]) {
-    let mut bound = Vec::new();
-    match Links::open() {
-        Ok(mut links) => {
-            if let Ok(Some(index)) = links.index_of(DUMMY_LINK) {
-                bound = links.addresses(index).unwrap_or_default();
-            }
-            if let Ok(mut ipvs) = IpvsClient::connect() {
-                let ours = ipvs
-                    .services()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|vs| {
-                        bound.contains(&vs.address)
-                            || (local.contains(&vs.address) && NODE_PORTS.contains(&vs.port))
-                    });
-                let mut count = 0;
-                for vs in ours.collect::<Vec<_>>() {
-                    match ipvs.delete_service(&vs) {
-                        Ok(()) => count += 1,
-                        Err(err) => warn!(error = %err, "Failed to delete an IPVS virtual server"),
-                    }
-                }
-                if count > 0 {
-                    info!(count, "Removed IPVS virtual servers");
-                }
-            }
-            match links.delete(DUMMY_LINK) {
-                Ok(true) => info!(link = DUMMY_LINK, "Removed the IPVS dummy link"),
-                Ok(false) => {}
-                Err(err) => warn!(error = %err, "Failed to delete {DUMMY_LINK}"),
-            }
-        }
-        Err(err) => warn!(error = %err, "Failed to open rtnetlink"),
+    let mut links = match Links::open() {
+        Ok(links) => links,
+        Err(err) => return warn!(error = %err, "Failed to open rtnetlink"),
+    };
+    let bound = match links.index_of(DUMMY_LINK) {
+        Ok(Some(index)) => links.addresses(index).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    // No IPVS in the kernel: no virtual servers to remove.
+    if let Ok(mut ipvs) = IpvsClient::connect() {
+        remove_virtual_servers(&mut ipvs, |vs| {
+            bound.contains(&vs.address)
+                || (local.contains(&vs.address) && NODE_PORTS.contains(&vs.port))
+        });
+    }
+    match links.delete(DUMMY_LINK) {
+        Ok(true) => info!(link = DUMMY_LINK, "Removed the IPVS dummy link"),
+        Ok(false) => {}
+        Err(err) => warn!(error = %err, "Failed to delete {DUMMY_LINK}"),
     }
     let names: Vec<String> = [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .flat_map(|family| SETS.iter().map(move |(base, _, _)| set_name(base, family)))
         .collect();
-    let ipset = SystemIpset;
-    if let Ok(saved) = ipset.save() {
-        let present = parse_save(&saved);
-        if names.iter().any(|n| present.contains_key(n)) {
-            match ipset.destroy(&names) {
-                Ok(()) => info!("Removed the IPVS ipsets"),
-                Err(err) => warn!(error = %err, "Failed to destroy the IPVS ipsets"),
-            }
+    match SystemIpset.destroy(&names) {
+        Ok(0) => {}
+        Ok(_) => info!("Removed the IPVS ipsets"),
+        Err(err) => warn!(error = %err, "Failed to destroy the IPVS ipsets"),
+    }
+}
+
+fn remove_virtual_servers(ipvs: &mut IpvsClient, ours: impl Fn(&VirtualServer) -> bool) {
+    let mut count = 0;
+    for vs in ipvs
+        .services()
+        .unwrap_or_default()
+        .iter()
+        .filter(|vs| ours(vs))
+    {
+        match ipvs.delete_service(vs) {
+            Ok(()) => count += 1,
+            Err(err) => warn!(error = %err, "Failed to delete an IPVS virtual server"),
         }
+    }
+    if count > 0 {
+        info!(count, "Removed IPVS virtual servers");
     }
 }
 

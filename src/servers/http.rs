@@ -74,28 +74,22 @@ pub async fn bind(address: &str) -> Result<TcpListener, ServerError> {
 
 /// Serves `handler` on `listener` until the runtime stops.
 pub fn serve(listener: TcpListener, handler: impl Fn(&str) -> Reply + Send + Sync + 'static) {
-    let (_dropped, never) = tokio::sync::watch::channel(false);
-    serve_until(listener, never, handler);
+    serve_until(listener, std::future::pending(), handler);
 }
 
-/// Serves `handler` on `listener` until `stop` turns true (the listener closes then).
+/// Serves `handler` on `listener` until `stop` completes (the listener closes then).
 pub fn serve_until(
     listener: TcpListener,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
     handler: impl Fn(&str) -> Reply + Send + Sync + 'static,
 ) {
     let handler = std::sync::Arc::new(handler);
     tokio::spawn(async move {
+        tokio::pin!(stop);
         loop {
-            let stopped = async {
-                if stop.wait_for(|stop| *stop).await.is_err() {
-                    // No sender any more: nobody can stop us; serve for good.
-                    std::future::pending::<()>().await;
-                }
-            };
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
-                () = stopped => return,
+                () = &mut stop => return,
             };
             let Ok((stream, _)) = accepted else {
                 continue;

@@ -117,7 +117,12 @@ impl ServiceHealthServers {
                 match listener {
                     Ok(listener) => {
                         let (counter, name) = (local_endpoints.clone(), service.clone());
-                        serve_until(listener, stopped.clone(), move |_| {
+                        // Stops when told, or when the server's entry (the sender) goes.
+                        let mut stopped = stopped.clone();
+                        let stop = async move {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        };
+                        serve_until(listener, stop, move |_| {
                             reply(&name, counter.load(Ordering::Relaxed))
                         });
                         listening = true;

@@ -167,19 +167,15 @@ impl SystemIpset {
         Ok(())
     }
 
-    /// Destroys sets by name; missing ones are fine.
-    pub fn destroy(&self, names: &[String]) -> Result<(), IpsetError> {
+    /// Destroys sets by name; missing ones are fine. Returns how many there were.
+    pub fn destroy(&self, names: &[String]) -> Result<usize, IpsetError> {
         let existing = parse_save(&self.save()?);
-        let input: String = names
-            .iter()
-            .filter(|n| existing.contains_key(*n))
-            .map(|n| format!("destroy {n}\n"))
-            .collect();
-        if input.is_empty() {
-            Ok(())
-        } else {
-            self.restore(&input)
+        let present: Vec<&String> = names.iter().filter(|n| existing.contains_key(*n)).collect();
+        if !present.is_empty() {
+            let input: String = present.iter().map(|n| format!("destroy {n}\n")).collect();
+            self.restore(&input)?;
         }
+        Ok(present.len())
     }
 }
 

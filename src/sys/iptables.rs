@@ -217,6 +217,17 @@ fn failed_line(stderr: &str) -> Option<usize> {
         .and_then(|w| w[1].parse().ok())
 }
 
+/// The chain or target a rule jumps to.
+pub fn jump_target(spec: &str) -> Option<&str> {
+    let mut words = spec.split_whitespace();
+    while let Some(word) = words.next() {
+        if word == "-j" || word == "-g" {
+            return words.next();
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::iptables::{Iptables, IptablesError};
+use super::iptables::{Iptables, IptablesError, jump_target};
 use crate::model::IpFamily;
 
 /// Targets that are not chains.
@@ -280,17 +280,6 @@ impl Iptables for FakeIptables {
     ) -> Result<bool, IptablesError> {
         Ok(self.table(family, table).chain(chain).is_some())
     }
-}
-
-/// The chain or target a rule jumps to.
-pub fn jump_target(spec: &str) -> Option<&str> {
-    let mut words = spec.split_whitespace();
-    while let Some(word) = words.next() {
-        if word == "-j" || word == "-g" {
-            return words.next();
-        }
-    }
-    None
 }
 
 /// Splits a restore line into words, honouring double quotes.

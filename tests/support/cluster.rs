@@ -41,7 +41,7 @@ pub fn pod_ip6(ip: &str) -> String {
 pub struct Cluster {
     pub node: Netns,
     pub client: Netns,
-    _pods: Vec<(Netns, EchoServer)>,
+    pods: Vec<(Netns, EchoServer)>,
     v6_servers: Vec<EchoServer>,
     pub api: ApiServer,
     pub dir: tempfile::TempDir,
@@ -99,7 +99,7 @@ impl Cluster {
         Cluster {
             node,
             client,
-            _pods: pods,
+            pods,
             v6_servers: Vec::new(),
             api,
             dir,
@@ -120,7 +120,7 @@ impl Cluster {
         self.node
             .exec(&["ip", "-6", "route", "add", "default", "via", CLIENT_IP6]);
         for (i, (name, ip, _)) in PODS.iter().enumerate() {
-            let pod = &self._pods[i].0;
+            let pod = &self.pods[i].0;
             let ip6 = pod_ip6(ip);
             let node_if = format!("veth{i}");
             nodad(&self.node, "fd00:10:244::1/128", &node_if);

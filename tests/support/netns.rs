@@ -185,14 +185,19 @@ impl Drop for EchoServer {
     }
 }
 
+/// A connection to `to` with two-second connect and read timeouts (call inside `Netns::run`).
+fn connect(to: SocketAddr) -> Result<TcpStream, std::io::ErrorKind> {
+    let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.kind())?;
+    Ok(stream)
+}
+
 /// The answer to one TCP connection from `ns` to `to` (the server's first line), or the error kind.
 pub fn tcp_request(ns: &Netns, to: SocketAddr) -> Result<String, std::io::ErrorKind> {
     ns.run(move || {
-        let mut stream =
-            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.kind())?;
+        let mut stream = connect(to)?;
         // Closing our side ends the server's echo loop, so it closes too.
         stream
             .shutdown(std::net::Shutdown::Write)
@@ -249,11 +254,7 @@ pub fn http_get(
 ) -> Result<(u16, String), std::io::ErrorKind> {
     let request = format!("GET {path} HTTP/1.0\r\nHost: {to}\r\n\r\n");
     ns.run(move || {
-        let mut stream =
-            TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.kind())?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.kind())?;
+        let mut stream = connect(to)?;
         stream.write_all(request.as_bytes()).map_err(|e| e.kind())?;
         let mut response = String::new();
         stream.read_to_string(&mut response).map_err(|e| e.kind())?;

@@ -1,20 +1,70 @@
-//! A model state of N services x 10 endpoints, as the benchmarks and the VM's partial-sync
-//! tests use it: service i is `bench/svc-<i>` on 172.30.x.y:80 with NodePort 30000 + i % 2700 and
-//! endpoints 10.x.y.1-10:8080 on another node.
+//! What the benchmarks and the proxier-level kernel tests share: a model state of N services x
+//! 10 endpoints (service i is `bench/svc-<i>` on 172.30.x.y:80 with NodePort 30000 + i % 2700 and
+//! endpoints 10.x.y.1-10:8080 on another node), proxiers built as the daemon builds them, and
+//! the medians the benchmarks report.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
+use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{
     Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
 };
+use kube_proxy_rs::proxier::iptables::IptablesSettings;
+use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
+use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
+use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+
+/// The node address the state and the proxiers use.
+pub const NODE_IP: &str = "192.168.0.2";
+
+fn config(cluster_cidr: &str) -> KubeProxyConfiguration {
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: cluster_cidr.into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    config
+}
+
+/// iptables mode's settings for a cluster CIDR, with no canary check in the middle of a test
+/// (the first sync is full anyway).
+pub fn iptables_settings(cluster_cidr: &str) -> IptablesSettings {
+    let mut settings = IptablesSettings::from_config(&config(cluster_cidr));
+    settings.canary_interval = Duration::from_secs(3600);
+    settings
+}
+
+/// An IPVS proxier in this thread's namespace (cluster CIDR 10.0.0.0/8, node address NODE_IP,
+/// nft rules, sysctls kept in memory).
+pub fn ipvs_proxier() -> IpvsProxier {
+    IpvsProxier::new(
+        IpvsSettings::from_config(&config("10.0.0.0/8")),
+        Box::new(SystemIptables::new(Backend::Nft)),
+        Box::new(FakeSysctl::default()),
+        Box::new(FixedAddresses(vec![NODE_IP.parse().unwrap()])),
+    )
+    .expect("IPVS proxier")
+}
+
+/// The median of some timings.
+pub fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+/// A timing as the benchmarks print it.
+pub fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
 
 /// The state.
 pub fn state(count: usize) -> ProxyState {
     let mut state = ProxyState {
         node: NodeInfo {
             name: "node-a".into(),
-            addresses: vec!["192.168.0.2".parse().unwrap()],
+            addresses: vec![NODE_IP.parse().unwrap()],
             ..NodeInfo::default()
         },
         ..ProxyState::default()
@@ -40,17 +90,9 @@ pub fn state(count: usize) -> ProxyState {
             health_check_node_port: None,
         };
         let endpoints: Vec<Endpoint> = (0..10)
-            .map(|e| Endpoint {
-                ip: format!("10.{}.{}.{}", i / 250, i % 250, e + 1)
-                    .parse()
-                    .unwrap(),
-                port: 8080,
-                ready: true,
-                serving: true,
-                terminating: false,
-                node_name: Some("node-b".into()),
-                zone: None,
-                zone_hints: BTreeSet::new(),
+            .map(|e| {
+                let ip = format!("10.{}.{}.{}", i / 250, i % 250, e + 1);
+                Endpoint::ready(ip.parse().unwrap(), 8080, Some("node-b"))
             })
             .collect();
         state

@@ -9,7 +9,8 @@ use ipnet::IpNet;
 
 use super::names;
 use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, select_endpoints,
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
+    select_endpoints,
 };
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -183,18 +184,8 @@ pub fn render_service(
     ctx: &RenderContext,
 ) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for port in ports.values() {
-        let Some(port) = port.for_family(ctx.family) else {
-            continue;
-        };
-        let all: Vec<Endpoint> = endpoints
-            .and_then(|map| map.get(&port.name))
-            .into_iter()
-            .flatten()
-            .filter(|ep| IpFamily::of(&ep.ip) == ctx.family)
-            .cloned()
-            .collect();
-        render_port(&port, &all, ctx, &mut rules);
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
+        render_port(&port, &endpoints, ctx, &mut rules);
     }
     rules
 }

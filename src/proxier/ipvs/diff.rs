@@ -34,13 +34,7 @@ pub enum Operation {
 }
 
 fn real(address: &SocketAddr, weight: u32) -> RealServer {
-    RealServer {
-        address: address.ip(),
-        port: address.port(),
-        weight,
-        active_conns: 0,
-        inactive_conns: 0,
-    }
+    RealServer::new(address.ip(), address.port(), weight)
 }
 
 /// The operations that take `observed` to `desired`. Virtual servers that are not desired are
@@ -200,11 +194,8 @@ mod tests {
 
     fn rs(address: &str, port: u16, weight: u32, conns: u32) -> RealServer {
         RealServer {
-            address: address.parse().unwrap(),
-            port,
-            weight,
             active_conns: conns,
-            inactive_conns: 0,
+            ..RealServer::new(address.parse().unwrap(), port, weight)
         }
     }
 

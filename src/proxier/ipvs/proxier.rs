@@ -268,9 +268,10 @@ impl IpvsProxier {
         Ok(observed)
     }
 
-    /// The kernel state to diff against at `depth`, and whether it was read in full.
+    /// The kernel state to diff against at `depth`, and whether it was read in full. A change
+    /// sync gets memory as it is: it re-reads the real servers it touches itself.
     fn observe_at(&mut self, depth: Depth, link: u32) -> Result<(Observed, bool), SyncError> {
-        let remembered = match (depth, self.applied.as_mut()) {
+        let mut remembered = match (depth, self.applied.as_mut()) {
             (Depth::Full, _) | (_, None) => return Ok((self.observe(link)?, true)),
             (_, Some(applied)) => std::mem::take(&mut applied.kernel),
         };
@@ -281,13 +282,25 @@ impl IpvsProxier {
                 info!("IPVS state changed outside kube-proxy-rs, reading all of it");
                 return Ok((self.observe(link)?, true));
             }
+            let draining: Vec<String> = remembered.draining().iter().map(|vs| vs.key()).collect();
+            self.reread_real_servers(&mut remembered, &draining)?;
         }
-        let mut observed = remembered;
-        for vs in observed.draining() {
-            let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
-            observed.services.insert(vs.key(), (vs, reals));
+        Ok((remembered, false))
+    }
+
+    /// Reads again the real servers of the named virtual servers that `observed` holds: their
+    /// connection counts decide whether a removed real server drains or goes at once.
+    fn reread_real_servers<'a>(
+        &mut self,
+        observed: &mut Observed,
+        keys: impl IntoIterator<Item = &'a String>,
+    ) -> Result<(), SyncError> {
+        for key in keys {
+            if let Some((vs, reals)) = observed.services.get_mut(key) {
+                *reals = self.ipvs.destinations(vs).map_err(sync_error)?;
+            }
         }
-        Ok((observed, false))
+        Ok(())
     }
 
     fn apply(&mut self, link: u32, operations: &[Operation]) -> Result<(), SyncError> {
@@ -368,7 +381,7 @@ impl IpvsProxier {
             self.families = families;
         }
         let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
-        let (mut observed, read_all) = self.observe_at(depth, link)?;
+        let (mut observed, mut read_all) = self.observe_at(depth, link)?;
         let local: Vec<IpAddr> = self
             .addresses
             .addresses()
@@ -390,6 +403,12 @@ impl IpvsProxier {
                     .get(&ctx.family)
                     .is_some_and(|(known, _)| known == ctx)
             });
+        if depth == Depth::Changes && !read_all && !incremental {
+            // The node's addresses moved: every service may render differently, so diff
+            // everything against the kernel as it is now (memory's connection counts are stale).
+            observed = self.observe(link)?;
+            read_all = true;
+        }
         let mut desired = DesiredIpvs::default();
         let mut per_family = Vec::new();
         let mut scope = Touched::default();
@@ -429,25 +448,15 @@ impl IpvsProxier {
             desired.sets.extend(part.sets);
             per_family.push((family, part.iptables));
         }
-        if incremental {
-            // Connection counts decide whether a removed real server drains or goes at once:
-            // read them afresh for the touched virtual servers (memory has the last read's).
-            for key in &scope.services {
-                if let Some((vs, _)) = observed.services.get(key) {
-                    let vs = vs.clone();
-                    let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
-                    observed.services.insert(key.clone(), (vs, reals));
-                }
-            }
-        }
         let view = if incremental {
+            // Draining ones are among the touched: their real servers are read here, once.
+            self.reread_real_servers(&mut observed, &scope.services)?;
             Cow::Owned(observed.restricted(&scope.services, &scope.bound))
         } else {
             Cow::Borrowed(&observed)
         };
-        let exclude = self.settings.exclude_cidrs.clone();
-        let programmed = &self.programmed;
-        let families = self.families.clone();
+        let (exclude, programmed) = (&self.settings.exclude_cidrs, &self.programmed);
+        let families = &self.families;
         let owned = |vs: &crate::sys::ipvs::VirtualServer| {
             families.contains(&IpFamily::of(&vs.address))
                 && !exclude.iter().any(|net| net.contains(&vs.address))
@@ -502,8 +511,10 @@ impl IpvsProxier {
             self.programmed = desired.services.keys().cloned().collect();
         }
         for (family, rules) in &per_family {
-            let unchanged =
-                depth == Depth::Changes && previous_iptables.contains(&(*family, rules.clone()));
+            let unchanged = depth == Depth::Changes
+                && previous_iptables
+                    .iter()
+                    .any(|(known, text)| known == family && text == rules);
             if !unchanged {
                 self.sync_iptables(*family, rules)?;
             }

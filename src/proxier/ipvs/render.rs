@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use super::aggregate::Aggregate;
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ProxyState, ServicePort, ServicePortMap,
-    select_endpoints,
+    ports_in_family, select_endpoints,
 };
 use crate::proxier::iptables::render::LocalDetector;
 use crate::sys::ipset::{SetSpec, SetType};
@@ -166,12 +166,6 @@ pub struct Fragment {
     pub no_node_access: BTreeSet<(IpAddr, &'static str, u16)>,
 }
 
-impl Fragment {
-    fn add(&mut self, base: &'static str, entry: String) {
-        self.entries.insert((base, entry));
-    }
-}
-
 fn ip_port(ip: &IpAddr, proto: &str, port: u16) -> String {
     format!("{ip},{proto}:{port}")
 }
@@ -192,22 +186,18 @@ pub fn render_service(
         node_name: &ctx.node_name,
         zone: ctx.zone.as_deref(),
     };
-    for port in ports.into_iter().flat_map(|ports| ports.values()) {
-        let Some(port) = port.for_family(ctx.family) else {
-            continue;
-        };
-        let endpoints: Vec<Endpoint> = endpoints
-            .and_then(|map| map.get(&port.name))
-            .into_iter()
-            .flatten()
-            .filter(|ep| IpFamily::of(&ep.ip) == ctx.family)
-            .cloned()
-            .collect();
+    let Some(ports) = ports else {
+        return fragment;
+    };
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
         render_port(&port, &endpoints, node, ctx, &mut fragment);
     }
-    for ip in fragment.bound.clone() {
-        fragment.add("KUBE-IPVS-IPS", ip.to_string());
-    }
+    let bound: Vec<(&'static str, String)> = fragment
+        .bound
+        .iter()
+        .map(|ip| ("KUBE-IPVS-IPS", ip.to_string()))
+        .collect();
+    fragment.entries.extend(bound);
     fragment
 }
 
@@ -647,4 +637,4 @@ pub const FILTER_CHAINS: [&str; 6] = [
 ];
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -91,6 +91,19 @@ pub struct RealServer {
     pub inactive_conns: u32,
 }
 
+impl RealServer {
+    /// A masqueraded real server as we send it (no connection counts).
+    pub fn new(address: std::net::IpAddr, port: u16, weight: u32) -> RealServer {
+        RealServer {
+            address,
+            port,
+            weight,
+            active_conns: 0,
+            inactive_conns: 0,
+        }
+    }
+}
+
 /// A raw attribute: kind and payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attr {

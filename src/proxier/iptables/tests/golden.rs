@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use super::*;
 use crate::proxier::iptables::render::{KUBE_MARK_MASQ, NodePortAddresses};
 use crate::sys::iptables::Iptables;
-use crate::sys::iptables_fake::{FakeIptables, jump_target};
+use crate::sys::iptables::jump_target;
+use crate::sys::iptables_fake::FakeIptables;
 
 fn golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -6,7 +6,7 @@ mod incremental;
 mod tracer;
 mod tracer_cases;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::render::{
     JUMP_RULES, LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base,
@@ -85,16 +85,11 @@ pub fn svc_port(
 
 /// A ready endpoint at `ip:port` on `node` ("" for none).
 pub fn ep(ip: &str, port: u16, node: &str) -> Endpoint {
-    Endpoint {
-        ip: ip.parse().unwrap(),
+    Endpoint::ready(
+        ip.parse().unwrap(),
         port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: (!node.is_empty()).then(|| node.to_string()),
-        zone: None,
-        zone_hints: BTreeSet::new(),
-    }
+        (!node.is_empty()).then_some(node),
+    )
 }
 
 impl Svc {

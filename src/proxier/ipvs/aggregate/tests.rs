@@ -1,22 +1,9 @@
 use super::*;
 use crate::model::{NodeInfo, ProxyState};
-use crate::proxier::iptables::render::LocalDetector;
 use crate::proxier::iptables::tests::{NODE, Svc, ep, svc};
 
 fn context() -> IpvsContext {
-    let node_ip: IpAddr = "192.168.0.2".parse().unwrap();
-    IpvsContext {
-        family: crate::model::IpFamily::V4,
-        node_name: NODE.into(),
-        zone: None,
-        node_ip: Some(node_ip),
-        node_port_ips: vec![node_ip],
-        local_addresses: vec![node_ip],
-        scheduler: String::new(),
-        masquerade_all: false,
-        masquerade_mark: 0x4000,
-        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
-    }
+    crate::proxier::ipvs::render::tests::context(crate::model::IpFamily::V4)
 }
 
 fn put(state: &mut ProxyState, s: Svc) {

@@ -5,7 +5,7 @@ use super::*;
 use crate::model::{NodeInfo, ProxyState};
 use crate::proxier::iptables::tests::{NODE, Svc, ep, svc};
 
-fn context(family: IpFamily) -> IpvsContext {
+pub(in crate::proxier::ipvs) fn context(family: IpFamily) -> IpvsContext {
     let (node_ip, cidr): (IpAddr, _) = match family {
         IpFamily::V4 => ("192.168.0.2".parse().unwrap(), "10.244.0.0/16"),
         IpFamily::V6 => ("fd00::2".parse().unwrap(), "fd00:10:244::/48"),

@@ -183,13 +183,7 @@ fn dns() -> VirtualServer {
 }
 
 fn real(address: &str, port: u16, weight: u32) -> RealServer {
-    RealServer {
-        address: address.parse().unwrap(),
-        port,
-        weight,
-        active_conns: 0,
-        inactive_conns: 0,
-    }
+    RealServer::new(address.parse().unwrap(), port, weight)
 }
 
 #[test]
