@@ -10,9 +10,10 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
-use crate::model::{ChangeTracker, ProxyState};
+use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::cleanup::{self, Leftovers};
+use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
@@ -22,6 +23,7 @@ use crate::servers::{
     Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind, health_check_ports,
     serve_health, serve_metrics,
 };
+use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 
@@ -155,6 +157,7 @@ pub async fn run(
         metrics,
         // A dry run opens no ports for services either.
         service_health: (!options.dry_run).then(|| ServiceHealthServers::new(Vec::new())),
+        conntrack: (!options.dry_run).then(open_conntrack).flatten(),
         node_port_addresses: config.node_port_addresses.clone(),
         node_name: settings.node_name.clone(),
         // A dry run leaves the node alone, the other mode's state included.
@@ -183,6 +186,17 @@ pub async fn run(
     }
     info!("Shutting down; the programmed rules stay in place");
     Ok(())
+}
+
+/// The UDP conntrack cleaner, on a ctnetlink socket in this namespace.
+fn open_conntrack() -> Option<UdpConntrackCleaner> {
+    match NetlinkConntrack::open() {
+        Ok(conntrack) => Some(UdpConntrackCleaner::new(Box::new(conntrack))),
+        Err(err) => {
+            warn!(error = %err, "Cannot open conntrack netlink; stale UDP flows will not be cleaned up");
+            None
+        }
+    }
 }
 
 /// The proxier for a mode, logging the choice as upstream does. IPVS mode first checks that the
@@ -288,6 +302,8 @@ struct SyncLoop {
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
     service_health: Option<ServiceHealthServers>,
+    /// UDP conntrack cleanup; `None` in a dry run (or when ctnetlink cannot be opened).
+    conntrack: Option<UdpConntrackCleaner>,
     node_port_addresses: Vec<String>,
     node_name: String,
     /// Whether the other mode's state has been removed (once, after the first successful sync).
@@ -311,6 +327,34 @@ impl SyncLoop {
             "Removing the other proxy mode's leftovers"
         );
         cleanup::cleanup(other, &SystemAddresses.addresses());
+    }
+
+    /// Deletes the UDP flows a successful sync left pointing at endpoints that no longer serve.
+    /// A failure is logged and does not fail the sync: the rules are right, and the cleaner
+    /// checks every service next time.
+    fn clean_udp_conntrack(&mut self, summary: &ChangeSummary, full: bool) {
+        let Some(cleaner) = self.conntrack.as_mut() else {
+            return;
+        };
+        match cleaner.after_sync(&self.state, summary, full, || SystemAddresses.addresses()) {
+            Ok(report) => {
+                for family in report {
+                    self.metrics.conntrack_reconciled(
+                        family.family,
+                        family.elapsed,
+                        family.deleted,
+                    );
+                    if family.deleted > 0 {
+                        info!(
+                            ip_family = ?family.family,
+                            entries = family.deleted,
+                            "Deleted stale UDP conntrack entries"
+                        );
+                    }
+                }
+            }
+            Err(err) => warn!(error = %err, "Failed to clean up stale UDP conntrack entries"),
+        }
     }
 
     /// Opens and closes the per-service health-check servers after a successful sync.
@@ -360,6 +404,7 @@ impl Syncer for SyncLoop {
                         (summary.service_changes, summary.endpoint_changes),
                         &summary.trigger_times,
                     );
+                    self.clean_udp_conntrack(&summary, report.full);
                     self.sync_service_health();
                     self.remove_other_mode();
                     debug!(

@@ -2,6 +2,7 @@
 //! and applies it (thin); the sync loop only sees this trait.
 
 pub mod cleanup;
+pub mod conntrack;
 pub mod iptables;
 pub mod ipvs;
 pub mod local;

@@ -3,10 +3,11 @@
 use std::time::{Duration, SystemTime};
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
 };
 
+use crate::model::IpFamily;
 use crate::proxier::SyncReport;
 
 /// Every metric the daemon exports.
@@ -25,6 +26,8 @@ pub struct Metrics {
     iptables_rules: GaugeVec,
     restore_failures: IntCounter,
     no_local_endpoints: GaugeVec,
+    conntrack_duration: HistogramVec,
+    conntrack_deleted: IntCounterVec,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -163,6 +166,27 @@ impl Metrics {
                 "Number of services with a Local traffic policy and no endpoints",
                 "traffic_policy",
             )?,
+            conntrack_duration: registered(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                        "ReconcileConntrackFlowsLatency latency in seconds",
+                    )
+                    .buckets(sync_buckets()),
+                    &["ip_family"],
+                )?,
+            )?,
+            conntrack_deleted: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                        "Cumulative conntrack flows deleted by conntrack reconciler",
+                    ),
+                    &["ip_family"],
+                )?,
+            )?,
             registry: r,
         })
     }
@@ -216,6 +240,20 @@ impl Metrics {
         self.no_local_endpoints
             .with_label_values(&["external"])
             .set(external as f64);
+    }
+
+    /// A UDP conntrack cleanup read the table and deleted `deleted` flows of one family.
+    pub fn conntrack_reconciled(&self, family: IpFamily, elapsed: Duration, deleted: usize) {
+        let label = match family {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        };
+        self.conntrack_duration
+            .with_label_values(&[label])
+            .observe(elapsed.as_secs_f64());
+        self.conntrack_deleted
+            .with_label_values(&[label])
+            .inc_by(deleted as u64);
     }
 
     /// A sync failed to program the kernel.

@@ -1,5 +1,6 @@
 //! Kernel access, each surface behind a narrow trait with a stateful fake for tests.
 
+pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod iptables_fake;

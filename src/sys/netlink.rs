@@ -54,6 +54,63 @@ impl Connection {
         })
     }
 
+    /// Sends `requests` in one buffer, each asking for an ACK, and returns each one's outcome in
+    /// order: `Ok` or the errno the kernel answered that request with. One send and one pass over
+    /// the answers, however many requests: the way to delete thousands of entries.
+    pub fn batch<I>(&mut self, requests: Vec<I>) -> Result<Vec<Result<(), i32>>, NetlinkError>
+    where
+        I: NetlinkSerializable + NetlinkDeserializable + Debug,
+        <I as NetlinkDeserializable>::Error: std::fmt::Display,
+    {
+        let first = self.sequence.wrapping_add(1);
+        let mut buffer = Vec::new();
+        for inner in requests.into_iter() {
+            self.sequence = self.sequence.wrapping_add(1);
+            let mut message =
+                NetlinkMessage::new(Default::default(), NetlinkPayload::InnerMessage(inner));
+            message.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+            message.header.sequence_number = self.sequence;
+            message.finalize();
+            let start = buffer.len();
+            buffer.resize(start + message.buffer_len(), 0);
+            message.serialize(&mut buffer[start..]);
+        }
+        let count = self.sequence.wrapping_sub(first).wrapping_add(1) as usize;
+        if buffer.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.socket.send(&buffer, 0).map_err(NetlinkError::Socket)?;
+
+        let mut outcomes: Vec<Option<Result<(), i32>>> = vec![None; count];
+        let mut answered = 0;
+        while answered < count {
+            let (data, _) = self.socket.recv_from_full().map_err(NetlinkError::Socket)?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let reply = NetlinkMessage::<I>::deserialize(&data[offset..])
+                    .map_err(|err| NetlinkError::Decode(err.to_string()))?;
+                let length = reply.header.length as usize;
+                let index = reply.header.sequence_number.wrapping_sub(first) as usize;
+                if let (NetlinkPayload::Error(error), Some(slot)) =
+                    (reply.payload, outcomes.get_mut(index))
+                {
+                    if slot.is_none() {
+                        answered += 1;
+                    }
+                    *slot = Some(match error.code {
+                        None => Ok(()),
+                        Some(code) => Err(-code.get()),
+                    });
+                }
+                if length == 0 {
+                    break;
+                }
+                offset += (length + 3) & !3;
+            }
+        }
+        Ok(outcomes.into_iter().map(|o| o.unwrap_or(Ok(()))).collect())
+    }
+
     /// Sends `inner` as a request (a dump when `dump`) and returns the replies' payloads.
     pub fn request<I>(&mut self, inner: I, dump: bool) -> Result<Vec<I>, NetlinkError>
     where
