@@ -589,14 +589,32 @@ fn ipvs_partial_syncs_match_a_full_sync() {
                 vec![key(9)]
             }),
         ];
+        let mut rule_counts = Vec::new();
         for change in &step {
             let keys = change(&mut state);
             let report = proxier.sync(&state, &changed(&keys)).unwrap();
             assert!(!report.full, "a change sync reads no more than it must");
+            rule_counts = report.iptables_rules;
         }
-        (state, proxier)
+        (state, proxier, rule_counts)
     });
-    let (final_state, mut proxier) = final_state;
+    let (final_state, mut proxier, rule_counts) = final_state;
+    // The rule-count metric says what the kernel holds in our chains.
+    let saved = text(&ours, &["iptables-nft-save"]);
+    let in_kernel: Vec<(&str, usize)> = ["filter", "nat"]
+        .into_iter()
+        .map(|table| {
+            let section = kube_proxy_rs::sys::iptables::table_section(&saved, table);
+            (
+                table,
+                section
+                    .lines()
+                    .filter(|l| l.starts_with("-A KUBE-"))
+                    .count(),
+            )
+        })
+        .collect();
+    assert_eq!(rule_counts, in_kernel, "{saved}");
     let partial = ipvs_state(&ours);
     assert!(
         partial.iter().any(|l| l.contains("172.30.0.8:8443")),

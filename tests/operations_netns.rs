@@ -94,6 +94,22 @@ async fn health_metrics_and_service_health_servers() {
     };
     let syncs = count(&metrics.1);
     assert!(syncs >= 1.0, "{}", metrics.1);
+    // The rule counts say what the kernel holds in our chains.
+    let saved = node.output(&["iptables-nft-save"]);
+    for table in ["filter", "nat"] {
+        let section = kube_proxy_rs::sys::iptables::table_section(&saved, table);
+        let in_kernel = section
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-"))
+            .count();
+        let metric =
+            format!("kubeproxy_sync_proxy_rules_iptables_total{{table=\"{table}\"}} {in_kernel}");
+        assert!(
+            metrics.1.lines().any(|l| l == metric),
+            "{metric} missing:\n{}",
+            metrics.1
+        );
+    }
     for line in metrics
         .1
         .lines()

@@ -327,7 +327,8 @@ mod tests {
         // Through bytes and back, as the kernel's dump arrives.
         let mut bytes = vec![0u8; entry.buffer_len()];
         entry.emit(&mut bytes);
-        let parsed = NetfilterMessage::parse_with_param(&bytes, IPCTNL_MSG_CT_NEW_IN_CONNTRACK).unwrap();
+        let parsed =
+            NetfilterMessage::parse_with_param(&bytes, IPCTNL_MSG_CT_NEW_IN_CONNTRACK).unwrap();
         assert_eq!(decode_udp_flow(&parsed), Some(UdpFlow { zone: 3, ..f }));
     }
 

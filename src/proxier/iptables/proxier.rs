@@ -60,6 +60,8 @@ impl IptablesSettings {
 struct FamilyState {
     ctx: RenderContext,
     services: BTreeMap<NamespacedName, ServiceRules>,
+    /// Rules of the service-independent part, in (filter, nat).
+    base_rules: (usize, usize),
 }
 
 /// The iptables proxier over any [`Iptables`] (the real tools or the fake).
@@ -214,8 +216,18 @@ impl<I: Iptables> IptablesProxier<I> {
             },
         );
         self.restore(family, &text)?;
-        self.programmed
-            .insert(family, FamilyState { ctx, services });
+        let base_rules = (
+            base.filter.len(),
+            base.nat.len() + base.nat_services_tail.len(),
+        );
+        self.programmed.insert(
+            family,
+            FamilyState {
+                ctx,
+                services,
+                base_rules,
+            },
+        );
         Ok(stats)
     }
 
@@ -347,12 +359,20 @@ impl<I: Iptables> IptablesProxier<I> {
         } else {
             changes.changed_services.len()
         };
-        report.no_local_endpoints = self
-            .programmed
-            .values()
-            .flat_map(|p| p.services.values())
-            .map(|s| (s.no_local_endpoints_internal, s.no_local_endpoints_external))
-            .fold((0, 0), |acc, n| (acc.0 + n.0, acc.1 + n.1));
+        // Both in memory, from what each service programmed: no kernel read.
+        let (mut filter_rules, mut nat_rules) = (0, 0);
+        for programmed in self.programmed.values() {
+            filter_rules += programmed.base_rules.0;
+            nat_rules += programmed.base_rules.1;
+            for service in programmed.services.values() {
+                report.no_local_endpoints.0 += service.no_local_endpoints_internal;
+                report.no_local_endpoints.1 += service.no_local_endpoints_external;
+                filter_rules += service.filter.len();
+                nat_rules +=
+                    service.nat.len() + service.chains.values().map(Vec::len).sum::<usize>();
+            }
+        }
+        report.iptables_rules = vec![("filter", filter_rules), ("nat", nat_rules)];
         Ok(report)
     }
 }

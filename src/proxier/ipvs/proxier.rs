@@ -519,6 +519,16 @@ impl IpvsProxier {
                 self.sync_iptables(*family, rules)?;
             }
         }
+        let iptables_rules = ["filter", "nat"]
+            .into_iter()
+            .map(|table| {
+                let rules = per_family
+                    .iter()
+                    .map(|(_, text)| rule_lines(table_section(text, table)))
+                    .sum();
+                (table, rules)
+            })
+            .collect();
         self.applied = Some(Applied {
             kernel: observed,
             sets,
@@ -532,9 +542,15 @@ impl IpvsProxier {
             full: read_all,
             service_ports: state.services.values().map(|ports| ports.len()).sum(),
             services_written: operations.len(),
+            iptables_rules,
             ..SyncReport::default()
         })
     }
+}
+
+/// How many rules a restore section appends.
+fn rule_lines(section: &str) -> usize {
+    section.lines().filter(|l| l.starts_with("-A ")).count()
 }
 
 /// The current entries of the touched ones, per set of `desired` (every set appears, so

@@ -103,6 +103,24 @@ fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
     out
 }
 
+/// Rules in our (KUBE-*) chains per table, as the kernel holds them: what the rule-count metric
+/// must say.
+fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
+    ["filter", "nat"]
+        .into_iter()
+        .map(|table| {
+            let count = ipt
+                .table(V4, table)
+                .chains
+                .iter()
+                .filter(|(chain, _)| chain.starts_with("KUBE-"))
+                .map(|(_, rules)| rules.len())
+                .sum();
+            (table, count)
+        })
+        .collect()
+}
+
 /// What a fresh node gets from one full sync of `state`.
 fn fresh(state: &ProxyState) -> BTreeMap<String, Vec<String>> {
     let mut p = proxier(FakeIptables::default());
@@ -117,6 +135,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_eq!(canonical(p.iptables()), fresh(&state));
+    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
 
     // One more endpoint for svc-7.
     let key = NamespacedName::new("ns", "svc-7");
@@ -130,6 +149,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
         .push(ep("10.200.0.9", 8080, ""));
     let report = p.sync(&state, &changed(&[&key])).unwrap();
     assert!(!report.full);
+    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
     let (_, input) = p.last_restore.last().unwrap().clone();
     assert!(!input.contains("*filter"), "filter untouched:\n{input}");
     for line in input
@@ -170,7 +190,8 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     .with_endpoints(vec![ep("10.201.0.1", 80, "")]);
     state.services.insert(added.key.clone(), added.ports);
     state.endpoints.insert(added.key.clone(), added.endpoints);
-    p.sync(&state, &changed(&[&key, &added.key])).unwrap();
+    let report = p.sync(&state, &changed(&[&key, &added.key])).unwrap();
+    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
     let (_, input) = p.last_restore.last().unwrap().clone();
     assert!(input.contains("-I KUBE-SERVICES 1 "), "{input}");
     assert_eq!(canonical(p.iptables()), fresh(&state));
@@ -226,6 +247,7 @@ fn failures_force_a_full_sync_and_are_counted() {
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_eq!(canonical(p.iptables()), fresh(&state));
+    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
 }
 
 #[test]
