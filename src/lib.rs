@@ -8,6 +8,7 @@ pub mod logging;
 pub mod model;
 pub mod node_setup;
 pub mod proxier;
+pub mod render;
 pub mod runner;
 pub mod servers;
 pub mod sys;

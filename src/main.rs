@@ -23,6 +23,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
+    if let Some(Command::Render { files }) = &flags.command {
+        return render(&flags, settings, files);
+    }
     if let Some(Command::PrintConfig) = flags.command {
         return match serde_yaml_ng::to_string(&settings.config) {
             Ok(text) => {
@@ -60,6 +63,36 @@ fn main() -> ExitCode {
         Err(err) => {
             tracing::error!(error = %format!("{err:#}"), "kube-proxy-rs stopped");
             eprintln!("kube-proxy-rs: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `render`: prints what would be programmed; objects that could not be used are listed on
+/// stderr and make the exit status 1 (the rest is still printed).
+fn render(flags: &Flags, mut settings: config::Settings, files: &[std::path::PathBuf]) -> ExitCode {
+    if let Some(mode) = &flags.proxy_mode {
+        settings.config.mode = mode.clone();
+        let errors = config::validate(&settings.config);
+        if !errors.is_empty() {
+            eprintln!("kube-proxy-rs: {}", config::ConfigError::Invalid(errors));
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    }
+    match kube_proxy_rs::render::render(&settings.config, &settings.node_name, files) {
+        Ok(rendered) => {
+            print!("{}", rendered.text);
+            for problem in &rendered.problems {
+                eprintln!("kube-proxy-rs render: skipped: {problem}");
+            }
+            if rendered.problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(err) => {
+            eprintln!("kube-proxy-rs render: {err}");
             ExitCode::FAILURE
         }
     }

@@ -11,11 +11,11 @@ use clap::{Parser, Subcommand};
 pub struct Flags {
     /// The path to the configuration file (a KubeProxyConfiguration). When given, it wins over
     /// every other flag but --hostname-override, --master, --cleanup and the logging flags.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
     /// The name of this node, used to find its Node object and local endpoints.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", global = true)]
     pub hostname_override: Option<String>,
 
     /// Path to a kubeconfig file with the API server's address and credentials.
@@ -27,7 +27,7 @@ pub struct Flags {
     pub master: Option<String>,
 
     /// Which proxy mode to use: 'iptables' or 'ipvs' (empty means iptables).
-    #[arg(long, value_name = "MODE")]
+    #[arg(long, value_name = "MODE", global = true)]
     pub proxy_mode: Option<String>,
 
     /// Remove every rule, chain, set, virtual server and link kube-proxy owns, then exit.
@@ -95,6 +95,15 @@ pub struct Flags {
 pub enum Command {
     /// Print the defaulted, validated configuration as YAML and exit.
     PrintConfig,
+    /// Print what this node would program for Services, EndpointSlices (and its Node) read from
+    /// YAML files, as `kubectl get svc,endpointslices,nodes -A -o yaml` prints them (`-` reads
+    /// standard input). Needs no root and no cluster; uses --config, --proxy-mode and
+    /// --hostname-override (--proxy-mode wins over the file's mode here).
+    Render {
+        /// YAML files: Lists or `---`-separated documents.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
 }
 
 impl Flags {

@@ -3,6 +3,7 @@
 
 mod client;
 pub mod convert;
+pub mod files;
 mod watch;
 
 pub use client::{ClientError, build_client};

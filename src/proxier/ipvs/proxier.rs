@@ -127,6 +127,30 @@ impl IpvsSettings {
             ),
         }
     }
+
+    /// The render context of one family on `node`, whose local addresses (kube-ipvs0's left
+    /// out) are `local`.
+    pub fn context(&self, family: IpFamily, node: &NodeInfo, local: &[IpAddr]) -> IpvsContext {
+        let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
+        let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
+        let node_ip = node.addresses.iter().filter(of_family).copied().next();
+        let node_port_ips =
+            selected_node_port_ips(&self.node_port_addresses, node_ip, || local.clone())
+                .unwrap_or_else(|| local.clone());
+        let local_detector = self.local_traffic.detector(family, node);
+        IpvsContext {
+            family,
+            node_name: node.name.clone(),
+            zone: node.zone().map(str::to_string),
+            node_ip,
+            node_port_ips,
+            local_addresses: local,
+            scheduler: self.scheduler.clone(),
+            masquerade_all: self.masquerade_all,
+            masquerade_mark: self.masquerade_mark,
+            local_detector,
+        }
+    }
 }
 
 /// The IPVS proxier.
@@ -221,30 +245,6 @@ impl IpvsProxier {
             warn!(error = %err, "Failed to configure IPVS timeouts");
         }
         self.initialized = true;
-    }
-
-    fn context(&self, family: IpFamily, node: &NodeInfo, local: &[IpAddr]) -> IpvsContext {
-        let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
-        let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
-        let node_ip = node.addresses.iter().filter(of_family).copied().next();
-        let node_port_ips =
-            selected_node_port_ips(&self.settings.node_port_addresses, node_ip, || {
-                local.clone()
-            })
-            .unwrap_or_else(|| local.clone());
-        let local_detector = self.settings.local_traffic.detector(family, node);
-        IpvsContext {
-            family,
-            node_name: node.name.clone(),
-            zone: node.zone().map(str::to_string),
-            node_ip,
-            node_port_ips,
-            local_addresses: local,
-            scheduler: self.settings.scheduler.clone(),
-            masquerade_all: self.settings.masquerade_all,
-            masquerade_mark: self.settings.masquerade_mark,
-            local_detector,
-        }
     }
 
     fn bound(&mut self, link: u32) -> Result<BTreeSet<IpAddr>, SyncError> {
@@ -392,7 +392,7 @@ impl IpvsProxier {
             .families
             .clone()
             .into_iter()
-            .map(|family| self.context(family, &state.node, &local))
+            .map(|family| self.settings.context(family, &state.node, &local))
             .collect();
         // Only the changed services are re-rendered and diffed when nothing else moved: the
         // kernel state is remembered and every family's context is as before.
