@@ -346,7 +346,7 @@ impl SyncLoop {
                     );
                     if family.deleted > 0 {
                         info!(
-                            ip_family = ?family.family,
+                            ip_family = family.family.name(),
                             entries = family.deleted,
                             "Deleted stale UDP conntrack entries"
                         );

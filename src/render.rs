@@ -78,13 +78,6 @@ fn families(node: &NodeInfo) -> Vec<IpFamily> {
     families
 }
 
-fn family_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "IPv4",
-        IpFamily::V6 => "IPv6",
-    }
-}
-
 /// The restore input of a first sync on this node, per family.
 fn iptables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<String, SyncError> {
     let mut proxier = IptablesProxier::new(
@@ -101,7 +94,7 @@ fn iptables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<
             IpFamily::V4 => "iptables-restore",
             IpFamily::V6 => "ip6tables-restore",
         };
-        let _ = writeln!(text, "# {tool} --noflush input ({})", family_name(*family));
+        let _ = writeln!(text, "# {tool} --noflush input ({})", family.name());
         text.push_str(restore);
     }
     Ok(text)
@@ -121,7 +114,7 @@ fn ipvs_text(config: &KubeProxyConfiguration, state: &ProxyState) -> String {
 }
 
 fn write_ipvs(text: &mut String, family: IpFamily, desired: &DesiredIpvs) {
-    let name = family_name(family);
+    let name = family.name();
     let _ = writeln!(
         text,
         "# IPVS virtual servers ({name}), as ipvsadm -Ln lists them"

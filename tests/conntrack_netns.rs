@@ -20,7 +20,9 @@ use kube_proxy_rs::sys::conntrack::NetlinkConntrack;
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use serde_json::json;
-use support::cluster::{CLIENT_IP, Cluster, NODE_IP, PODS, addr, service, slice};
+use support::cluster::{
+    CLIENT_IP, CLIENT_IP6, Cluster, NODE_IP, NODE_IP6, PODS, addr, service, slice, slice6,
+};
 use support::netns::{Netns, require_netns};
 use support::{WAIT, eventually};
 
@@ -35,8 +37,9 @@ struct UdpClient {
 
 impl UdpClient {
     fn new(ns: &Netns, source_port: u16, to: SocketAddr) -> UdpClient {
+        let from = if to.is_ipv4() { CLIENT_IP } else { CLIENT_IP6 };
         let socket = ns.run(move || {
-            let socket = UdpSocket::bind((CLIENT_IP, source_port)).expect("bind client");
+            let socket = UdpSocket::bind((from, source_port)).expect("bind client");
             socket.connect(to).expect("connect");
             socket
         });
@@ -222,5 +225,55 @@ async fn daemon_moves_udp_clients_to_the_replacement_pod() {
         "{}",
         metrics.1
     );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_moves_ipv6_udp_clients_too() {
+    require_netns();
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
+    let cluster_ip6 = "fd00:10:96::53";
+    let ports = json!([{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 8080, "nodePort": NODE_PORT}]);
+    let slice_ports = json!([{"name": "dns", "port": 8080, "protocol": "UDP"}]);
+    let mut dns6 = service(
+        "dns6",
+        cluster_ip6,
+        ports,
+        json!({"type": "NodePort", "ipFamilies": ["IPv6"]}),
+    );
+    dns6["spec"]["clusterIPs"] = json!([cluster_ip6]);
+    cluster.api.apply(dns6).unwrap();
+    cluster
+        .api
+        .apply(slice6("dns6", slice_ports.clone(), &["pod-a1"]))
+        .unwrap();
+    let daemon = cluster.daemon(&cluster.config(""));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+
+    let via_cluster_ip =
+        UdpClient::new(&cluster.client, 42053, addr(&format!("[{cluster_ip6}]:53")));
+    let via_node_port = UdpClient::new(
+        &cluster.client,
+        42054,
+        addr(&format!("[{NODE_IP6}]:{NODE_PORT}")),
+    );
+    assert!(via_cluster_ip.reaches("pod-a1").await);
+    assert!(via_node_port.reaches("pod-a1").await);
+    cluster
+        .api
+        .apply(slice6("dns6", slice_ports, &["pod-a2"]))
+        .unwrap();
+    assert!(
+        via_cluster_ip.reaches("pod-a2").await,
+        "IPv6 ClusterIP client moved"
+    );
+    assert!(
+        via_node_port.reaches("pod-a2").await,
+        "IPv6 NodePort client moved"
+    );
+    daemon
+        .wait_for("\"Deleted stale UDP conntrack entries\" ip_family=\"IPv6\"")
+        .await;
     daemon.stop().await;
 }

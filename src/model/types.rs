@@ -76,6 +76,14 @@ pub enum IpFamily {
 }
 
 impl IpFamily {
+    /// `IPv4` or `IPv6`, as the API (ipFamilies, addressType) and upstream's metrics spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
     /// The family of an address.
     pub fn of(ip: &IpAddr) -> Self {
         if ip.is_ipv4() {

@@ -244,10 +244,7 @@ impl Metrics {
 
     /// A UDP conntrack cleanup read the table and deleted `deleted` flows of one family.
     pub fn conntrack_reconciled(&self, family: IpFamily, elapsed: Duration, deleted: usize) {
-        let label = match family {
-            IpFamily::V4 => "IPv4",
-            IpFamily::V6 => "IPv6",
-        };
+        let label = family.name();
         self.conntrack_duration
             .with_label_values(&[label])
             .observe(elapsed.as_secs_f64());
