@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::k8s::files::{FilesError, read_objects};
-use crate::model::{IpFamily, NodeInfo, ProxyState};
+use crate::model::{IpFamily, ProxyState};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::render::{DesiredIpvs, render as render_ipvs};
 use crate::proxier::ipvs::{IPVS_JUMP_RULES, IpvsSettings};
@@ -68,16 +68,6 @@ pub fn render(
     })
 }
 
-fn families(node: &NodeInfo) -> Vec<IpFamily> {
-    let mut families: Vec<IpFamily> = node.addresses.iter().map(IpFamily::of).collect();
-    families.sort();
-    families.dedup();
-    if families.is_empty() {
-        families.push(IpFamily::V4);
-    }
-    families
-}
-
 /// The restore input of a first sync on this node, per family.
 fn iptables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<String, SyncError> {
     let mut proxier = IptablesProxier::new(
@@ -105,7 +95,7 @@ fn iptables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<
 fn ipvs_text(config: &KubeProxyConfiguration, state: &ProxyState) -> String {
     let settings = IpvsSettings::from_config(config);
     let mut text = String::new();
-    for family in families(&state.node) {
+    for family in state.node.families() {
         let ctx = settings.context(family, &state.node, &state.node.addresses);
         let desired = render_ipvs(state, &ctx);
         write_ipvs(&mut text, family, &desired);

@@ -74,17 +74,8 @@ fn state_served_by(pods: &[&str]) -> ProxyState {
     let key = NamespacedName::new("default", "dns");
     let name = ServicePortName::new("default", "dns", "dns", Protocol::Udp);
     let port = ServicePort {
-        name: name.clone(),
-        cluster_ips: vec![CLUSTER_IP.parse().unwrap()],
-        port: 53,
         node_port: Some(NODE_PORT),
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_seconds: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
+        ..ServicePort::new(name.clone(), CLUSTER_IP.parse().unwrap(), 53)
     };
     let endpoints = pods
         .iter()

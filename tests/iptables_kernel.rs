@@ -30,17 +30,11 @@ fn put(
     let key = NamespacedName::new("default", name);
     let port_name = ServicePortName::new("default", name, "http", Protocol::Tcp);
     let port = ServicePort {
-        name: port_name.clone(),
         cluster_ips: vec![ip.parse().unwrap(), v6_of(ip).parse().unwrap()],
-        port: 80,
         node_port,
         external_ips: vec!["192.168.50.1".parse().unwrap()],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_seconds: None,
         external_policy_local: etp_local,
-        internal_policy_local: false,
-        health_check_node_port: None,
+        ..ServicePort::new(port_name.clone(), ip.parse().unwrap(), 80)
     };
     state
         .services

@@ -234,9 +234,6 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
 
     let name = ServicePortName::new("ns", "lb", "http", Protocol::Tcp);
     let port = ServicePort {
-        name: name.clone(),
-        cluster_ips: vec!["10.96.0.20".parse().unwrap()],
-        port: 80,
         node_port: Some(30020),
         external_ips: vec![
             "192.168.50.1".parse().unwrap(),
@@ -244,10 +241,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         ],
         load_balancer_ips: vec!["5.6.7.8".parse().unwrap()],
         load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
-        session_affinity_seconds: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
+        ..ServicePort::new(name.clone(), "10.96.0.20".parse().unwrap(), 80)
     };
     let endpoint = Endpoint::ready("10.244.1.7".parse().unwrap(), 8080, Some("node-a"));
     let key = NamespacedName::new("ns", "lb");

@@ -15,6 +15,13 @@ use crate::model::{
     ServicePortName, SliceEndpoint, SlicePort,
 };
 
+/// Labels that keep a Service or EndpointSlice away from kube-proxy: another proxy owns it, or
+/// the service is headless.
+pub const PROXY_EXCLUDING_LABELS: [&str; 2] = [
+    "service.kubernetes.io/service-proxy-name",
+    "service.kubernetes.io/headless",
+];
+
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// upstream's default ClientIP affinity timeout (3 hours).

@@ -11,14 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
-use super::convert::{self, object_key};
+use super::convert::{self, PROXY_EXCLUDING_LABELS, object_key};
 use crate::model::{ChangeTracker, NodeInfo, ProxyState};
-
-/// Labels that keep an object away from kube-proxy (the watches' label selector).
-const IGNORED_LABELS: [&str; 2] = [
-    "service.kubernetes.io/service-proxy-name",
-    "service.kubernetes.io/headless",
-];
 
 /// A file that cannot be used at all.
 #[derive(Debug, thiserror::Error)]
@@ -178,10 +172,13 @@ impl FileObjects {
     }
 }
 
+/// Whether the watches' label selector would leave this object out.
 fn ignored(meta: &ObjectMeta) -> bool {
-    meta.labels
-        .as_ref()
-        .is_some_and(|labels| IGNORED_LABELS.iter().any(|l| labels.contains_key(*l)))
+    meta.labels.as_ref().is_some_and(|labels| {
+        PROXY_EXCLUDING_LABELS
+            .iter()
+            .any(|l| labels.contains_key(*l))
+    })
 }
 
 /// `Service default/web`, as messages name objects.

@@ -7,4 +7,4 @@ pub mod files;
 mod watch;
 
 pub use client::{ClientError, build_client};
-pub use watch::{PROXY_LABEL_SELECTOR, Synced, WatchSink, spawn_watches};
+pub use watch::{Synced, WatchSink, proxy_label_selector, spawn_watches};

@@ -17,13 +17,19 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::convert::{self, ConvertError, Converted};
+use super::convert::{self, ConvertError, Converted, PROXY_EXCLUDING_LABELS};
 use crate::model::{ChangeTracker, EndpointSlice, NamespacedName, NodeInfo, ServicePortMap};
 
-/// The label selector upstream watches Services and EndpointSlices with: objects that another
-/// proxy owns, and headless services, are not ours.
-pub const PROXY_LABEL_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// The label selector upstream watches Services and EndpointSlices with (objects another proxy
+/// owns, and headless services, are not ours):
+/// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`.
+pub fn proxy_label_selector() -> String {
+    PROXY_EXCLUDING_LABELS
+        .iter()
+        .map(|label| format!("!{label}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// Which kinds have finished their first list.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,7 +71,7 @@ impl WatchSink {
 /// Starts the three watches; they run until the returned set is dropped.
 pub fn spawn_watches(client: Client, node_name: &str, sink: WatchSink) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
-    let selector = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+    let selector = watcher::Config::default().labels(&proxy_label_selector());
     let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
     tasks.spawn(follow(services, ServiceKind, sink.clone()));
     let slices = watcher(Api::<ApiEndpointSlice>::all(client.clone()), selector).default_backoff();

@@ -6,19 +6,11 @@ use super::types::*;
 
 /// A TCP ClusterIP service port `ns/name:port` on 10.96.0.1:80 with every option off.
 pub fn service_port(namespace: &str, name: &str, port: &str) -> ServicePort {
-    ServicePort {
-        name: ServicePortName::new(namespace, name, port, Protocol::Tcp),
-        cluster_ips: vec!["10.96.0.1".parse().unwrap()],
-        port: 80,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_seconds: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-    }
+    ServicePort::new(
+        ServicePortName::new(namespace, name, port, Protocol::Tcp),
+        "10.96.0.1".parse().unwrap(),
+        80,
+    )
 }
 
 /// A ready endpoint at `ip:8080` on `node`.

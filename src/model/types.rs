@@ -149,6 +149,23 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A ClusterIP-only port `name` on `cluster_ip:port`, every other option off.
+    pub fn new(name: ServicePortName, cluster_ip: IpAddr, port: u16) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ips: vec![cluster_ip],
+            port,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            session_affinity_seconds: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+        }
+    }
+
     /// Reachable from outside the cluster: a NodePort, an external IP or a LoadBalancer IP.
     pub fn externally_accessible(&self) -> bool {
         self.node_port.is_some()
@@ -298,6 +315,17 @@ pub struct NodeInfo {
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 impl NodeInfo {
+    /// The IP families the node has addresses in, IPv4 first; IPv4 alone when it has none.
+    pub fn families(&self) -> Vec<IpFamily> {
+        let mut families: Vec<IpFamily> = self.addresses.iter().map(IpFamily::of).collect();
+        families.sort();
+        families.dedup();
+        if families.is_empty() {
+            families.push(IpFamily::V4);
+        }
+        families
+    }
+
     /// The node's zone, from its `topology.kubernetes.io/zone` label.
     pub fn zone(&self) -> Option<&str> {
         self.labels

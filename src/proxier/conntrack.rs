@@ -27,56 +27,74 @@ pub struct UdpTargets {
 }
 
 impl UdpTargets {
-    /// The UDP targets of the services `only` names (all of them when `None`).
-    pub fn of(state: &ProxyState, only: Option<&BTreeSet<NamespacedName>>) -> UdpTargets {
+    /// The UDP targets of one service (none when it is gone or has no UDP port).
+    pub fn of_service(state: &ProxyState, name: &NamespacedName) -> UdpTargets {
         let mut targets = UdpTargets::default();
-        let services: Box<dyn Iterator<Item = (&NamespacedName, _)>> = match only {
-            Some(names) => Box::new(
-                names
-                    .iter()
-                    .filter_map(|name| state.services.get_key_value(name)),
-            ),
-            None => Box::new(state.services.iter()),
-        };
-        for (name, ports) in services {
-            let endpoints = state.endpoints.get(name);
-            for (port_name, port) in ports {
-                if port_name.protocol != Protocol::Udp {
-                    continue;
-                }
-                let serving: BTreeSet<Socket> = endpoints
-                    .and_then(|by_port| by_port.get(port_name))
-                    .into_iter()
-                    .flatten()
-                    .filter(|endpoint| endpoint.serving)
-                    .map(|endpoint| (endpoint.ip, endpoint.port))
-                    .collect();
-                let addresses = port
-                    .cluster_ips
-                    .iter()
-                    .chain(&port.external_ips)
-                    .chain(&port.load_balancer_ips);
-                for ip in addresses {
-                    targets
-                        .by_address
-                        .entry((*ip, port.port))
-                        .or_default()
-                        .extend(serving.iter().copied());
-                }
-                if let Some(node_port) = port.node_port {
-                    targets
-                        .by_node_port
-                        .entry(node_port)
-                        .or_default()
-                        .extend(serving.iter().copied());
-                }
+        let endpoints = state.endpoints.get(name);
+        for (port_name, port) in state.services.get(name).into_iter().flatten() {
+            if port_name.protocol != Protocol::Udp {
+                continue;
+            }
+            let serving: BTreeSet<Socket> = endpoints
+                .and_then(|by_port| by_port.get(port_name))
+                .into_iter()
+                .flatten()
+                .filter(|endpoint| endpoint.serving)
+                .map(|endpoint| (endpoint.ip, endpoint.port))
+                .collect();
+            let addresses = port
+                .cluster_ips
+                .iter()
+                .chain(&port.external_ips)
+                .chain(&port.load_balancer_ips);
+            for ip in addresses {
+                targets
+                    .by_address
+                    .entry((*ip, port.port))
+                    .or_default()
+                    .extend(&serving);
+            }
+            if let Some(node_port) = port.node_port {
+                targets
+                    .by_node_port
+                    .entry(node_port)
+                    .or_default()
+                    .extend(&serving);
             }
         }
         targets
     }
 
+    /// Adds `other`'s targets; a target both have is served by the endpoints of both.
+    fn merge(&mut self, other: &UdpTargets) {
+        for (socket, serving) in &other.by_address {
+            self.by_address.entry(*socket).or_default().extend(serving);
+        }
+        for (port, serving) in &other.by_node_port {
+            self.by_node_port.entry(*port).or_default().extend(serving);
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.by_address.is_empty() && self.by_node_port.is_empty()
+    }
+}
+
+/// The service sockets and NodePorts whose flows a cleanup looks at.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub addresses: HashSet<Socket>,
+    pub node_ports: HashSet<u16>,
+}
+
+impl Checked {
+    fn add(&mut self, targets: &UdpTargets) {
+        self.addresses.extend(targets.by_address.keys());
+        self.node_ports.extend(targets.by_node_port.keys());
+    }
+
+    fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && self.node_ports.is_empty()
     }
 }
 
@@ -85,7 +103,7 @@ impl UdpTargets {
 /// there now (nothing, for a service that is gone).
 pub fn stale_flows(
     flows: &[UdpFlow],
-    checked: &UdpTargets,
+    checked: &Checked,
     current: &UdpTargets,
     node_ips: &HashSet<IpAddr>,
 ) -> Vec<UdpFlow> {
@@ -96,10 +114,10 @@ pub fn stale_flows(
             let reply = (flow.reply_src, flow.reply_src_port);
             let service = (flow.orig_dst, flow.orig_dst_port);
             let by_address = checked
-                .by_address
-                .contains_key(&service)
+                .addresses
+                .contains(&service)
                 .then(|| current.by_address.get(&service).unwrap_or(&no_endpoints));
-            let by_node_port = (checked.by_node_port.contains_key(&flow.orig_dst_port)
+            let by_node_port = (checked.node_ports.contains(&flow.orig_dst_port)
                 && node_ips.contains(&flow.orig_dst))
             .then(|| {
                 current
@@ -169,18 +187,13 @@ impl UdpConntrackCleaner {
             changes.changed_services.clone()
         };
         // What to check: each named service's targets now and at the last cleanup.
-        let mut checked = UdpTargets::default();
+        let mut checked = Checked::default();
         for name in &names {
-            let now = UdpTargets::of(state, Some(&BTreeSet::from([name.clone()])));
-            let before = self.known.remove(name);
-            for targets in before.iter().chain([&now]) {
-                checked
-                    .by_address
-                    .extend(targets.by_address.keys().map(|s| (*s, BTreeSet::new())));
-                checked
-                    .by_node_port
-                    .extend(targets.by_node_port.keys().map(|p| (*p, BTreeSet::new())));
+            let now = UdpTargets::of_service(state, name);
+            if let Some(before) = self.known.remove(name) {
+                checked.add(&before);
             }
+            checked.add(&now);
             if !now.is_empty() {
                 self.known.insert(name.clone(), now);
             }
@@ -192,20 +205,7 @@ impl UdpConntrackCleaner {
         // already belong to another one.
         let mut current = UdpTargets::default();
         for targets in self.known.values() {
-            for (socket, serving) in &targets.by_address {
-                current
-                    .by_address
-                    .entry(*socket)
-                    .or_default()
-                    .extend(serving);
-            }
-            for (port, serving) in &targets.by_node_port {
-                current
-                    .by_node_port
-                    .entry(*port)
-                    .or_default()
-                    .extend(serving);
-            }
+            current.merge(targets);
         }
         let node_ips: HashSet<IpAddr> = node_ips().into_iter().collect();
         let result = self.clean(&checked, &current, &node_ips);
@@ -218,7 +218,7 @@ impl UdpConntrackCleaner {
     /// Reads each family's UDP flows and deletes the stale ones.
     fn clean(
         &mut self,
-        checked: &UdpTargets,
+        checked: &Checked,
         current: &UdpTargets,
         node_ips: &HashSet<IpAddr>,
     ) -> Result<CleanupReport, ConntrackError> {
@@ -274,17 +274,8 @@ mod tests {
     fn state(endpoints: &[(&str, bool)], protocol: Protocol) -> ProxyState {
         let name = ServicePortName::new("ns", "dns", "", protocol);
         let port = ServicePort {
-            name: name.clone(),
-            cluster_ips: vec![ip(CLUSTER_IP)],
-            port: 53,
             node_port: Some(30053),
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            session_affinity_seconds: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
+            ..ServicePort::new(name.clone(), ip(CLUSTER_IP), 53)
         };
         let endpoints = endpoints
             .iter()

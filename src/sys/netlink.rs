@@ -63,8 +63,9 @@ impl Connection {
         <I as NetlinkDeserializable>::Error: std::fmt::Display,
     {
         let first = self.sequence.wrapping_add(1);
+        let count = requests.len();
         let mut buffer = Vec::new();
-        for inner in requests.into_iter() {
+        for inner in requests {
             self.sequence = self.sequence.wrapping_add(1);
             let mut message =
                 NetlinkMessage::new(Default::default(), NetlinkPayload::InnerMessage(inner));
@@ -75,8 +76,7 @@ impl Connection {
             buffer.resize(start + message.buffer_len(), 0);
             message.serialize(&mut buffer[start..]);
         }
-        let count = self.sequence.wrapping_sub(first).wrapping_add(1) as usize;
-        if buffer.is_empty() {
+        if count == 0 {
             return Ok(Vec::new());
         }
         self.socket.send(&buffer, 0).map_err(NetlinkError::Socket)?;

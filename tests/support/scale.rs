@@ -72,22 +72,10 @@ pub fn state(count: usize) -> ProxyState {
     for i in 0..count {
         let key = NamespacedName::new("bench", format!("svc-{i}"));
         let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
+        let cluster_ip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
         let port = ServicePort {
-            name: name.clone(),
-            cluster_ips: vec![
-                format!("172.30.{}.{}", i / 250, i % 250 + 1)
-                    .parse()
-                    .unwrap(),
-            ],
-            port: 80,
             node_port: Some(30000 + (i % 2700) as u16),
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            session_affinity_seconds: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
+            ..ServicePort::new(name.clone(), cluster_ip.parse().unwrap(), 80)
         };
         let endpoints: Vec<Endpoint> = (0..10)
             .map(|e| {

@@ -292,7 +292,7 @@ impl<I: Iptables> IptablesProxier<I> {
     ) -> Result<SyncReport, SyncError> {
         self.last_restore.clear();
         if self.families.is_empty() {
-            self.families = families_of(&state.node);
+            self.families = state.node.families();
             info!(families = ?self.families, "iptables proxier serving IP families");
         }
         let now = Instant::now();
@@ -389,17 +389,6 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     ) -> Result<SyncReport, SyncError> {
         self.sync_all(state, changes)
     }
-}
-
-/// The families a node serves: those of its addresses, IPv4 when it has none yet.
-fn families_of(node: &NodeInfo) -> Vec<IpFamily> {
-    let mut families: Vec<IpFamily> = node.addresses.iter().map(IpFamily::of).collect();
-    families.sort();
-    families.dedup();
-    if families.is_empty() {
-        families.push(IpFamily::V4);
-    }
-    families
 }
 
 /// Chain names declared in iptables-save output.

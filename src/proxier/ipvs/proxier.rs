@@ -370,15 +370,8 @@ impl IpvsProxier {
             self.initialize();
         }
         if self.families.is_empty() {
-            let mut families: Vec<IpFamily> =
-                state.node.addresses.iter().map(IpFamily::of).collect();
-            families.sort();
-            families.dedup();
-            if families.is_empty() {
-                families.push(IpFamily::V4);
-            }
-            info!(families = ?families, "IPVS proxier serving IP families");
-            self.families = families;
+            self.families = state.node.families();
+            info!(families = ?self.families, "IPVS proxier serving IP families");
         }
         let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
         let (mut observed, mut read_all) = self.observe_at(depth, link)?;

@@ -59,21 +59,14 @@ pub fn svc_port(
     cluster_ip: &str,
     edit: impl FnOnce(&mut ServicePort),
 ) -> Svc {
+    let cluster_ips: Vec<std::net::IpAddr> = cluster_ip
+        .split(',')
+        .map(|ip| ip.parse().unwrap())
+        .collect();
+    let port_name = ServicePortName::new(ns, name, port_name, protocol);
     let mut sp = ServicePort {
-        name: ServicePortName::new(ns, name, port_name, protocol),
-        cluster_ips: cluster_ip
-            .split(',')
-            .map(|ip| ip.parse().unwrap())
-            .collect(),
-        port,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity_seconds: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
+        cluster_ips: cluster_ips.clone(),
+        ..ServicePort::new(port_name, cluster_ips[0], port)
     };
     edit(&mut sp);
     Svc {
