@@ -8,3 +8,5 @@ pub mod ipvs;
 pub mod link;
 pub mod net;
 pub mod netlink;
+pub mod nf_tables;
+pub mod process;

@@ -5,8 +5,8 @@ use std::fmt::Debug;
 use std::io;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage, NetlinkPayload,
-    NetlinkSerializable,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage,
+    NetlinkPayload, NetlinkSerializable,
 };
 use netlink_sys::{Socket, SocketAddr};
 
@@ -22,6 +22,9 @@ pub enum NetlinkError {
     /// A reply could not be decoded.
     #[error("undecodable netlink reply: {0}")]
     Decode(String),
+    /// The kernel's state changed while it was being dumped: the dump may be inconsistent.
+    #[error("the dump was interrupted by a concurrent change")]
+    DumpInterrupted,
 }
 
 impl NetlinkError {
@@ -33,6 +36,14 @@ impl NetlinkError {
         }
     }
 }
+
+/// Received messages are read into a buffer this large: the kernel sizes each batch of a dump to
+/// the largest read it has seen (up to 32 KiB), and with small reads a dump of 100,000 chains
+/// takes thousands of batches, each of which walks the list from its start again.
+const RECEIVE_BUFFER: usize = 32 * 1024;
+/// recv(2) flags (Linux values).
+const MSG_PEEK: i32 = 0x2;
+const MSG_TRUNC: i32 = 0x20;
 
 /// A connected netlink socket of one protocol, with its own sequence numbers.
 pub struct Connection {
@@ -52,6 +63,21 @@ impl Connection {
             socket,
             sequence: 0,
         })
+    }
+
+    /// The next datagram, whole.
+    fn receive(&mut self) -> Result<Vec<u8>, NetlinkError> {
+        let mut buffer = Vec::with_capacity(RECEIVE_BUFFER);
+        let (length, _) = self
+            .socket
+            .recv_from(&mut buffer, MSG_PEEK | MSG_TRUNC)
+            .map_err(NetlinkError::Socket)?;
+        buffer.clear();
+        buffer.reserve(length);
+        self.socket
+            .recv_from(&mut buffer, 0)
+            .map_err(NetlinkError::Socket)?;
+        Ok(buffer)
     }
 
     /// Sends `requests` in one buffer, each asking for an ACK, and returns each one's outcome in
@@ -84,7 +110,7 @@ impl Connection {
         let mut outcomes: Vec<Option<Result<(), i32>>> = vec![None; count];
         let mut answered = 0;
         while answered < count {
-            let (data, _) = self.socket.recv_from_full().map_err(NetlinkError::Socket)?;
+            let data = self.receive()?;
             let mut offset = 0;
             while offset < data.len() {
                 let reply = NetlinkMessage::<I>::deserialize(&data[offset..])
@@ -144,14 +170,16 @@ impl Connection {
         self.socket.send(&buffer, 0).map_err(NetlinkError::Socket)?;
 
         let mut replies = Vec::new();
+        let mut interrupted = false;
         loop {
-            let (data, _) = self.socket.recv_from_full().map_err(NetlinkError::Socket)?;
+            let data = self.receive()?;
             let mut offset = 0;
             while offset < data.len() {
                 let reply = NetlinkMessage::<I>::deserialize(&data[offset..])
                     .map_err(|err| NetlinkError::Decode(err.to_string()))?;
                 let length = reply.header.length as usize;
                 if reply.header.sequence_number == sequence {
+                    interrupted |= reply.header.flags & NLM_F_DUMP_INTR != 0;
                     match reply.payload {
                         // Dump entries, or the one answer to a request (its ACK follows).
                         NetlinkPayload::InnerMessage(inner) => replies.push(inner),
@@ -159,6 +187,9 @@ impl Connection {
                             None => return Ok(replies),
                             Some(code) => return Err(NetlinkError::Errno(-code.get())),
                         },
+                        NetlinkPayload::Done(_) if interrupted => {
+                            return Err(NetlinkError::DumpInterrupted);
+                        }
                         NetlinkPayload::Done(_) => return Ok(replies),
                         _ => {}
                     }

@@ -1,0 +1,189 @@
+//! nf_tables over netlink, read only: the names of one table's chains, without a single rule.
+//! The iptables nft back end keeps its tables (`nat`, `filter`, ...) in nf_tables, and this is
+//! how stale chains of ours are found on a node whose tables hold hundreds of thousands of rules:
+//! `iptables-nft-save` would read (and, at that size, crash on) every rule.
+
+use std::collections::BTreeSet;
+
+use netlink_packet_core::{
+    DecodeError, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable, NlaBuffer, NlasIterator,
+};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+
+use super::netlink::{Connection, NetlinkError};
+use crate::model::IpFamily;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+/// A dump the ruleset's changes interrupt is read again, this many times at most.
+const DUMP_ATTEMPTS: usize = 5;
+
+/// One nf_tables chain message: the nfgenmsg family and the attributes this module reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainMessage {
+    pub message_type: u16,
+    pub family: u8,
+    pub table: Option<String>,
+    pub name: Option<String>,
+}
+
+impl ChainMessage {
+    /// The request for every chain of `table` in `family`.
+    pub fn dump_request(family: IpFamily, table: &str) -> Self {
+        ChainMessage {
+            message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETCHAIN,
+            family: nfproto(family),
+            table: Some(table.to_string()),
+            name: None,
+        }
+    }
+
+    fn attributes(&self) -> impl Iterator<Item = (u16, &String)> {
+        [
+            (NFTA_CHAIN_TABLE, &self.table),
+            (NFTA_CHAIN_NAME, &self.name),
+        ]
+        .into_iter()
+        .filter_map(|(kind, value)| value.as_ref().map(|v| (kind, v)))
+    }
+}
+
+fn nfproto(family: IpFamily) -> u8 {
+    match family {
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
+    }
+}
+
+/// A string attribute's length on the wire: header, text, NUL, padding to four bytes.
+fn string_attribute_len(value: &str) -> usize {
+    (4 + value.len() + 1 + 3) & !3
+}
+
+impl NetlinkSerializable for ChainMessage {
+    fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    fn buffer_len(&self) -> usize {
+        4 + self
+            .attributes()
+            .map(|(_, value)| string_attribute_len(value))
+            .sum::<usize>()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.fill(0);
+        // nfgenmsg: family, version 0, resource id 0.
+        buffer[0] = self.family;
+        let mut offset = 4;
+        for (kind, value) in self.attributes() {
+            let length = 4 + value.len() + 1;
+            buffer[offset..offset + 2].copy_from_slice(&(length as u16).to_ne_bytes());
+            buffer[offset + 2..offset + 4].copy_from_slice(&kind.to_ne_bytes());
+            buffer[offset + 4..offset + 4 + value.len()].copy_from_slice(value.as_bytes());
+            offset += string_attribute_len(value);
+        }
+    }
+}
+
+impl NetlinkDeserializable for ChainMessage {
+    type Error = DecodeError;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
+        let Some((nfgenmsg, attributes)) = payload.split_first_chunk::<4>() else {
+            return Err(DecodeError::from("nf_tables message shorter than nfgenmsg"));
+        };
+        let mut message = ChainMessage {
+            message_type: header.message_type,
+            family: nfgenmsg[0],
+            table: None,
+            name: None,
+        };
+        for attribute in NlasIterator::new(attributes) {
+            let attribute: NlaBuffer<&[u8]> = attribute?;
+            let text = || {
+                let value = attribute.value();
+                let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+                String::from_utf8_lossy(&value[..end]).into_owned()
+            };
+            match attribute.kind() {
+                NFTA_CHAIN_TABLE => message.table = Some(text()),
+                NFTA_CHAIN_NAME => message.name = Some(text()),
+                _ => {}
+            }
+        }
+        Ok(message)
+    }
+}
+
+/// The names of every chain in `table` of `family` (an absent table has none).
+pub fn chain_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, NetlinkError> {
+    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    let mut attempt = 1;
+    loop {
+        match connection.request(ChainMessage::dump_request(family, table), true) {
+            Ok(replies) => return Ok(names_in(table, replies)),
+            Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// The names the dump's replies give for `table` (the kernel may answer for every table).
+fn names_in(table: &str, replies: Vec<ChainMessage>) -> BTreeSet<String> {
+    replies
+        .into_iter()
+        .filter(|reply| reply.message_type & 0xff == NFT_MSG_NEWCHAIN)
+        .filter(|reply| reply.table.as_deref() == Some(table))
+        .filter_map(|reply| reply.name)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_bytes_are_nfgenmsg_and_the_table_attribute() {
+        let request = ChainMessage::dump_request(IpFamily::V6, "nat");
+        assert_eq!(request.message_type(), 0x0a04);
+        let mut buffer = vec![0xff; request.buffer_len()];
+        request.serialize(&mut buffer);
+        assert_eq!(
+            buffer,
+            [10, 0, 0, 0, 8, 0, 1, 0, b'n', b'a', b't', 0],
+            "family ip6, NFTA_CHAIN_TABLE \"nat\\0\" padded to 4"
+        );
+    }
+
+    #[test]
+    fn replies_decode_and_only_the_asked_table_counts() {
+        // A NEWCHAIN reply as the kernel sends it: nfgenmsg, then table, handle, name.
+        let mut payload = vec![2, 0, 0, 0];
+        payload.extend([8, 0, 1, 0, b'n', b'a', b't', 0]);
+        payload.extend([12, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        payload.extend([18, 0, 3, 0]);
+        payload.extend(b"KUBE-SERVICES\0\0\0");
+        let mut header = NetlinkHeader::default();
+        header.message_type = 0x0a03;
+        let reply = ChainMessage::deserialize(&header, &payload).unwrap();
+        assert_eq!(reply.table.as_deref(), Some("nat"));
+        assert_eq!(reply.name.as_deref(), Some("KUBE-SERVICES"));
+        let other = ChainMessage {
+            table: Some("filter".into()),
+            name: Some("KUBE-FORWARD".into()),
+            ..reply.clone()
+        };
+        assert_eq!(
+            names_in("nat", vec![reply, other]),
+            BTreeSet::from(["KUBE-SERVICES".to_string()])
+        );
+        assert!(ChainMessage::deserialize(&header, &[2, 0]).is_err());
+    }
+}
