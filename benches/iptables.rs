@@ -1,11 +1,14 @@
 //! iptables mode benchmark (root; runs in network namespaces it creates and removes):
 //! for N services x 10 endpoints, the render time, a full sync end to end against a bare
-//! `iptables-restore` of the same text, a one-endpoint-change sync against a bare
-//! `iptables-restore --noflush` of the same minimal change, and the daemon's RSS.
+//! `iptables-restore` of the same text and against the same rules in one transaction per table
+//! (upstream's shape), a one-endpoint-change sync against a bare `iptables-restore --noflush` of
+//! the same minimal change, a forced full sync on the running node, a restart (a new proxier's
+//! first sync on the programmed node), the reads a full sync makes, and the daemon's RSS.
 //!
 //! `cargo bench --bench iptables` runs 1k and 10k services on nft;
 //! `cargo bench --bench iptables -- --sizes 1000 --legacy` picks sizes and the legacy back end;
-//! `--only-daemon` measures only the daemon's RSS, `--no-daemon` everything else.
+//! `--only-daemon` measures only the daemon's RSS, `--no-daemon` everything else,
+//! `--no-one-transaction` skips the one-transaction restore (minutes at 10k).
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
 #[path = "../tests/support/netns.rs"]
@@ -21,9 +24,10 @@ use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
 use kube_proxy_rs::proxier::iptables::render::{
-    LocalDetector, NodePortAddresses, RenderContext, render_service,
+    LocalDetector, NodePortAddresses, RenderContext, render_base, render_service,
 };
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables, tool};
+use kube_proxy_rs::proxier::iptables::restore::{FullSyncExtras, full_restore};
+use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables, tool};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
 use scale::{median, secs};
@@ -56,16 +60,32 @@ fn bare_restore(ns: &Netns, backend: Backend, text: &str, noflush: bool) -> Dura
     started.elapsed()
 }
 
-/// One measurement in fresh namespaces: (full sync, bare full restore, change sync, bare change
-/// restore, restore lines, change lines).
-fn measure(
-    state: &ProxyState,
-    backend: Backend,
-) -> (Duration, Duration, Duration, Duration, usize, usize) {
+/// One run's figures, each in fresh namespaces.
+struct Sample {
+    /// Our first (full) sync into an empty namespace.
+    full: Duration,
+    /// The bare restore of the same input into another empty namespace.
+    bare_full: Duration,
+    /// The bare restore of the same rules as one transaction per table (upstream's shape).
+    one_transaction: Option<Duration>,
+    /// A one-endpoint change, and the bare noflush restore of the same lines.
+    change: Duration,
+    bare_change: Duration,
+    /// A full sync forced on the running proxier (the hourly one, or after a failure).
+    forced: Duration,
+    /// A new proxier's first sync on the programmed node (a daemon restart).
+    restart: Duration,
+    /// What a full sync reads: nat's chain names and the built-in chains' rules.
+    reads: Duration,
+    lines: usize,
+    change_lines: usize,
+}
+
+fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) -> Sample {
     let ours = Netns::new("bench-ours");
     let bare = Netns::new("bench-bare");
     let mut state = state.clone();
-    let (full, full_text, change, change_text) = ours.run(move || {
+    let proxier = move || {
         let mut p = IptablesProxier::new(
             SystemIptables::new(backend),
             scale::iptables_settings("10.0.0.0/8"),
@@ -73,10 +93,19 @@ fn measure(
             Box::new(FakeSysctl::default()),
         );
         p.record_restores = true;
+        p
+    };
+    let timed = |f: &mut dyn FnMut()| {
         let started = Instant::now();
-        p.sync(&state, &ChangeSummary::default())
-            .expect("full sync");
-        let full = started.elapsed();
+        f();
+        started.elapsed()
+    };
+    let (sample, full_text, change_text) = ours.run(move || {
+        let mut p = proxier();
+        let full = timed(&mut || {
+            p.sync(&state, &ChangeSummary::default())
+                .expect("full sync");
+        });
         let full_text = p.last_restore[0].1.clone();
         let key = NamespacedName::new("bench", "svc-7");
         let ports = state.endpoints.get_mut(&key).unwrap();
@@ -85,28 +114,87 @@ fn measure(
             changed_services: [key].into(),
             ..ChangeSummary::default()
         };
-        let started = Instant::now();
-        let report = p.sync(&state, &changes).expect("partial sync");
-        let change = started.elapsed();
-        assert!(!report.full);
-        (full, full_text, change, p.last_restore[0].1.clone())
+        let change = timed(&mut || {
+            assert!(!p.sync(&state, &changes).expect("partial sync").full);
+        });
+        let change_text = p.last_restore[0].1.clone();
+        p.force_full_sync();
+        let forced = timed(&mut || {
+            assert!(
+                p.sync(&state, &ChangeSummary::default())
+                    .expect("forced full sync")
+                    .full
+            );
+        });
+        let restart = timed(&mut || {
+            proxier()
+                .sync(&state, &ChangeSummary::default())
+                .expect("first sync after a restart");
+        });
+        let mut iptables = SystemIptables::new(backend);
+        let reads = timed(&mut || {
+            iptables
+                .chain_names(IpFamily::V4, "nat")
+                .expect("chain names");
+            iptables
+                .chain_rules(
+                    IpFamily::V4,
+                    "nat",
+                    &["PREROUTING", "OUTPUT", "POSTROUTING"],
+                )
+                .expect("nat built-in chains");
+            iptables
+                .chain_rules(IpFamily::V4, "filter", &["INPUT", "FORWARD", "OUTPUT"])
+                .expect("filter built-in chains");
+        });
+        let sample = Sample {
+            full,
+            bare_full: Duration::ZERO,
+            one_transaction: None,
+            change,
+            bare_change: Duration::ZERO,
+            forced,
+            restart,
+            reads,
+            lines: full_text.lines().count(),
+            change_lines: change_text.lines().count(),
+        };
+        (sample, full_text, change_text)
     });
     if let Ok(path) = std::env::var("KPRS_BENCH_DUMP") {
         std::fs::write(path, &full_text).expect("dump restore text");
     }
     let bare_full = bare_restore(&bare, backend, &full_text, true);
     let bare_change = bare_restore(&bare, backend, &change_text, true);
-    (
-        full,
+    let one_transaction = one_transaction.map(|text| {
+        let fresh = Netns::new("bench-one");
+        bare_restore(&fresh, backend, text, true)
+    });
+    Sample {
         bare_full,
-        change,
         bare_change,
-        full_text.lines().count(),
-        change_text.lines().count(),
-    )
+        one_transaction,
+        ..sample
+    }
 }
 
-fn run(count: usize, backend: Backend, runs: usize) {
+/// The same rules as one transaction per table (as upstream writes them), for a fresh node.
+fn one_transaction_text(state: &ProxyState, ctx: &RenderContext) -> String {
+    let base = render_base(ctx);
+    let services = state
+        .services
+        .iter()
+        .map(|(k, p)| (k.clone(), render_service(p, state.endpoints.get(k), ctx)))
+        .filter(|(_, rules)| !rules.is_empty())
+        .collect();
+    let extras = FullSyncExtras {
+        missing_jumps: &base.jumps(),
+        ..FullSyncExtras::default()
+    };
+    full_restore(&base, &services, &extras).0
+}
+
+fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) {
     let state = scale::state(count);
     let ctx = RenderContext {
         family: IpFamily::V4,
@@ -127,12 +215,17 @@ fn run(count: usize, backend: Backend, runs: usize) {
         .map(|(k, p)| render_service(p, state.endpoints.get(k), &ctx).chains.len())
         .sum();
     let render = started.elapsed();
-    let samples: Vec<_> = (0..runs).map(|_| measure(&state, backend)).collect();
-    let (lines, change_lines) = (samples[0].4, samples[0].5);
-    let full = median(samples.iter().map(|s| s.0).collect());
-    let bare_full = median(samples.iter().map(|s| s.1).collect());
-    let change = median(samples.iter().map(|s| s.2).collect());
-    let bare_change = median(samples.iter().map(|s| s.3).collect());
+    // On legacy both are one transaction per table: nothing to compare.
+    let one_text = (with_one_transaction && backend == Backend::Nft)
+        .then(|| one_transaction_text(&state, &ctx));
+    let samples: Vec<Sample> = (0..runs)
+        .map(|_| measure(&state, backend, one_text.as_deref()))
+        .collect();
+    let (lines, change_lines) = (samples[0].lines, samples[0].change_lines);
+    let med = |f: fn(&Sample) -> Duration| median(samples.iter().map(f).collect());
+    let (full, bare_full) = (med(|s| s.full), med(|s| s.bare_full));
+    let (change, bare_change) = (med(|s| s.change), med(|s| s.bare_change));
+    let (forced, restart, reads) = (med(|s| s.forced), med(|s| s.restart), med(|s| s.reads));
     println!(
         "{count:>6} services x 10 endpoints ({}, {lines} restore lines, {rendered} chains, median of {runs}): render {}, \
          full sync {} vs bare restore {} (ratio {:.2}), one-endpoint change {} vs bare noflush {} (ratio {:.2}, {change_lines} lines)",
@@ -145,6 +238,23 @@ fn run(count: usize, backend: Backend, runs: usize) {
         secs(bare_change),
         change.as_secs_f64() / bare_change.as_secs_f64(),
     );
+    println!(
+        "{count:>6} services: restart (first sync on the programmed node) {} (ratio to cold start {:.2}), \
+         forced full sync {} (ratio {:.2}), reads of a full sync {}",
+        secs(restart),
+        restart.as_secs_f64() / full.as_secs_f64(),
+        secs(forced),
+        forced.as_secs_f64() / full.as_secs_f64(),
+        secs(reads),
+    );
+    if let Some(one) = samples.iter().filter_map(|s| s.one_transaction).min() {
+        println!(
+            "{count:>6} services: the same rules in one transaction per table (upstream's shape): bare restore {} \
+             (ours is {:.1}x faster)",
+            secs(one),
+            one.as_secs_f64() / full.as_secs_f64(),
+        );
+    }
 }
 
 /// Runs the real daemon in a namespace against the test API server holding `count` services x 10
@@ -155,20 +265,7 @@ fn daemon_rss(count: usize) {
         let node = Netns::new("bench-daemon");
         let listener = node.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
         let api = test_apiserver::ApiServer::start_on(listener, test_apiserver::Options::default()).await.expect("api");
-        api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}})).unwrap();
-        for i in 0..count {
-            let ip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
-            api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
-                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})).unwrap();
-            let endpoints: Vec<serde_json::Value> = (0..10)
-                .map(|e| serde_json::json!({"addresses": [format!("10.{}.{}.{}", i / 250, i % 250, e + 1)], "nodeName": "node-b"}))
-                .collect();
-            api.apply(serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-                "metadata": {"name": format!("svc-{i}-1"), "namespace": "bench", "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": endpoints})).unwrap();
-        }
+        scale::populate(&api, 0..count);
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
@@ -207,8 +304,9 @@ fn main() {
     } else {
         Backend::Nft
     };
+    let with_one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
     if !args.iter().any(|a| a == "--bench") {
-        run(50, backend, 1);
+        run(50, backend, 1, true);
         daemon_rss(50);
         return;
     }
@@ -226,7 +324,7 @@ fn main() {
             } else {
                 3
             };
-            run(count, backend, runs);
+            run(count, backend, runs, with_one_transaction);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
             daemon_rss(count);

@@ -284,9 +284,14 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         iptables
             .restore(kube_proxy_rs::model::IpFamily::V4, &desired.iptables)
             .expect("the kernel accepts IPVS mode's rules");
-        let nat = iptables
-            .save(kube_proxy_rs::model::IpFamily::V4, Some("nat"))
-            .unwrap();
+        let nat = String::from_utf8(
+            std::process::Command::new("iptables-nft-save")
+                .args(["-t", "nat"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
         assert!(
             nat.contains("KUBE-LOAD-BALANCER") && nat.contains("match-set KUBE-CLUSTER-IP"),
             "{nat}"

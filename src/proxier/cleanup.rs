@@ -12,7 +12,9 @@ use super::ipvs::DUMMY_LINK;
 use super::ipvs::render::{SETS, set_name};
 use crate::model::IpFamily;
 use crate::sys::ipset::SystemIpset;
-use crate::sys::iptables::{Backend, Iptables, SystemIptables, jump_target, table_section};
+use crate::sys::iptables::{
+    Backend, ChainRules, Iptables, IptablesError, SystemIptables, builtin_chains, jump_target,
+};
 use crate::sys::ipvs::{IpvsClient, VirtualServer};
 use crate::sys::link::Links;
 
@@ -77,62 +79,137 @@ impl Leftovers {
     }
 }
 
-/// The `iptables-restore --noflush` input that removes the chains `remove` names from one table
-/// of `saved` (`iptables-save` output) and every rule elsewhere that jumps to them; `None` when
-/// there is nothing to remove.
-pub fn removal_input(saved: &str, table: &str, remove: &dyn Fn(&str) -> bool) -> Option<String> {
-    let section = table_section(saved, table);
-    let chains: BTreeSet<&str> = section
-        .lines()
-        .filter_map(|line| line.strip_prefix(':'))
-        .filter_map(|line| line.split_whitespace().next())
-        .filter(|chain| remove(chain))
-        .collect();
-    if chains.is_empty() {
-        return None;
-    }
+/// The `iptables-restore --noflush` input that removes the chains `delete` of `table`, and the
+/// rules of `referrers` (chains that stay, with their rules as read) that jump to them. Three
+/// steps, each its own transaction(s) when `per_transaction` asks for it: the jumps go, every
+/// chain of `delete` and `flush_only` is flushed (which also drops their jumps to each other),
+/// every chain of `delete` is deleted.
+pub fn removal_input(
+    table: &str,
+    delete: &BTreeSet<String>,
+    flush_only: &BTreeSet<String>,
+    referrers: &ChainRules,
+    per_transaction: Option<usize>,
+) -> String {
     let mut out = format!("*{table}\n");
-    for chain in &chains {
-        out.push_str(&format!(":{chain} - [0:0]\n"));
-    }
-    for line in section.lines() {
-        let Some(rule) = line.strip_prefix("-A ") else {
-            continue;
-        };
-        let from = rule.split_whitespace().next().unwrap_or("");
-        let target = jump_target(rule).unwrap_or("");
-        if !chains.contains(from) && chains.contains(target) {
-            out.push_str(&format!("-D {rule}\n"));
-        }
-    }
-    for chain in &chains {
-        out.push_str(&format!("-X {chain}\n"));
-    }
-    out.push_str("COMMIT\n");
-    Some(out)
-}
-
-/// Removes `what` from both families of one back end; returns how many chains went.
-pub fn remove_chains(iptables: &mut dyn Iptables, what: Leftovers) -> usize {
-    let mut removed = 0;
-    for family in [IpFamily::V4, IpFamily::V6] {
-        let Ok(saved) = iptables.save(family, None) else {
-            continue;
-        };
-        for table in ["nat", "filter", "mangle"] {
-            let Some(input) = removal_input(&saved, table, &|c| what.owns_chain(table, c)) else {
-                continue;
-            };
-            let count = input.lines().filter(|l| l.starts_with("-X")).count();
-            match iptables.restore(family, &input) {
-                Ok(()) => removed += count,
-                Err(err) => {
-                    warn!(?family, table, error = %err, "Failed to remove kube-proxy chains")
-                }
+    for (from, rules) in referrers {
+        for rule in rules {
+            if jump_target(rule).is_some_and(|target| delete.contains(target)) {
+                out.push_str(&format!("-D {from} {rule}\n"));
             }
         }
     }
+    let limit = per_transaction.unwrap_or(usize::MAX).max(1);
+    let mut flushed: Vec<&String> = delete.union(flush_only).collect();
+    flushed.reverse();
+    for (index, group) in flushed.chunks(limit).enumerate() {
+        if per_transaction.is_some() || index == 0 {
+            out.push_str(&format!("COMMIT\n*{table}\n"));
+        }
+        for chain in group {
+            out.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+    }
+    let deleted: Vec<&String> = delete.iter().rev().collect();
+    for (index, group) in deleted.chunks(limit).enumerate() {
+        if per_transaction.is_some() || index > 0 {
+            out.push_str(&format!("COMMIT\n*{table}\n"));
+        }
+        for chain in group {
+            out.push_str(&format!("-X {chain}\n"));
+        }
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// Removes `what` from both families of one back end; returns how many chains went. Reads only
+/// chain names and the built-in chains' rules: a rule in another program's chain that jumps to
+/// one of ours cannot be seen, so the chain it keeps in use is left (and named in the log).
+pub fn remove_chains(iptables: &mut dyn Iptables, what: Leftovers) -> usize {
+    let mut removed = 0;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for table in ["nat", "filter", "mangle"] {
+            removed += remove_table_chains(iptables, family, table, what);
+        }
+    }
     removed
+}
+
+/// How many times a removal is retried without the chain another program's rule keeps in use.
+const REMOVAL_ATTEMPTS: usize = 5;
+
+fn remove_table_chains(
+    iptables: &mut dyn Iptables,
+    family: IpFamily,
+    table: &str,
+    what: Leftovers,
+) -> usize {
+    let Ok(names) = iptables.chain_names(family, table) else {
+        return 0;
+    };
+    let mut chains: BTreeSet<String> = names
+        .iter()
+        .filter(|chain| what.owns_chain(table, chain))
+        .cloned()
+        .collect();
+    let found = chains.len();
+    // Chains that may jump to the ones going: the built-in ones, and the chains of ours that
+    // stay (the other mode's KUBE-SERVICES). Everything else would mean reading whole tables.
+    let mut referrers: Vec<&str> = builtin_chains(table).to_vec();
+    referrers.extend(
+        names
+            .iter()
+            .filter(|chain| Leftovers::All.owns_chain(table, chain) && !chains.contains(*chain))
+            .map(String::as_str),
+    );
+    let mut in_use = BTreeSet::new();
+    for _ in 0..REMOVAL_ATTEMPTS {
+        if chains.is_empty() {
+            break;
+        }
+        let rules = match iptables.chain_rules(family, table, &referrers) {
+            Ok(rules) => rules,
+            Err(err) => {
+                warn!(family = family.name(), table, error = %err, "Failed to read the chains that jump to ours");
+                break;
+            }
+        };
+        // The first transaction removes the jumps into them: nothing reaches them after it.
+        let per_transaction = iptables.chains_per_transaction(chains.len(), false);
+        let input = removal_input(table, &chains, &in_use, &rules, per_transaction);
+        let err = match iptables.restore(family, &input) {
+            Ok(()) => {
+                chains.clear();
+                break;
+            }
+            Err(err) => err,
+        };
+        // A chain that cannot be deleted is in use by a rule we did not read: it stays, emptied.
+        let failed_chain = match &err {
+            IptablesError::Restore {
+                line: Some(line), ..
+            } => input
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|l| l.strip_prefix("-X "))
+                .map(str::to_string),
+            _ => None,
+        };
+        let Some(chain) = failed_chain else {
+            warn!(family = family.name(), table, error = %err, "Failed to remove kube-proxy chains");
+            break;
+        };
+        warn!(family = family.name(), table, chain = %chain, "A chain of ours is in use by a rule that is not ours; it stays, emptied");
+        chains.remove(&chain);
+        in_use.insert(chain);
+        // Sections before the failing one are applied: see what is left.
+        match iptables.chain_names(family, table) {
+            Ok(left) => chains.retain(|chain| left.contains(chain)),
+            Err(_) => break,
+        }
+    }
+    found.saturating_sub(chains.len() + in_use.len())
 }
 
 /// Removes IPVS mode's kernel state: virtual servers on kube-ipvs0's addresses (and on `local`
@@ -209,58 +286,118 @@ pub fn cleanup(what: Leftovers, local: &[IpAddr]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::iptables_fake::{FakeIptables, Read};
 
-    const SAVED: &str = "\
-*nat
-:PREROUTING ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:KUBE-SERVICES - [0:0]
-:KUBE-SVC-AAAA - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:DOCKER - [0:0]
--A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
--A OUTPUT -j DOCKER
--A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -j KUBE-SVC-AAAA
--A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
-COMMIT
-*filter
-:INPUT ACCEPT [0:0]
-:KUBE-IPVS-FILTER - [0:0]
--A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER
-COMMIT
-";
+    const V4: IpFamily = IpFamily::V4;
+
+    /// A node with iptables-mode and IPVS-mode chains of ours and some of other programs'.
+    fn node() -> FakeIptables {
+        let mut ipt = FakeIptables::default();
+        ipt.restore(
+            V4,
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAA - [0:0]\n:KUBE-SEP-BBBB - [0:0]\n\
+             :KUBE-NODE-PORT - [0:0]\n:DOCKER - [0:0]\n\
+             -A KUBE-SEP-BBBB -p tcp -j DNAT --to-destination 10.0.0.1:80\n\
+             -A KUBE-SVC-AAAA -j KUBE-SEP-BBBB\n\
+             -A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -j KUBE-SVC-AAAA\n\
+             -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n\
+             -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A OUTPUT -j DOCKER\nCOMMIT\n\
+             *filter\n:KUBE-IPVS-FILTER - [0:0]\n:KUBE-FIREWALL - [0:0]\n\
+             -A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+             -A INPUT -j KUBE-FIREWALL\nCOMMIT\n",
+        )
+        .unwrap();
+        ipt
+    }
+
+    fn chains(ipt: &FakeIptables, table: &str) -> Vec<String> {
+        ipt.table(V4, table)
+            .chains
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !builtin_chains(table).contains(&name.as_str()))
+            .collect()
+    }
 
     #[test]
-    fn removes_the_chains_and_the_jumps_to_them_only() {
-        let all = removal_input(SAVED, "nat", &|c| Leftovers::All.owns_chain("nat", c)).unwrap();
+    fn removes_our_chains_and_the_jumps_to_them_only() {
+        for per_transaction in [None, Some(1)] {
+            let mut ipt = node();
+            ipt.chains_per_transaction = per_transaction;
+            assert_eq!(remove_chains(&mut ipt, Leftovers::All), 5);
+            assert_eq!(chains(&ipt, "nat"), ["DOCKER"]);
+            assert_eq!(chains(&ipt, "filter"), ["KUBE-FIREWALL"], "the kubelet's");
+            assert_eq!(
+                ipt.table(V4, "nat").chain("OUTPUT").unwrap(),
+                &["-j DOCKER"]
+            );
+            assert!(ipt.table(V4, "nat").chain("PREROUTING").unwrap().is_empty());
+            assert_eq!(
+                remove_chains(&mut ipt, Leftovers::All),
+                0,
+                "a second run finds nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn switching_modes_removes_only_the_other_modes_chains() {
+        let mut ipt = node();
+        assert_eq!(remove_chains(&mut ipt, Leftovers::IptablesMode), 2);
         assert_eq!(
-            all,
-            "*nat\n:KUBE-NODE-PORT - [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAA - [0:0]\n\
-             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -X KUBE-NODE-PORT\n-X KUBE-SERVICES\n-X KUBE-SVC-AAAA\nCOMMIT\n"
+            chains(&ipt, "nat"),
+            ["KUBE-SERVICES", "KUBE-NODE-PORT", "DOCKER"]
         );
-        // Switching to IPVS: the per-service chains go, and KUBE-SERVICES' jump to one with them.
-        let iptables = removal_input(SAVED, "nat", &|c| {
-            Leftovers::IptablesMode.owns_chain("nat", c)
-        });
         assert_eq!(
-            iptables.unwrap(),
-            "*nat\n:KUBE-SVC-AAAA - [0:0]\n-D KUBE-SERVICES -d 10.96.0.10/32 -p tcp -j KUBE-SVC-AAAA\n\
-             -X KUBE-SVC-AAAA\nCOMMIT\n"
+            ipt.table(V4, "nat").chain("KUBE-SERVICES").unwrap(),
+            &["-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"],
+            "IPVS mode has a KUBE-SERVICES too"
         );
-        let ipvs = removal_input(SAVED, "filter", &|c| {
-            Leftovers::IpvsMode.owns_chain("filter", c)
-        })
-        .unwrap();
-        assert!(ipvs.contains(
-            "-D INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER"
-        ));
+        let mut ipt = node();
+        assert_eq!(remove_chains(&mut ipt, Leftovers::IpvsMode), 2);
+        assert_eq!(chains(&ipt, "filter"), ["KUBE-FIREWALL"]);
         assert!(
-            removal_input("*nat\n:DOCKER - [0:0]\nCOMMIT\n", "nat", &|c| {
-                Leftovers::All.owns_chain("nat", c)
-            })
-            .is_none()
+            !ipt.table(V4, "nat")
+                .chain("KUBE-SERVICES")
+                .unwrap()
+                .iter()
+                .any(|rule| rule.contains("KUBE-NODE-PORT"))
         );
+    }
+
+    #[test]
+    fn reads_only_chain_names_and_built_in_chains() {
+        let mut ipt = node();
+        remove_chains(&mut ipt, Leftovers::All);
+        for read in &ipt.reads {
+            if let Read::ChainRules { table, chains, .. } = read {
+                assert!(
+                    chains
+                        .iter()
+                        .all(|c| builtin_chains(table).contains(&c.as_str())),
+                    "{read:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_chain_another_programs_rule_uses_stays_and_the_rest_goes() {
+        let mut ipt = node();
+        ipt.add_foreign_rule(V4, "nat", "DOCKER", "-j KUBE-SVC-AAAA");
+        assert_eq!(remove_chains(&mut ipt, Leftovers::All), 4);
+        assert_eq!(chains(&ipt, "nat"), ["KUBE-SVC-AAAA", "DOCKER"]);
+        assert!(
+            ipt.table(V4, "nat")
+                .chain("KUBE-SVC-AAAA")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn ownership() {
         assert!(
             !Leftovers::All.owns_chain("filter", "KUBE-FIREWALL"),
             "the kubelet's"

@@ -1,33 +1,103 @@
-//! iptables through its restore/save tools: one `iptables-restore --noflush --counters` per sync
-//! and family, fed on stdin, never a process per rule. The back end (legacy or nft) is chosen as
-//! kube-proxy's image does: the one kubelet's hint chain names, else the one whose tables already
-//! hold more rules, else nft.
+//! iptables through its tools: one `iptables-restore --noflush --counters` per sync and family,
+//! fed on stdin, never a process per rule; reads of only what is ours (chain names, and the rules
+//! of a few named chains), never a whole table. The back end (legacy or nft) is chosen as
+//! kube-proxy's image does, from marker chains that kubelet and kube-proxy leave.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use super::netlink::NetlinkError;
+use super::nf_tables;
+use super::process::{Ended, Tool, ToolError};
 use crate::model::IpFamily;
+
+/// A restore may take this long (a cold start at 50,000 services) before it is killed.
+const RESTORE_LIMIT: Duration = Duration::from_secs(900);
+/// Reading chains, or a chain's rules, may take this long.
+const READ_LIMIT: Duration = Duration::from_secs(120);
+/// How many chains one nf_tables transaction of a large restore holds (see
+/// [`Iptables::chains_per_transaction`]).
+///
+/// iptables-nft-restore keeps the chains a transaction names in a sorted linked list, so its own
+/// cost per transaction grows with the square of its size; and at each commit the kernel checks
+/// every chain that a built-in chain reaches. Into chains nothing reaches yet (a cold start),
+/// small transactions win: 1,000 chains. Measured at 10,000 services x 10 endpoints (120,000
+/// chains): 20 s, against 607 s in one transaction. Where traffic already reaches them (a
+/// restart, a forced full sync), each commit re-checks them all, so fewer and larger
+/// transactions win; balancing the two costs gives about 25 x sqrt(chains): at 120,000 chains,
+/// 8,000 per transaction took 49 s where 1,000 took 95 s.
+pub fn nft_chains_per_transaction(chains: usize, reachable: bool) -> usize {
+    if !reachable {
+        return 1000;
+    }
+    let balanced = 25.0 * (chains as f64).sqrt();
+    (balanced as usize).clamp(1000, 20_000)
+}
+/// The built-in chains of each table.
+pub fn builtin_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "filter" => &["INPUT", "FORWARD", "OUTPUT"],
+        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
+        "raw" => &["PREROUTING", "OUTPUT"],
+        _ => &[],
+    }
+}
 
 /// Why an iptables operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
-    /// iptables-restore refused the input.
-    #[error("iptables-restore failed at line {line}: {reason}")]
-    Restore { line: usize, reason: String },
-    /// A tool could not be started.
-    #[error("failed to run {command}: {reason}")]
-    Exec { command: String, reason: String },
-    /// A tool ran and failed.
-    #[error("{command} failed: {stderr}")]
-    Command { command: String, stderr: String },
+    /// iptables-restore refused the input; `line` is the input line it named, if it did.
+    #[error("{reason}{}", at_line(*.line, .context))]
+    Restore {
+        reason: String,
+        line: Option<usize>,
+        /// The failing line and its neighbours, numbered.
+        context: String,
+    },
+    /// A tool that reads (or probes) failed.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The chain names could not be read over netlink.
+    #[error("reading the chains of table {table} ({family}) over netlink: {source}")]
+    Netlink {
+        table: String,
+        family: &'static str,
+        #[source]
+        source: NetlinkError,
+    },
 }
 
-/// The operations the iptables proxier needs.
+fn at_line(line: Option<usize>, context: &str) -> String {
+    match line {
+        Some(line) if !context.is_empty() => format!(" (input line {line}: {context})"),
+        Some(line) => format!(" (input line {line})"),
+        None => String::new(),
+    }
+}
+
+/// The rules of some chains, by chain: each rule as `iptables -S` prints it after `-A <chain> `.
+pub type ChainRules = BTreeMap<String, Vec<String>>;
+
+/// The operations the proxiers need. None reads a whole table: on a node with 10,000 services
+/// `iptables-nft-save` runs for minutes and then crashes, and other programs' rules can be huge.
 pub trait Iptables: Send {
-    /// Applies restore input without flushing tables (`--noflush --counters`).
+    /// Applies restore input without flushing tables (`--noflush --counters`). Each `COMMIT`
+    /// ends one transaction: an input of several sections of a table may be applied in part.
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
-    /// `iptables-save -t <table>`, or every table when `None` (one process instead of several).
-    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError>;
+    /// The names of one table's chains (no rules).
+    fn chain_names(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<BTreeSet<String>, IptablesError>;
+    /// The rules of a few chains of one table; a chain that does not exist has none.
+    fn chain_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<ChainRules, IptablesError>;
     /// Whether a chain exists (for the canary check).
     fn chain_exists(
         &mut self,
@@ -35,6 +105,11 @@ pub trait Iptables: Send {
         table: &str,
         chain: &str,
     ) -> Result<bool, IptablesError>;
+    /// At most how many chains a restore that writes `chains` chains should put in one
+    /// transaction (`COMMIT`), or `None` for one transaction per table; `reachable` says whether
+    /// built-in chains already jump to them. nft: see [`nft_chains_per_transaction`]; legacy
+    /// iptables swaps the whole table at each COMMIT, so there one transaction is cheapest.
+    fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize>;
 }
 
 /// Which kernel interface the iptables tools use.
@@ -53,26 +128,35 @@ impl Backend {
         }
     }
 
-    /// Chooses as kube-proxy's image does (iptables-wrapper): kubelet's KUBE-IPTABLES-HINT chain
-    /// wins; else the back end with more rules; nft on a tie.
+    /// Chooses as kube-proxy's image does (iptables-wrapper), from chain names only: kubelet's
+    /// KUBE-IPTABLES-HINT chain wins, then kubelet's KUBE-KUBELET-CANARY, then the canary an
+    /// earlier kube-proxy left; a node without any of them uses legacy only if legacy tables
+    /// hold rules and nf_tables holds no iptables table, else nft.
     pub fn detect() -> Backend {
-        for backend in [Backend::Legacy, Backend::Nft] {
-            let hinted = [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
-                run(&tool(family, backend, "save"), &["-t", "mangle"])
-                    .is_ok_and(|out| out.contains(":KUBE-IPTABLES-HINT"))
-            });
-            if hinted {
-                return backend;
+        for marker in [
+            "KUBE-IPTABLES-HINT",
+            "KUBE-KUBELET-CANARY",
+            "KUBE-PROXY-CANARY",
+        ] {
+            for backend in [Backend::Legacy, Backend::Nft] {
+                let mut iptables = SystemIptables::new(backend);
+                let marked = [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
+                    iptables
+                        .chain_exists(family, "mangle", marker)
+                        .unwrap_or(false)
+                });
+                if marked {
+                    return backend;
+                }
             }
         }
-        let count = |backend| {
-            [IpFamily::V4, IpFamily::V6]
-                .into_iter()
-                .filter_map(|family| run(&tool(family, backend, "save"), &[]).ok())
-                .map(|out| out.lines().filter(|l| l.starts_with("-A ")).count())
-                .sum::<usize>()
-        };
-        if count(Backend::Legacy) > count(Backend::Nft) {
+        let legacy_rules = Tool::new(&tool(IpFamily::V4, Backend::Legacy, "save"), &[])
+            .run()
+            .is_ok_and(|out| out.split(|b| *b == b'\n').any(|l| l.starts_with(b"-A ")));
+        let nft_tables = ["filter", "nat", "mangle"].into_iter().any(|table| {
+            nf_tables::chain_names(IpFamily::V4, table).is_ok_and(|names| !names.is_empty())
+        });
+        if legacy_rules && !nft_tables {
             Backend::Legacy
         } else {
             Backend::Nft
@@ -105,56 +189,88 @@ impl SystemIptables {
     pub fn new(backend: Backend) -> Self {
         SystemIptables { backend }
     }
+
+    /// `iptables-legacy-save -t <table>`: the legacy kernel interface hands out a table only as
+    /// a whole (iptables-legacy-restore reads it the same way on every sync).
+    fn legacy_save(&self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
+        let out = Tool::new(&tool(family, Backend::Legacy, "save"), &["-t", table])
+            .limit(READ_LIMIT)
+            .run()?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
 }
 
 impl Iptables for SystemIptables {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         let command = tool(family, self.backend, "restore");
-        let mut child = Command::new(&command)
-            .args(["-w", "5", "--noflush", "--counters"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|err| IptablesError::Exec {
-                command: command.clone(),
-                reason: err.to_string(),
-            })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(input.as_bytes())
-                .map_err(|err| IptablesError::Exec {
-                    command: command.clone(),
-                    reason: err.to_string(),
-                })?;
-        }
-        let output = child
-            .wait_with_output()
-            .map_err(|err| IptablesError::Exec {
-                command: command.clone(),
-                reason: err.to_string(),
-            })?;
-        if output.status.success() {
-            return Ok(());
-        }
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        let line = failed_line(&stderr).unwrap_or(0);
-        let context = input
-            .lines()
-            .nth(line.saturating_sub(1))
-            .filter(|_| line > 0)
-            .unwrap_or_default();
-        Err(IptablesError::Restore {
-            line,
-            reason: format!("{stderr} (input: {context})"),
-        })
+        Tool::new(&command, &["-w", "5", "--noflush", "--counters"])
+            .input(input.as_bytes())
+            .limit(RESTORE_LIMIT)
+            .run()
+            .map(drop)
+            .map_err(|failure| {
+                let line = failure.stderr().and_then(failed_line);
+                IptablesError::Restore {
+                    reason: failure.to_string(),
+                    line,
+                    context: line.map(|l| input_context(input, l)).unwrap_or_default(),
+                }
+            })
     }
 
-    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError> {
-        match table {
-            Some(table) => run(&tool(family, self.backend, "save"), &["-t", table]),
-            None => run(&tool(family, self.backend, "save"), &[]),
+    fn chain_names(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        match self.backend {
+            Backend::Nft => {
+                nf_tables::chain_names(family, table).map_err(|source| IptablesError::Netlink {
+                    table: table.to_string(),
+                    family: family.name(),
+                    source,
+                })
+            }
+            Backend::Legacy => Ok(declared_chains(&self.legacy_save(family, table)?)),
         }
+    }
+
+    fn chain_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<ChainRules, IptablesError> {
+        let mut rules = ChainRules::new();
+        match self.backend {
+            Backend::Legacy => {
+                let saved = self.legacy_save(family, table)?;
+                for chain in chains {
+                    rules.insert(chain.to_string(), rules_of(&saved, chain));
+                }
+            }
+            // `-S <chain>` makes iptables-nft fetch that chain alone.
+            Backend::Nft => {
+                for chain in chains {
+                    let listed = Tool::new(
+                        &tool(family, Backend::Nft, ""),
+                        &["-w", "5", "-t", table, "-S", chain],
+                    )
+                    .limit(READ_LIMIT)
+                    .run();
+                    let text = match listed {
+                        Ok(out) => String::from_utf8_lossy(&out).into_owned(),
+                        Err(ToolError::Failed {
+                            ended: Ended::Exited(1),
+                            ..
+                        }) => String::new(),
+                        Err(err) => return Err(err.into()),
+                    };
+                    rules.insert(chain.to_string(), rules_of(&text, chain));
+                }
+            }
+        }
+        Ok(rules)
     }
 
     fn chain_exists(
@@ -163,17 +279,28 @@ impl Iptables for SystemIptables {
         table: &str,
         chain: &str,
     ) -> Result<bool, IptablesError> {
-        let command = tool(family, self.backend, "");
-        let status = Command::new(&command)
-            .args(["-w", "5", "-t", table, "-S", chain])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|err| IptablesError::Exec {
-                command,
-                reason: err.to_string(),
-            })?;
-        Ok(status.success())
+        let probe = Tool::new(
+            &tool(family, self.backend, ""),
+            &["-w", "5", "-t", table, "-S", chain],
+        )
+        .limit(READ_LIMIT)
+        .run();
+        match probe {
+            Ok(_) => Ok(true),
+            // Exit status 1 is iptables' "no such chain"; others (2 usage, 4 lock) are errors.
+            Err(ToolError::Failed {
+                ended: Ended::Exited(1),
+                ..
+            }) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize> {
+        match self.backend {
+            Backend::Nft => Some(nft_chains_per_transaction(chains, reachable)),
+            Backend::Legacy => None,
+        }
     }
 }
 
@@ -190,31 +317,52 @@ pub fn table_section<'a>(save: &'a str, table: &str) -> &'a str {
     }
 }
 
-fn run(command: &str, args: &[&str]) -> Result<String, IptablesError> {
-    let output = Command::new(command)
-        .args(args)
-        .output()
-        .map_err(|err| IptablesError::Exec {
-            command: command.to_string(),
-            reason: err.to_string(),
-        })?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(IptablesError::Command {
-            command: format!("{command} {}", args.join(" ")),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        })
-    }
+/// The chains `:NAME ...` lines declare in iptables-save output.
+pub fn declared_chains(save: &str) -> BTreeSet<String> {
+    save.lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|decl| decl.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
-/// iptables-restore says `line N failed`.
+/// The rules of `chain` in iptables-save or `iptables -S` output, without `-A <chain> `.
+pub fn rules_of(listing: &str, chain: &str) -> Vec<String> {
+    let prefix = format!("-A {chain} ");
+    listing
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix(&prefix)
+                .or_else(|| (line == prefix.trim_end()).then_some(""))
+        })
+        .map(|spec| spec.trim_end().to_string())
+        .collect()
+}
+
+/// iptables-restore says `line N failed` (a line it could not parse) or `line N: CHAIN_DEL
+/// failed (...)` (a command the kernel refused, nft back end).
 fn failed_line(stderr: &str) -> Option<usize> {
     let words: Vec<&str> = stderr.split_whitespace().collect();
     words
-        .windows(3)
-        .find(|w| w[0] == "line" && w[2].starts_with("failed"))
-        .and_then(|w| w[1].parse().ok())
+        .windows(2)
+        .find(|w| w[0] == "line" && w[1].trim_end_matches(':').parse::<usize>().is_ok())
+        .and_then(|w| w[1].trim_end_matches(':').parse().ok())
+}
+
+/// Input line `line` (1-based) with the lines around it, numbered, on one line.
+pub fn input_context(input: &str, line: usize) -> String {
+    let first = line.saturating_sub(1).max(1);
+    input
+        .lines()
+        .enumerate()
+        .skip(first - 1)
+        .take(line + 1 - first + 1)
+        .map(|(index, text)| {
+            let mark = if index + 1 == line { ">" } else { "" };
+            format!("{mark}{}: {text:?}", index + 1)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The chain or target a rule jumps to.
@@ -245,6 +393,12 @@ mod tests {
         assert_eq!(tool(IpFamily::V4, Backend::Nft, ""), "iptables-nft");
         assert_eq!(failed_line("iptables-restore: line 7 failed"), Some(7));
         assert_eq!(failed_line("something else"), None);
+        assert_eq!(
+            failed_line(
+                "iptables-nft-restore v1.8.9 (nf_tables): | line 8: CHAIN_DEL failed (Device or resource busy): chain KUBE-SVC-AAAA"
+            ),
+            Some(8)
+        );
         let save =
             "# Generated\n*mangle\n:A - [0:0]\nCOMMIT\n*nat\n:B - [0:0]\n-A B -j RETURN\nCOMMIT\n";
         assert_eq!(
@@ -252,5 +406,44 @@ mod tests {
             "*nat\n:B - [0:0]\n-A B -j RETURN"
         );
         assert_eq!(table_section(save, "filter"), "");
+        assert_eq!(
+            declared_chains(save),
+            BTreeSet::from(["A".to_string(), "B".to_string()])
+        );
+    }
+
+    #[test]
+    fn listings_give_one_chains_rules() {
+        let listing = "-P PREROUTING ACCEPT\n-A PREROUTING -m comment --comment \"a b\" -j KUBE-SERVICES\n\
+                       -A PREROUTING-X -j ACCEPT\n-A PREROUTING\n-A OUTPUT -j KUBE-SERVICES\n";
+        assert_eq!(
+            rules_of(listing, "PREROUTING"),
+            vec!["-m comment --comment \"a b\" -j KUBE-SERVICES", ""]
+        );
+        assert!(rules_of(listing, "INPUT").is_empty());
+    }
+
+    #[test]
+    fn a_failed_restore_names_the_line_and_its_neighbours() {
+        let input = "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j BAD\nCOMMIT\n";
+        assert_eq!(
+            input_context(input, 3),
+            "2: \":KUBE-A - [0:0]\", >3: \"-A KUBE-A -j BAD\", 4: \"COMMIT\""
+        );
+        assert_eq!(
+            input_context(input, 1),
+            ">1: \"*nat\", 2: \":KUBE-A - [0:0]\""
+        );
+        let error = IptablesError::Restore {
+            reason: "iptables-nft-restore exited with status 2: stderr: line 3 failed".into(),
+            line: Some(3),
+            context: input_context(input, 3),
+        };
+        assert!(
+            error.to_string().ends_with(
+                "(input line 3: 2: \":KUBE-A - [0:0]\", >3: \"-A KUBE-A -j BAD\", 4: \"COMMIT\")"
+            ),
+            "{error}"
+        );
     }
 }

@@ -1,10 +1,12 @@
-//! A stateful fake of iptables-restore/-save that enforces what the kernel would: a rule may only
+//! A stateful fake of the iptables tools that enforces what the kernel would: a rule may only
 //! jump to a chain that exists, `-D` must name an existing rule, `-X` only removes an empty,
-//! unreferenced chain of ours, and an input with any error changes nothing.
+//! unreferenced chain, and each `COMMIT` applies its section whole or not at all (a failed
+//! section leaves the ones before it applied, as the real tools do). It records every read, so
+//! tests can tell what a proxier looked at.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::iptables::{Iptables, IptablesError, jump_target};
+use super::iptables::{ChainRules, Iptables, IptablesError, builtin_chains, jump_target};
 use crate::model::IpFamily;
 
 /// Targets that are not chains.
@@ -19,17 +21,6 @@ const BUILTIN_TARGETS: [&str; 9] = [
     "SNAT",
     "LOG",
 ];
-
-/// The built-in chains of each table.
-fn builtin_chains(table: &str) -> &'static [&'static str] {
-    match table {
-        "filter" => &["INPUT", "FORWARD", "OUTPUT"],
-        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
-        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
-        "raw" => &["PREROUTING", "OUTPUT"],
-        _ => &[],
-    }
-}
 
 /// One table: chains in creation order, each with its rules (the text after `-A CHAIN`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -70,14 +61,37 @@ impl Table {
     }
 }
 
-/// Tables of both families, plus every restore input seen.
+/// A read a proxier made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The chain names of a table.
+    ChainNames { family: IpFamily, table: String },
+    /// The rules of these chains of a table.
+    ChainRules {
+        family: IpFamily,
+        table: String,
+        chains: Vec<String>,
+    },
+    /// Whether a chain exists.
+    ChainExists {
+        family: IpFamily,
+        table: String,
+        chain: String,
+    },
+}
+
+/// Tables of both families, plus every restore input and read seen.
 #[derive(Clone, Debug, Default)]
 pub struct FakeIptables {
     tables: BTreeMap<(IpFamily, String), Table>,
     /// Every restore input, in order, with its family.
     pub restores: Vec<(IpFamily, String)>,
+    /// Every read, in order.
+    pub reads: Vec<Read>,
     /// When set, the next restore fails with this message (and changes nothing).
     pub fail_next_restore: Option<String>,
+    /// What [`Iptables::chains_per_transaction`] answers (`None`: one transaction per table).
+    pub chains_per_transaction: Option<usize>,
 }
 
 impl FakeIptables {
@@ -133,35 +147,35 @@ impl FakeIptables {
         out
     }
 
+    /// Applies restore input section by section: each COMMIT keeps what its section did.
     fn apply(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
-        let mut working = self.tables.clone();
-        let mut current: Option<String> = None;
+        // The table being edited, and its name, between `*table` and `COMMIT`.
+        let mut current: Option<(String, Table)> = None;
         for (index, raw) in input.lines().enumerate() {
             let line = raw.trim();
             let fail = |reason: String| IptablesError::Restore {
-                line: index + 1,
-                reason: format!("{reason}: {line}"),
+                reason: format!("fake iptables-restore: {reason}"),
+                line: Some(index + 1),
+                context: format!("{line:?}"),
             };
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             if let Some(name) = line.strip_prefix('*') {
-                working
-                    .entry((family, name.to_string()))
-                    .or_insert_with(|| Table::with_builtins(name));
-                current = Some(name.to_string());
+                current = Some((name.to_string(), self.table(family, name)));
                 continue;
             }
-            let Some(table_name) = current.clone() else {
+            if line == "COMMIT" {
+                let (name, table) = current
+                    .take()
+                    .ok_or_else(|| fail("no table selected".into()))?;
+                self.tables.insert((family, name), table);
+                continue;
+            }
+            let Some((table_name, table)) = current.as_mut() else {
                 return Err(fail("no table selected".into()));
             };
-            if line == "COMMIT" {
-                current = None;
-                continue;
-            }
-            let table = working
-                .entry((family, table_name.clone()))
-                .or_insert_with(|| Table::with_builtins(&table_name));
+            let table_name = table_name.clone();
             if let Some(decl) = line.strip_prefix(':') {
                 let chain = decl
                     .split_whitespace()
@@ -244,11 +258,11 @@ impl FakeIptables {
         }
         if current.is_some() {
             return Err(IptablesError::Restore {
-                line: input.lines().count(),
-                reason: "missing COMMIT".into(),
+                reason: "fake iptables-restore: missing COMMIT".into(),
+                line: Some(input.lines().count()),
+                context: String::new(),
             });
         }
-        self.tables = working;
         Ok(())
     }
 }
@@ -257,19 +271,51 @@ impl Iptables for FakeIptables {
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
         self.restores.push((family, input.to_string()));
         if let Some(reason) = self.fail_next_restore.take() {
-            return Err(IptablesError::Restore { line: 1, reason });
+            return Err(IptablesError::Restore {
+                reason,
+                line: None,
+                context: String::new(),
+            });
         }
         self.apply(family, input)
     }
 
-    fn save(&mut self, family: IpFamily, table: Option<&str>) -> Result<String, IptablesError> {
-        match table {
-            Some(table) => Ok(self.dump(family, table)),
-            None => Ok(["raw", "mangle", "nat", "filter"]
-                .iter()
-                .map(|t| self.dump(family, t))
-                .collect()),
-        }
+    fn chain_names(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        self.reads.push(Read::ChainNames {
+            family,
+            table: table.to_string(),
+        });
+        Ok(self
+            .table(family, table)
+            .chains
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    fn chain_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<ChainRules, IptablesError> {
+        self.reads.push(Read::ChainRules {
+            family,
+            table: table.to_string(),
+            chains: chains.iter().map(|c| c.to_string()).collect(),
+        });
+        let current = self.table(family, table);
+        Ok(chains
+            .iter()
+            .map(|chain| {
+                let rules = current.chain(chain).cloned().unwrap_or_default();
+                (chain.to_string(), rules)
+            })
+            .collect())
     }
 
     fn chain_exists(
@@ -278,7 +324,16 @@ impl Iptables for FakeIptables {
         table: &str,
         chain: &str,
     ) -> Result<bool, IptablesError> {
+        self.reads.push(Read::ChainExists {
+            family,
+            table: table.to_string(),
+            chain: chain.to_string(),
+        });
         Ok(self.table(family, table).chain(chain).is_some())
+    }
+
+    fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {
+        self.chains_per_transaction
     }
 }
 

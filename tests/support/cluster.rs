@@ -180,8 +180,26 @@ impl Cluster {
     }
 
     pub fn daemon_with(&self, config: &std::path::Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn(&self.node, config, extra)
+    }
+
+    pub fn ipt(&self, args: &[&str]) -> String {
+        let mut full = vec!["iptables-nft", "-w", "5"];
+        full.extend_from_slice(args);
+        String::from_utf8_lossy(&self.node.exec(&full).stdout).into_owned()
+    }
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// The real daemon in `node` as node-a (`--v=2`), its stderr collected line by line.
+    pub fn spawn(node: &Netns, config: &std::path::Path, extra: &[&str]) -> Daemon {
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.node.name, BIN])
+            .args(["netns", "exec", &node.name, BIN])
             .arg(format!("--config={}", config.display()))
             .args(extra)
             .args(["--hostname-override=node-a", "--v=2"])
@@ -203,21 +221,23 @@ impl Cluster {
         Daemon { child, lines }
     }
 
-    pub fn ipt(&self, args: &[&str]) -> String {
-        let mut full = vec!["iptables-nft", "-w", "5"];
-        full.extend_from_slice(args);
-        String::from_utf8_lossy(&self.node.exec(&full).stdout).into_owned()
+    /// How many log lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
-}
 
-pub struct Daemon {
-    pub child: Child,
-    pub lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Daemon {
     pub async fn wait_for(&self, needle: &str) {
-        let found = eventually(WAIT, || {
+        self.wait_for_within(needle, WAIT).await;
+    }
+
+    /// Waits up to `limit` for a log line containing `needle`.
+    pub async fn wait_for_within(&self, needle: &str, limit: std::time::Duration) {
+        let found = eventually(limit, || {
             self.lines
                 .lock()
                 .unwrap()

@@ -112,4 +112,5 @@ pub const WAIT: Duration = Duration::from_secs(60);
 
 pub mod cluster;
 pub mod netns;
+pub mod rules;
 pub mod scale;

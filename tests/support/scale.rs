@@ -92,3 +92,34 @@ pub fn state(count: usize) -> ProxyState {
     }
     state
 }
+
+/// Service `bench/svc-<i>` and its EndpointSlice as API objects: what [`state`] holds for it
+/// (ClusterIP 172.30.x.y:80, NodePort 30000 + i % 2700, ten endpoints on another node).
+pub fn api_objects(i: usize) -> (serde_json::Value, serde_json::Value) {
+    let ip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
+    let service = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+        "spec": {"type": "NodePort", "clusterIP": ip, "clusterIPs": [ip],
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30000 + i % 2700}]}});
+    let endpoints: Vec<serde_json::Value> = (0..10)
+        .map(|e| serde_json::json!({"addresses": [format!("10.{}.{}.{}", i / 250, i % 250, e + 1)], "nodeName": "node-b"}))
+        .collect();
+    let slice = serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": format!("svc-{i}-1"), "namespace": "bench", "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": endpoints});
+    (service, slice)
+}
+
+/// Node `node-a` (NODE_IP) and services `range` with their slices, in the test API server.
+pub fn populate(api: &test_apiserver::ApiServer, range: std::ops::Range<usize>) {
+    api.apply(
+        serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}}),
+    )
+    .expect("node");
+    for i in range {
+        let (service, slice) = api_objects(i);
+        api.apply(service).expect("service");
+        api.apply(slice).expect("slice");
+    }
+}

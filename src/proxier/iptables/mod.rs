@@ -5,7 +5,7 @@ mod proxier;
 pub mod render;
 pub mod restore;
 
-pub(crate) use proxier::has_jump;
+pub(crate) use proxier::missing_jumps;
 pub use proxier::{FULL_SYNC_PERIOD, IptablesProxier, IptablesSettings};
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! touches what changed. Full syncs happen at start, after a failure, when the canary chains are
 //! gone (someone flushed the tables), when the node changes, and hourly as upstream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::render::{
-    JUMP_RULES, JumpRule, KUBE_PROXY_CANARY, NodePortAddresses, RenderContext, ServiceRules,
+    JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext, ServiceRules,
     render_base, render_service,
 };
 use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
@@ -19,7 +19,7 @@ use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::{Proxier, SyncError, SyncReport};
-use crate::sys::iptables::{Iptables, table_section};
+use crate::sys::iptables::{Iptables, IptablesError, jump_target};
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
 /// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
@@ -73,6 +73,8 @@ pub struct IptablesProxier<I: Iptables> {
     /// Families in use, fixed at the first sync from the node's addresses.
     families: Vec<IpFamily>,
     programmed: BTreeMap<IpFamily, FamilyState>,
+    /// Families whose service chains in the kernel are exactly those `programmed` holds.
+    chains_known: BTreeSet<IpFamily>,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
     last_canary_check: Option<Instant>,
@@ -99,6 +101,7 @@ impl<I: Iptables> IptablesProxier<I> {
             sysctl,
             families: Vec::new(),
             programmed: BTreeMap::new(),
+            chains_known: BTreeSet::new(),
             needs_full_sync: true,
             last_full_sync: None,
             last_canary_check: None,
@@ -187,32 +190,39 @@ impl<I: Iptables> IptablesProxier<I> {
             })
             .filter(|(_, rules)| !rules.is_empty())
             .collect();
-        // One iptables-save of every table: stale chains from nat, missing jumps from both.
-        let saved = self
-            .iptables
-            .save(family, None)
-            .map_err(|e| SyncError::Apply(e.to_string()))?;
-        let (nat, filter) = (
-            table_section(&saved, "nat"),
-            table_section(&saved, "filter"),
-        );
-        let wanted: std::collections::BTreeSet<&String> =
-            services.values().flat_map(|s| s.chains.keys()).collect();
-        let stale: Vec<String> = chains_in_save(nat)
+        // Only what is ours is read: the rules of the built-in chains our jumps start from, and
+        // nat's chain names (for stale service chains) when memory cannot tell them: at the first
+        // full sync (a restart finds an earlier run's chains) and after a failed restore.
+        let existing = match self.programmed.get(&family) {
+            Some(programmed) if self.chains_known.contains(&family) => programmed
+                .services
+                .values()
+                .flat_map(|s| s.chains.keys().cloned())
+                .collect(),
+            _ => self
+                .iptables
+                .chain_names(family, "nat")
+                .map_err(|e| SyncError::Apply(e.to_string()))?,
+        };
+        let wanted: BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
+        let stale: Vec<String> = existing
             .into_iter()
             .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
             .collect();
-        let missing: Vec<JumpRule> = JUMP_RULES
-            .iter()
-            .filter(|jump| !has_jump(if jump.table == "nat" { nat } else { filter }, jump))
-            .copied()
-            .collect();
+        let missing = missing_jumps(&mut self.iptables, family, &base.jumps())
+            .map_err(|e| SyncError::Apply(e.to_string()))?;
+        // Traffic reaches our chains when the jumps into KUBE-SERVICES are in place.
+        let reachable = !missing.iter().any(|jump| jump.to == KUBE_SERVICES);
+        let chain_count = wanted.len() + stale.len();
         let (text, stats) = full_restore(
             &base,
             &services,
             &FullSyncExtras {
                 stale_chains: &stale,
                 missing_jumps: &missing,
+                chains_per_transaction: self
+                    .iptables
+                    .chains_per_transaction(chain_count, reachable),
             },
         );
         self.restore(family, &text)?;
@@ -228,6 +238,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 base_rules,
             },
         );
+        self.chains_known.insert(family);
         Ok(stats)
     }
 
@@ -279,6 +290,8 @@ impl<I: Iptables> IptablesProxier<I> {
             self.last_restore.push((family, text.to_string()));
         }
         self.iptables.restore(family, text).map_err(|err| {
+            // Some of its transactions may be in: the kernel's chains are read again next time.
+            self.chains_known.remove(&family);
             self.restore_failures += 1;
             SyncError::Apply(err.to_string())
         })
@@ -391,23 +404,42 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     }
 }
 
-/// Chain names declared in iptables-save output.
-fn chains_in_save(save: &str) -> Vec<String> {
-    save.lines()
-        .filter_map(|line| line.strip_prefix(':'))
-        .filter_map(|decl| decl.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
+/// The jumps of `jumps` that their built-in chains lack, from a read of those chains alone.
+pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
+    iptables: &mut I,
+    family: IpFamily,
+    jumps: &[JumpRule],
+) -> Result<Vec<JumpRule>, IptablesError> {
+    let mut missing = Vec::new();
+    for table in ["filter", "nat"] {
+        let mut from: Vec<&str> = jumps
+            .iter()
+            .filter(|j| j.table == table)
+            .map(|j| j.from)
+            .collect();
+        from.sort_unstable();
+        from.dedup();
+        if from.is_empty() {
+            continue;
+        }
+        let rules = iptables.chain_rules(family, table, &from)?;
+        missing.extend(jumps.iter().filter(|jump| {
+            jump.table == table
+                && !rules
+                    .get(jump.from)
+                    .is_some_and(|rules| rules.iter().any(|rule| is_jump(rule, jump)))
+        }));
+    }
+    Ok(missing)
 }
 
-/// Whether a built-in chain already jumps to our chain with our comment.
-pub(crate) fn has_jump(save: &str, jump: &JumpRule) -> bool {
-    let prefix = format!("-A {} ", jump.from);
-    let target = format!("-j {}", jump.to);
-    save.lines().any(|line| {
-        line.starts_with(&prefix)
-            && line.trim_end().ends_with(&target)
-            && (jump.spec.is_empty()
-                || line.contains(jump.spec.split("--comment ").nth(1).unwrap_or("")))
-    })
+/// Whether a rule of a built-in chain is `jump` (our comment and target; the tools may print
+/// its matches in another order than we wrote them).
+fn is_jump(rule: &str, jump: &JumpRule) -> bool {
+    jump_target(rule) == Some(jump.to)
+        && jump
+            .spec
+            .split("--comment ")
+            .nth(1)
+            .is_none_or(|comment| rule.contains(comment))
 }

@@ -23,7 +23,8 @@ pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
 pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 
-/// The filter chains every sync declares (and so flushes on a full sync).
+/// The filter chains a full sync declares (and so flushes); KUBE-FIREWALL only where a rule of
+/// ours goes into it (see [`BaseRules::filter_chains`]).
 pub const FILTER_CHAINS: [&str; 6] = [
     KUBE_SERVICES,
     KUBE_EXTERNAL_SERVICES,
@@ -498,6 +499,31 @@ pub struct BaseRules {
     pub nat: Vec<Rule>,
     /// The last rules of nat KUBE-SERVICES.
     pub nat_services_tail: Vec<Rule>,
+}
+
+impl BaseRules {
+    /// Whether this family writes the localnet rule into KUBE-FIREWALL (IPv4 with localhost
+    /// NodePorts). The chain is the kubelet's too: elsewhere we neither declare (flush) it nor
+    /// jump to it, as upstream.
+    pub fn writes_firewall(&self) -> bool {
+        self.filter.iter().any(|rule| rule.chain == KUBE_FIREWALL)
+    }
+
+    /// The filter chains this family declares.
+    pub fn filter_chains(&self) -> Vec<&'static str> {
+        FILTER_CHAINS
+            .into_iter()
+            .filter(|chain| *chain != KUBE_FIREWALL || self.writes_firewall())
+            .collect()
+    }
+
+    /// The jumps from built-in chains this family's chains need.
+    pub fn jumps(&self) -> Vec<JumpRule> {
+        JUMP_RULES
+            .into_iter()
+            .filter(|jump| jump.to != KUBE_FIREWALL || self.writes_firewall())
+            .collect()
+    }
 }
 
 /// Renders the rules that do not depend on services.

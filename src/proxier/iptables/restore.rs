@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::render::{
-    BaseRules, FILTER_CHAINS, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, Rule,
-    ServiceRules,
+    BaseRules, JumpRule, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
+    KUBE_SERVICES, NAT_CHAINS, Rule, ServiceRules,
 };
 use crate::model::NamespacedName;
 
@@ -22,16 +22,27 @@ pub struct RestoreStats {
     pub lines: usize,
 }
 
-/// What a full sync writes besides the rules.
+/// What a full sync writes besides the rules, and how.
 #[derive(Clone, Debug, Default)]
 pub struct FullSyncExtras<'a> {
     /// Service chains found in the kernel that nothing uses any more: flushed and deleted.
     pub stale_chains: &'a [String],
     /// Jumps from built-in chains that are missing: inserted at the top.
     pub missing_jumps: &'a [JumpRule],
+    /// Split the services' chains into transactions of about this many chains (see
+    /// `Iptables::chains_per_transaction`); `None` writes each table in one.
+    pub chains_per_transaction: Option<usize>,
 }
 
 /// The whole desired state of one family as restore input.
+///
+/// Split into transactions, nat is written so that every state between two of them serves
+/// traffic: first KUBE-MARK-MASQ and KUBE-POSTROUTING (targets of the service chains), then the
+/// services' own chains a group at a time (each service's chains in one transaction, so none is
+/// seen half written, and the KUBE-SERVICES rules still in place keep jumping to chains that
+/// exist), and last KUBE-SERVICES and KUBE-NODEPORTS, the jumps into them, and the deletion of
+/// stale chains. Within a group chains are declared in descending name order, which
+/// iptables-nft-restore's sorted chain list inserts at its head.
 pub fn full_restore(
     base: &BaseRules,
     services: &BTreeMap<NamespacedName, ServiceRules>,
@@ -40,16 +51,17 @@ pub fn full_restore(
     let mut out = Writer::default();
 
     out.line("*filter");
-    for chain in FILTER_CHAINS.iter().chain([&KUBE_PROXY_CANARY]) {
+    let filter_chains = base.filter_chains();
+    for chain in filter_chains.iter().chain([&KUBE_PROXY_CANARY]) {
         out.chain(chain);
     }
     out.jumps("filter", extras.missing_jumps);
-    for chain in FILTER_CHAINS {
+    for chain in &filter_chains {
         for rule in services
             .values()
             .flat_map(|s| &s.filter)
             .chain(&base.filter)
-            .filter(|r| r.chain == chain)
+            .filter(|r| r.chain == *chain)
         {
             out.rule("-A", rule);
             out.stats.filter_rules += 1;
@@ -57,9 +69,29 @@ pub fn full_restore(
     }
     out.line("COMMIT");
 
-    out.line("*nat");
     let service_chains: BTreeMap<&String, &Vec<String>> =
         services.values().flat_map(|s| &s.chains).collect();
+    match extras.chains_per_transaction {
+        None => nat_in_one(&mut out, base, services, &service_chains, extras),
+        Some(limit) => nat_in_groups(&mut out, base, services, limit, extras),
+    }
+    out.stats.nat_chains = NAT_CHAINS.len() + service_chains.len();
+
+    out.line("*mangle");
+    out.chain(KUBE_PROXY_CANARY);
+    out.line("COMMIT");
+    out.finish()
+}
+
+/// nat as one transaction.
+fn nat_in_one(
+    out: &mut Writer,
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    service_chains: &BTreeMap<&String, &Vec<String>>,
+    extras: &FullSyncExtras<'_>,
+) {
+    out.line("*nat");
     for chain in NAT_CHAINS.iter().chain([&KUBE_PROXY_CANARY]) {
         out.chain(chain);
     }
@@ -67,8 +99,83 @@ pub fn full_restore(
         out.chain(chain);
     }
     out.jumps("nat", extras.missing_jumps);
-    for chain in NAT_CHAINS {
-        let tail = if chain == KUBE_SERVICES {
+    shared_nat_rules(out, base, services, &NAT_CHAINS);
+    for (chain, rules) in service_chains {
+        out.chain_rules(chain, rules);
+    }
+    for chain in extras.stale_chains {
+        out.line(&format!("-X {chain}"));
+    }
+    out.line("COMMIT");
+}
+
+/// nat as several transactions, in the order [`full_restore`] explains.
+fn nat_in_groups(
+    out: &mut Writer,
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    limit: usize,
+    extras: &FullSyncExtras<'_>,
+) {
+    const TARGETS: [&str; 2] = [KUBE_POSTROUTING, KUBE_MARK_MASQ];
+    const ENTRIES: [&str; 2] = [KUBE_SERVICES, KUBE_NODEPORTS];
+    out.line("*nat");
+    for chain in TARGETS {
+        out.chain(chain);
+    }
+    shared_nat_rules(out, base, services, &TARGETS);
+    out.line("COMMIT");
+
+    let mut group: Vec<(&String, &Vec<String>)> = Vec::new();
+    for service in services.values() {
+        group.extend(&service.chains);
+        if group.len() >= limit.max(1) {
+            chain_group(out, &mut group);
+        }
+    }
+    chain_group(out, &mut group);
+
+    out.line("*nat");
+    for chain in ENTRIES.iter().chain([&KUBE_PROXY_CANARY]) {
+        out.chain(chain);
+    }
+    for chain in extras.stale_chains {
+        out.chain(chain);
+    }
+    out.jumps("nat", extras.missing_jumps);
+    shared_nat_rules(out, base, services, &ENTRIES);
+    for chain in extras.stale_chains {
+        out.line(&format!("-X {chain}"));
+    }
+    out.line("COMMIT");
+}
+
+/// One transaction declaring and filling some services' chains (emptied afterwards).
+fn chain_group(out: &mut Writer, group: &mut Vec<(&String, &Vec<String>)>) {
+    if group.is_empty() {
+        return;
+    }
+    group.sort_by(|a, b| b.0.cmp(a.0));
+    out.line("*nat");
+    for (chain, _) in group.iter() {
+        out.chain(chain);
+    }
+    for (chain, rules) in group.iter() {
+        out.chain_rules(chain, rules);
+    }
+    out.line("COMMIT");
+    group.clear();
+}
+
+/// The rules of the shared nat chains `chains`, in that order: the services' and the base ones.
+fn shared_nat_rules(
+    out: &mut Writer,
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    chains: &[&str],
+) {
+    for chain in chains {
+        let tail = if *chain == KUBE_SERVICES {
             base.nat_services_tail.as_slice()
         } else {
             &[]
@@ -78,28 +185,12 @@ pub fn full_restore(
             .flat_map(|s| &s.nat)
             .chain(&base.nat)
             .chain(tail)
-            .filter(|r| r.chain == chain)
+            .filter(|r| r.chain == *chain)
         {
             out.rule("-A", rule);
             out.stats.nat_rules += 1;
         }
     }
-    for (chain, rules) in &service_chains {
-        for spec in *rules {
-            out.append(chain, spec);
-            out.stats.nat_rules += 1;
-        }
-    }
-    for chain in extras.stale_chains {
-        out.line(&format!("-X {chain}"));
-    }
-    out.stats.nat_chains = NAT_CHAINS.len() + service_chains.len();
-    out.line("COMMIT");
-
-    out.line("*mangle");
-    out.chain(KUBE_PROXY_CANARY);
-    out.line("COMMIT");
-    out.finish()
 }
 
 /// One service's change: what was programmed and what is wanted (either may be absent).
@@ -182,10 +273,7 @@ pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreSt
             out.stats.nat_rules += 1;
         }
         for (chain, rules) in &rewritten {
-            for spec in *rules {
-                out.append(chain, spec);
-                out.stats.nat_rules += 1;
-            }
+            out.chain_rules(chain, rules);
         }
         for chain in &removed {
             out.line(&format!("-X {chain}"));
@@ -229,13 +317,17 @@ impl Writer {
         self.stats.lines += 1;
     }
 
-    fn append(&mut self, chain: &str, spec: &str) {
-        if spec.is_empty() {
-            let _ = writeln!(self.text, "-A {chain}");
-        } else {
-            let _ = writeln!(self.text, "-A {chain} {spec}");
+    /// Appends a service chain's rules.
+    fn chain_rules(&mut self, chain: &str, rules: &[String]) {
+        for spec in rules {
+            if spec.is_empty() {
+                let _ = writeln!(self.text, "-A {chain}");
+            } else {
+                let _ = writeln!(self.text, "-A {chain} {spec}");
+            }
+            self.stats.lines += 1;
+            self.stats.nat_rules += 1;
         }
-        self.stats.lines += 1;
     }
 
     fn jumps(&mut self, table: &str, jumps: &[JumpRule]) {

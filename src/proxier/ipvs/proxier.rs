@@ -17,7 +17,7 @@ use super::render::{DesiredIpvs, IpvsContext, set_name};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::iptables::render::JumpRule;
-use crate::proxier::iptables::{FULL_SYNC_PERIOD, has_jump};
+use crate::proxier::iptables::{FULL_SYNC_PERIOD, missing_jumps};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
@@ -332,30 +332,20 @@ impl IpvsProxier {
 
     fn sync_iptables(&mut self, family: IpFamily, rules: &str) -> Result<(), SyncError> {
         self.iptables.restore(family, rules).map_err(sync_error)?;
-        let saved = self.iptables.save(family, None).map_err(sync_error)?;
-        let missing: String = IPVS_JUMP_RULES
-            .iter()
-            .filter(|jump| !has_jump(table_section(&saved, jump.table), jump))
-            .map(|jump| {
-                (
-                    jump.table,
-                    format!("-I {} 1 {}\n", jump.from, jump.rule_spec()),
-                )
-            })
-            .fold(
-                BTreeMap::<&str, String>::new(),
-                |mut by_table, (table, line)| {
-                    by_table.entry(table).or_default().push_str(&line);
-                    by_table
-                },
-            )
+        // Only the built-in chains our jumps start from are read.
+        let missing =
+            missing_jumps(self.iptables.as_mut(), family, &IPVS_JUMP_RULES).map_err(sync_error)?;
+        let mut by_table: BTreeMap<&str, String> = BTreeMap::new();
+        for jump in &missing {
+            let lines = by_table.entry(jump.table).or_default();
+            lines.push_str(&format!("-I {} 1 {}\n", jump.from, jump.rule_spec()));
+        }
+        let input: String = by_table
             .into_iter()
             .map(|(table, lines)| format!("*{table}\n{lines}COMMIT\n"))
             .collect();
-        if !missing.is_empty() {
-            self.iptables
-                .restore(family, &missing)
-                .map_err(sync_error)?;
+        if !input.is_empty() {
+            self.iptables.restore(family, &input).map_err(sync_error)?;
         }
         Ok(())
     }

@@ -12,9 +12,9 @@ use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::net::{FakeSysctl, FixedAddresses};
 
-const V4: IpFamily = IpFamily::V4;
+pub(super) const V4: IpFamily = IpFamily::V4;
 
-fn settings() -> IptablesSettings {
+pub(super) fn settings() -> IptablesSettings {
     let mut config = KubeProxyConfiguration {
         cluster_cidr: "10.0.0.0/8".into(),
         ..KubeProxyConfiguration::default()
@@ -26,7 +26,7 @@ fn settings() -> IptablesSettings {
     settings
 }
 
-fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
+pub(super) fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
     let mut p = IptablesProxier::new(
         ipt,
         settings(),
@@ -37,7 +37,7 @@ fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
     p
 }
 
-fn node() -> NodeInfo {
+pub(super) fn node() -> NodeInfo {
     NodeInfo {
         name: NODE.into(),
         addresses: vec![NODE_IP.parse().unwrap()],
@@ -46,7 +46,7 @@ fn node() -> NodeInfo {
 }
 
 /// `count` services `ns/svc-i`, each with `endpoints` endpoints.
-fn state(count: usize, endpoints: usize) -> ProxyState {
+pub(super) fn state(count: usize, endpoints: usize) -> ProxyState {
     let mut state = ProxyState {
         node: node(),
         ..ProxyState::default()
@@ -76,7 +76,7 @@ fn state(count: usize, endpoints: usize) -> ProxyState {
     state
 }
 
-fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
+pub(super) fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
     ChangeSummary {
         changed_services: keys.iter().map(|k| (*k).clone()).collect(),
         ..ChangeSummary::default()
@@ -85,7 +85,7 @@ fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
 
 /// The tables in a form where only meaningful order counts: shared chains' rules as sets (each
 /// service's rules are independent), except that the KUBE-NODEPORTS jump must be last.
-fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
+pub(super) fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     for table in ["filter", "nat", "mangle"] {
         for (chain, rules) in ipt.table(V4, table).chains {
@@ -105,7 +105,7 @@ fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
 
 /// Rules in our (KUBE-*) chains per table, as the kernel holds them: what the rule-count metric
 /// must say.
-fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
+pub(super) fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
     ["filter", "nat"]
         .into_iter()
         .map(|table| {
@@ -122,7 +122,7 @@ fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
 }
 
 /// What a fresh node gets from one full sync of `state`.
-fn fresh(state: &ProxyState) -> BTreeMap<String, Vec<String>> {
+pub(super) fn fresh(state: &ProxyState) -> BTreeMap<String, Vec<String>> {
     let mut p = proxier(FakeIptables::default());
     p.sync(state, &ChangeSummary::default()).unwrap();
     canonical(p.iptables())

@@ -1,6 +1,7 @@
 //! Tests of the pure iptables renderer: golden restore texts, jump-target consistency, the packet
 //! tracer, and incremental syncs against the stateful fake.
 
+mod full_sync;
 mod golden;
 mod incremental;
 mod tracer;
@@ -9,8 +10,7 @@ mod tracer_cases;
 use std::collections::BTreeMap;
 
 use super::render::{
-    JUMP_RULES, LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base,
-    render_service,
+    LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service,
 };
 use super::restore::{FullSyncExtras, full_restore};
 use crate::model::{
@@ -129,11 +129,12 @@ pub fn render_all(services: &[Svc], ctx: &RenderContext) -> BTreeMap<NamespacedN
 
 /// The full restore text for services in a context, on a node with none of our rules yet.
 pub fn full_text(services: &[Svc], ctx: &RenderContext) -> String {
+    let base = render_base(ctx);
     let extras = FullSyncExtras {
-        stale_chains: &[],
-        missing_jumps: &JUMP_RULES,
+        missing_jumps: &base.jumps(),
+        ..FullSyncExtras::default()
     };
-    full_restore(&render_base(ctx), &render_all(services, ctx), &extras).0
+    full_restore(&base, &render_all(services, ctx), &extras).0
 }
 
 /// Compares texts line by line with a readable diff.
