@@ -23,6 +23,7 @@ use crate::servers::{
     Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind, health_check_ports,
     serve_health, serve_metrics,
 };
+use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
@@ -162,6 +163,7 @@ pub async fn run(
         node_name: settings.node_name.clone(),
         // A dry run leaves the node alone, the other mode's state included.
         leftovers_removed: options.dry_run,
+        failures: FailureLog::default(),
     };
     let runtime = tokio::runtime::Handle::current();
     let sync_thread = tokio::task::spawn_blocking(move || {
@@ -308,6 +310,8 @@ struct SyncLoop {
     node_name: String,
     /// Whether the other mode's state has been removed (once, after the first successful sync).
     leftovers_removed: bool,
+    /// Failed syncs since the last successful one, for the log.
+    failures: FailureLog,
 }
 
 impl SyncLoop {
@@ -398,6 +402,9 @@ impl Syncer for SyncLoop {
             match self.proxier.sync(&self.state, &summary) {
                 Ok(report) => {
                     self.health.updated();
+                    if let Verdict::Recovered { failures } = self.failures.succeeded() {
+                        info!(failures, "Synced proxy rules again after failed attempts");
+                    }
                     self.metrics.synced(
                         &report,
                         started.elapsed(),
@@ -423,7 +430,19 @@ impl Syncer for SyncLoop {
                 }
                 Err(err) => {
                     self.metrics.failed();
-                    error!(error = %err, "Failed to sync proxy rules; retrying");
+                    // Nothing is applied until a sync succeeds: past the health timeout the
+                    // node reports unhealthy, even when no new change is waiting.
+                    self.health.queued();
+                    let reason = err.to_string();
+                    if let Verdict::Log { repeats, since } =
+                        self.failures.failed(&reason, Instant::now())
+                    {
+                        if repeats == 1 {
+                            error!(error = %reason, "Failed to sync proxy rules; retrying");
+                        } else {
+                            error!(error = %reason, repeats, since = ?Duration::from_secs(since.as_secs()), "Failed to sync proxy rules again; retrying");
+                        }
+                    }
                     Err(())
                 }
             }

@@ -11,4 +11,5 @@ pub mod proxier;
 pub mod render;
 pub mod runner;
 pub mod servers;
+pub mod sync_failures;
 pub mod sys;
