@@ -198,12 +198,23 @@ pub struct Daemon {
 impl Daemon {
     /// The real daemon in `node` as node-a (`--v=2`), its stderr collected line by line.
     pub fn spawn(node: &Netns, config: &std::path::Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn_with_env(node, config, extra, &[])
+    }
+
+    /// As [`Daemon::spawn`], with extra environment variables.
+    pub fn spawn_with_env(
+        node: &Netns,
+        config: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &node.name, BIN])
             .arg(format!("--config={}", config.display()))
             .args(extra)
             .args(["--hostname-override=node-a", "--v=2"])
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
