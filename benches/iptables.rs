@@ -3,7 +3,8 @@
 //! `iptables-restore` of the same text and against the same rules in one transaction per table
 //! (upstream's shape), a one-endpoint-change sync against a bare `iptables-restore --noflush` of
 //! the same minimal change, a forced full sync on the running node, a restart (a new proxier's
-//! first sync on the programmed node), the reads a full sync makes, and the daemon's RSS.
+//! first sync on the programmed node), the reads a full sync makes, and the real daemon: its RSS,
+//! its first sync, its first sync after a restart, and a Service created after the restart.
 //!
 //! `cargo bench --bench iptables` runs 1k and 10k services on nft;
 //! `cargo bench --bench iptables -- --sizes 1000 --legacy` picks sizes and the legacy back end;
@@ -258,38 +259,76 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
 }
 
 /// Runs the real daemon in a namespace against the test API server holding `count` services x 10
-/// endpoints, and reads its resident memory after the first full sync.
-fn daemon_rss(count: usize) {
+/// endpoints: its resident memory and time to the first completed sync; then, stopped and started
+/// again on the programmed node, the time to its first sync and until a Service created after the
+/// restart is programmed.
+fn daemon_run(count: usize) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let node = Netns::new("bench-daemon");
         let listener = node.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
-        let api = test_apiserver::ApiServer::start_on(listener, test_apiserver::Options::default()).await.expect("api");
+        let api = test_apiserver::ApiServer::start_on(listener, test_apiserver::Options::default())
+            .await
+            .expect("api");
         scale::populate(&api, 0..count);
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
         let config = dir.path().join("config.conf");
-        std::fs::write(&config, format!("clusterCIDR: 10.0.0.0/8\nclientConnection: {{kubeconfig: {}}}\n", kubeconfig.display())).unwrap();
-        let log = dir.path().join("daemon.log");
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &node.name, env!("CARGO_BIN_EXE_kube-proxy-rs")])
-            .arg(format!("--config={}", config.display()))
-            .args(["--hostname-override=node-a", "--v=2"])
-            .env_remove("RUST_LOG")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("daemon");
-        let started = Instant::now();
-        while !std::fs::read_to_string(&log).unwrap_or_default().contains("Synced proxy rules") {
-            assert!(started.elapsed() < Duration::from_secs(600), "daemon did not sync");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+        std::fs::write(
+            &config,
+            format!("clusterCIDR: 10.0.0.0/8\nclientConnection: {{kubeconfig: {}}}\n", kubeconfig.display()),
+        )
+        .unwrap();
+        let start = |log: &std::path::Path| {
+            Command::new("ip")
+                .args(["netns", "exec", &node.name, env!("CARGO_BIN_EXE_kube-proxy-rs")])
+                .arg(format!("--config={}", config.display()))
+                .args(["--hostname-override=node-a", "--v=2"])
+                .env_remove("RUST_LOG")
+                .stderr(std::fs::File::create(log).unwrap())
+                .spawn()
+                .expect("daemon")
+        };
+        let until = |what: &str, check: &dyn Fn() -> bool| {
+            let started = Instant::now();
+            while !check() {
+                assert!(started.elapsed() < Duration::from_secs(1800), "{what}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            started.elapsed()
+        };
+        let synced = |log: &std::path::Path| {
+            std::fs::read_to_string(log).unwrap_or_default().contains("Synced proxy rules")
+        };
+        let first_log = dir.path().join("first.log");
+        let mut daemon = start(&first_log);
+        let first = until("the daemon did not sync", &|| synced(&first_log));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.id())).unwrap_or_default();
         let field = |name: &str| status.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()).unwrap_or_default();
-        println!("{count:>6} services x 10 endpoints: daemon RSS after first sync {} kB (peak {} kB), first sync {}", field("VmRSS:"), field("VmHWM:"), secs(started.elapsed()));
-        let _ = child.kill();
-        let _ = child.wait();
+        let (rss, peak) = (field("VmRSS:"), field("VmHWM:"));
+        let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
+        let _ = daemon.wait();
+
+        let second_log = dir.path().join("second.log");
+        let mut daemon = start(&second_log);
+        let restart = until("the restarted daemon did not sync", &|| synced(&second_log));
+        let (service, slice) = scale::api_objects(count);
+        api.apply(service).unwrap();
+        api.apply(slice).unwrap();
+        let wanted = format!("bench/svc-{count}:http cluster IP");
+        let followed = until("the new Service was not programmed", &|| {
+            node.output(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)
+        });
+        println!(
+            "{count:>6} services x 10 endpoints, the daemon: RSS after first sync {rss} kB (peak {peak} kB), \
+             first sync {}; restarted: first sync {}, a new Service programmed {} later",
+            secs(first),
+            secs(restart),
+            secs(followed),
+        );
+        let _ = daemon.kill();
+        let _ = daemon.wait();
     });
 }
 
@@ -307,7 +346,7 @@ fn main() {
     let with_one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
     if !args.iter().any(|a| a == "--bench") {
         run(50, backend, 1, true);
-        daemon_rss(50);
+        daemon_run(50);
         return;
     }
     let sizes: Vec<usize> = args
@@ -327,7 +366,7 @@ fn main() {
             run(count, backend, runs, with_one_transaction);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
-            daemon_rss(count);
+            daemon_run(count);
         }
     }
 }

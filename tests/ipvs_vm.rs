@@ -278,7 +278,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     let ns = Netns::new("rules");
     ns.run(move || {
         let ipset = SystemIpset;
-        let input = sync_input(&desired.sets, &parse_save(&ipset.save().unwrap())).unwrap();
+        let input = sync_input(&desired.sets, &parse_save(&ipset.save_sets(&[]).unwrap())).unwrap();
         ipset.restore(&input).unwrap();
         let mut iptables = SystemIptables::new(Backend::Nft);
         iptables

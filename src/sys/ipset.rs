@@ -1,25 +1,20 @@
-//! ipset through `ipset restore` / `ipset save`: one batched restore per sync that creates missing
-//! sets and adds and deletes only the entries that differ; never a process per entry (upstream's
-//! per-entry exec made nodes with thousands of services time out).
+//! ipset through `ipset restore`: one batched restore per sync that creates missing sets and adds
+//! and deletes only the entries that differ, never a process per entry (upstream's per-entry exec
+//! made nodes with thousands of services time out); reads of our sets only, never `ipset save` of
+//! every set.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use super::process::{Tool, ToolError};
 use crate::model::IpFamily;
 
 /// Why an ipset operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IpsetError {
-    /// The tool could not be run.
-    #[error("failed to run ipset: {0}")]
-    Exec(String),
-    /// The tool ran and refused.
-    #[error("ipset {command} failed: {stderr}")]
-    Command {
-        command: &'static str,
-        stderr: String,
-    },
+    /// The tool could not be run, or failed.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
 }
 
 /// The set types IPVS mode uses.
@@ -126,51 +121,55 @@ pub fn sync_input(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemIpset;
 
+/// How long one ipset command may run.
+const IPSET_LIMIT: Duration = Duration::from_secs(120);
+
 impl SystemIpset {
-    /// `ipset save`.
-    pub fn save(&self) -> Result<String, IpsetError> {
-        let output = Command::new("ipset")
-            .arg("save")
-            .output()
-            .map_err(|e| IpsetError::Exec(e.to_string()))?;
-        if !output.status.success() {
-            return Err(IpsetError::Command {
-                command: "save",
-                stderr: String::from_utf8_lossy(&output.stderr).trim().into(),
-            });
+    /// The names of every set (`ipset list -n`: names only, no entries).
+    pub fn names(&self) -> Result<BTreeSet<String>, IpsetError> {
+        let out = Tool::new("ipset", &["list", "-n"])
+            .limit(IPSET_LIMIT)
+            .run()?;
+        Ok(String::from_utf8_lossy(&out)
+            .lines()
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// `ipset save` of these sets only (the ones that exist), in one process: other programs'
+    /// sets, however large, are not read.
+    pub fn save_sets(&self, names: &[String]) -> Result<String, IpsetError> {
+        let existing = self.names()?;
+        let input: String = names
+            .iter()
+            .filter(|name| existing.contains(*name))
+            .map(|name| format!("save {name}\n"))
+            .collect();
+        if input.is_empty() {
+            return Ok(String::new());
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        let out = Tool::new("ipset", &["restore"])
+            .input(input.as_bytes())
+            .limit(IPSET_LIMIT)
+            .run()?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     /// `ipset restore -exist`, fed on stdin.
     pub fn restore(&self, input: &str) -> Result<(), IpsetError> {
-        let mut child = Command::new("ipset")
-            .args(["restore", "-exist"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| IpsetError::Exec(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(input.as_bytes())
-                .map_err(|e| IpsetError::Exec(e.to_string()))?;
-        }
-        let output = child
-            .wait_with_output()
-            .map_err(|e| IpsetError::Exec(e.to_string()))?;
-        if !output.status.success() {
-            return Err(IpsetError::Command {
-                command: "restore",
-                stderr: String::from_utf8_lossy(&output.stderr).trim().into(),
-            });
-        }
+        Tool::new("ipset", &["restore", "-exist"])
+            .input(input.as_bytes())
+            .limit(IPSET_LIMIT)
+            .run()?;
         Ok(())
     }
 
     /// Destroys sets by name; missing ones are fine. Returns how many there were.
     pub fn destroy(&self, names: &[String]) -> Result<usize, IpsetError> {
-        let existing = parse_save(&self.save()?);
-        let present: Vec<&String> = names.iter().filter(|n| existing.contains_key(*n)).collect();
+        let existing = self.names()?;
+        let present: Vec<&String> = names.iter().filter(|n| existing.contains(*n)).collect();
         if !present.is_empty() {
             let input: String = present.iter().map(|n| format!("destroy {n}\n")).collect();
             self.restore(&input)?;

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::aggregate::{Aggregate, Touched};
 use super::diff::{Observed, Operation, diff};
-use super::render::{DesiredIpvs, IpvsContext, set_name};
+use super::render::{DesiredIpvs, IpvsContext, SETS, set_name};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::iptables::render::JumpRule;
@@ -303,6 +303,14 @@ impl IpvsProxier {
         Ok(())
     }
 
+    /// Our sets in the families in use: the only sets a sync reads.
+    fn set_names(&self) -> Vec<String> {
+        self.families
+            .iter()
+            .flat_map(|family| SETS.iter().map(move |(base, _, _)| set_name(base, *family)))
+            .collect()
+    }
+
     fn apply(&mut self, link: u32, operations: &[Operation]) -> Result<(), SyncError> {
         for op in operations {
             let result = match op {
@@ -457,7 +465,12 @@ impl IpvsProxier {
         };
         let mut sets: SetEntries = match remembered_sets {
             Some(sets) if depth == Depth::Changes => sets,
-            _ => parse_save(&self.ipset.save().map_err(sync_error)?),
+            _ => parse_save(
+                &self
+                    .ipset
+                    .save_sets(&self.set_names())
+                    .map_err(sync_error)?,
+            ),
         };
         let restricted;
         let current = if incremental {
