@@ -131,9 +131,16 @@ pub async fn run(
             requester.request();
         })
     };
+    let on_invalid = {
+        let metrics = metrics.clone();
+        Arc::new(move |kind: &'static str, what: k8s::InvalidInput| {
+            metrics.invalid_input(kind, what.as_str())
+        })
+    };
     let sink = WatchSink {
         tracker: tracker.clone(),
         on_change,
+        on_invalid,
         synced: synced_tx,
     };
     let _watches = k8s::spawn_watches(client, &settings.node_name, sink);

@@ -52,7 +52,13 @@ pub fn filter_for(verbosity: u32) -> EnvFilter {
         2 | 3 => "debug",
         _ => "trace",
     };
-    let libraries = if verbosity >= 6 { "debug" } else { "warn" };
+    // Below -v 6 the client's per-request trace (one error line per failed retry, next to our
+    // own line for the same failure) stays quiet.
+    let libraries = if verbosity >= 6 {
+        "debug"
+    } else {
+        "warn,kube_client::client::builder=off"
+    };
     EnvFilter::new(format!(
         "{libraries},kube_proxy_rs={ours},test_apiserver={ours}"
     ))

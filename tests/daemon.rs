@@ -184,6 +184,75 @@ async fn unknown_fields_warn_and_api_outage_keeps_running() {
     );
 }
 
+/// While the API server is away the log says so without claiming recovery at every retry, and
+/// once it is back the changes made meanwhile arrive after one short backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_is_logged_honestly_and_recovered_from_quickly() {
+    let cluster = Cluster::start().await;
+    seed_web(&cluster.server);
+    let kubeconfig_arg = format!("--kubeconfig={}", cluster.kubeconfig.display());
+    let d = Daemon::spawn(&[&kubeconfig_arg, "--hostname-override=node-a"]);
+    d.wait_for("\"Caches are synced\"").await;
+    cluster.server.stop().await;
+    // Several retries of every watch while it is away (the backoff caps at 4 s).
+    tokio::time::sleep(std::time::Duration::from_secs(9)).await;
+    let failures = d.count("Failed to list") + d.count("Failed to watch");
+    assert!(failures >= 3, "{}", d.log());
+    assert_eq!(
+        d.count("is working again"),
+        0,
+        "no watch works while the server is away:\n{}",
+        d.log()
+    );
+    cluster
+        .server
+        .apply(service("default", "meanwhile", "10.96.0.13", &[80]))
+        .unwrap();
+    cluster.server.resume().await.expect("resume");
+    let back = std::time::Instant::now();
+    d.wait_for("service_port=\"default/meanwhile:p80\"").await;
+    eprintln!(
+        "reflected {:?} after the API server returned",
+        back.elapsed()
+    );
+    let after_outage = d.count("is working again");
+    assert!(after_outage <= 3, "once per watch:\n{}", d.log());
+
+    // An API server that answers, but fails every list: the watches must relist (their history
+    // is gone), and each attempt fails. No attempt is taken for a recovery. (500: the client
+    // itself retries 503s.)
+    cluster.server.fail_next_lists(15, 500);
+    cluster.server.compact();
+    cluster.server.close_watches();
+    let lists_failed = d.count("Failed to list");
+    assert!(
+        eventually(WAIT, || d.count("Failed to list") >= lists_failed + 6).await,
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        d.count("is working again"),
+        after_outage,
+        "a relist that has not succeeded is not a recovery:\n{}",
+        d.log()
+    );
+    cluster
+        .server
+        .apply(service("default", "after-errors", "10.96.0.14", &[80]))
+        .unwrap();
+    d.wait_for("service_port=\"default/after-errors:p80\"")
+        .await;
+    assert!(
+        d.count("is working again") <= after_outage + 3,
+        "{}",
+        d.log()
+    );
+    assert!(
+        d.lines.lock().unwrap().iter().all(|l| l.len() < 2000),
+        "no line dumps a whole response"
+    );
+}
+
 /// A ConfigMap edit reaching the pod (the --config file changes) makes the daemon log it and exit,
 /// so the DaemonSet restarts it with the new configuration; --exit-on-config-change=false keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

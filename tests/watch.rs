@@ -38,6 +38,7 @@ impl Follower {
             on_change: Arc::new(move || {
                 counter.fetch_add(1, Ordering::SeqCst);
             }),
+            on_invalid: Arc::new(|_, _| {}),
             synced: synced_tx,
         };
         let tasks = spawn_watches(client, "node-a", sink);
@@ -220,6 +221,41 @@ async fn malformed_objects_are_skipped_and_the_rest_works() {
     s.apply(service("default", "good", "10.96.0.98", &[80]))
         .unwrap();
     assert!(eventually(WAIT, || f.services().contains("default/good")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_does_not_decode_is_skipped_and_the_rest_works() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    // A string where a number belongs: kube-rs cannot decode it as a Service.
+    let mut ill_typed = service("default", "ill-typed", "10.96.0.97", &[80]);
+    ill_typed["spec"]["ports"][0]["port"] = "eighty".into();
+    s.apply(ill_typed.clone()).unwrap();
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    assert_eq!(
+        f.services(),
+        set(&["default/api", "default/web"]),
+        "listed despite it"
+    );
+    s.apply(service("default", "good", "10.96.0.98", &[80]))
+        .unwrap();
+    assert!(eventually(WAIT, || f.services().contains("default/good")).await);
+
+    // Present during a relist (410 Gone) too: a Service created afterwards is followed.
+    s.set_stalled(true);
+    s.close_watches();
+    s.apply(ill_typed).unwrap();
+    s.compact();
+    s.set_stalled(false);
+    s.apply(service("default", "after-relist", "10.96.0.96", &[80]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || f.services().contains("default/after-relist")).await,
+        "{:?}",
+        f.services()
+    );
+    assert!(!f.services().contains("default/ill-typed"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::rules;
 use crate::model::{
     EndpointSlice, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortMap,
     ServicePortName, SliceEndpoint, SlicePort,
@@ -65,6 +65,12 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
     if key.namespace.is_empty() {
         return Err(invalid("metadata.namespace is missing"));
     }
+    check_name(
+        "metadata.namespace",
+        &key.namespace,
+        rules::is_dns1123_label,
+    )?;
+    check_name("metadata.name", &key.name, rules::is_dns1123_label)?;
     let spec = service
         .spec
         .as_ref()
@@ -135,12 +141,24 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
             }
         }
     }
+    let asked_ranges = spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default();
     let source_ranges = parse_list(
-        spec.load_balancer_source_ranges.iter().flatten(),
+        asked_ranges.iter(),
         "spec.loadBalancerSourceRanges",
-        |t| t.trim().parse::<IpNet>().ok().map(|n| n.trunc()),
+        rules::parse_cidr,
         &mut warnings,
     );
+    // Ranges that cannot be read never widen access: with none left, no source is allowed.
+    let source_ranges_closed = !asked_ranges.is_empty() && source_ranges.is_empty();
+    if source_ranges_closed {
+        warnings.push(
+            "spec.loadBalancerSourceRanges: no range could be read; its load-balancer IPs accept no traffic"
+                .to_string(),
+        );
+    }
 
     let session_affinity_seconds = match spec.session_affinity.as_deref() {
         Some("ClientIP") => {
@@ -184,6 +202,14 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
                 "{field}.protocol: {protocol_text:?} is not TCP, UDP or SCTP"
             ))
         })?;
+        let port_name = port.name.clone().unwrap_or_default();
+        if !port_name.is_empty() {
+            check_name(
+                &format!("{field}.name"),
+                &port_name,
+                rules::is_iana_service_name,
+            )?;
+        }
         let node_port = match port.node_port {
             None | Some(0) => None,
             Some(p) => Some(
@@ -193,7 +219,7 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
         };
         let name = ServicePortName {
             service: key.clone(),
-            port: port.name.clone().unwrap_or_default(),
+            port: port_name,
             protocol,
         };
         let mut service_port = ServicePort {
@@ -204,6 +230,7 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
             external_ips: external_ips.clone(),
             load_balancer_ips: load_balancer_ips.clone(),
             load_balancer_source_ranges: source_ranges.clone(),
+            source_ranges_closed,
             session_affinity_seconds,
             external_policy_local: false,
             internal_policy_local,
@@ -231,6 +258,12 @@ pub fn endpoint_slice(
     slice: &ApiEndpointSlice,
 ) -> Result<Converted<Option<EndpointSlice>>, ConvertError> {
     let key = object_key(&slice.metadata)?;
+    check_name(
+        "metadata.namespace",
+        &key.namespace,
+        rules::is_dns1123_label,
+    )?;
+    check_name("metadata.name", &key.name, rules::is_dns1123_subdomain)?;
     let mut warnings = Vec::new();
     let family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
@@ -254,6 +287,11 @@ pub fn endpoint_slice(
         .and_then(|labels| labels.get(SERVICE_NAME_LABEL))
         .filter(|name| !name.is_empty())
         .ok_or_else(|| invalid(format!("label {SERVICE_NAME_LABEL} is missing")))?;
+    check_name(
+        &format!("label {SERVICE_NAME_LABEL}"),
+        service_name,
+        rules::is_dns1123_label,
+    )?;
 
     let mut ports = Vec::new();
     for (index, port) in slice.ports.iter().flatten().enumerate() {
@@ -272,8 +310,15 @@ pub fn endpoint_slice(
             ));
             continue;
         };
+        let name = port.name.clone().unwrap_or_default();
+        if !name.is_empty() && !rules::is_dns1123_label(&name) {
+            warnings.push(format!(
+                "ports[{index}].name: {name:?} is not a valid port name; ignored"
+            ));
+            continue;
+        }
         ports.push(SlicePort {
-            name: port.name.clone().unwrap_or_default(),
+            name,
             port: number,
             protocol,
         });
@@ -392,7 +437,7 @@ pub fn node_info(node: &Node) -> Converted<NodeInfo> {
     let pod_cidrs = parse_list(
         cidr_texts.into_iter(),
         "spec.podCIDRs",
-        |t| t.parse::<IpNet>().ok(),
+        rules::parse_cidr,
         &mut warnings,
     );
     Converted {
@@ -407,7 +452,16 @@ pub fn node_info(node: &Node) -> Converted<NodeInfo> {
 }
 
 fn parse_ip(text: &str) -> Option<IpAddr> {
-    text.trim().parse().ok()
+    rules::parse_ip(text)
+}
+
+/// Refuses an object whose `field` holds a name the API's `rule` would not allow.
+fn check_name(field: &str, name: &str, rule: fn(&str) -> bool) -> Result<(), ConvertError> {
+    if rule(name) {
+        Ok(())
+    } else {
+        Err(invalid(format!("{field}: {name:?} is not a valid name")))
+    }
 }
 
 fn port_u16(port: i32) -> Option<u16> {

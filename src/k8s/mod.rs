@@ -1,10 +1,13 @@
 //! Everything that speaks to the Kubernetes API: conversion of its objects, the client, the watches.
 //! This is the only module that imports kube.
 
+mod backoff;
 mod client;
 pub mod convert;
 pub mod files;
+mod lenient;
+pub mod rules;
 mod watch;
 
 pub use client::{ClientError, build_client};
-pub use watch::{Synced, WatchSink, proxy_label_selector, spawn_watches};
+pub use watch::{InvalidInput, Synced, WatchSink, proxy_label_selector, spawn_watches};

@@ -17,7 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use super::backoff::WatchBackoff;
 use super::convert::{self, ConvertError, Converted, PROXY_EXCLUDING_LABELS};
+use super::lenient::Lenient;
 use crate::model::{ChangeTracker, EndpointSlice, NamespacedName, NodeInfo, ServicePortMap};
 
 /// The label selector upstream watches Services and EndpointSlices with (objects another proxy
@@ -46,11 +48,32 @@ impl Synced {
     }
 }
 
-/// Where the watches deliver: the tracker, a callback that asks for a sync, and the synced flags.
+/// Something invalid that arrived from the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidInput {
+    /// A whole object was skipped.
+    ObjectSkipped,
+    /// An entry of an object (one address, one port) was ignored.
+    EntryIgnored,
+}
+
+impl InvalidInput {
+    /// As the metric's `outcome` label says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvalidInput::ObjectSkipped => "object_skipped",
+            InvalidInput::EntryIgnored => "entry_ignored",
+        }
+    }
+}
+
+/// Where the watches deliver: the tracker, a callback that asks for a sync, one that counts
+/// invalid input (by kind), and the synced flags.
 #[derive(Clone)]
 pub struct WatchSink {
     pub tracker: Arc<Mutex<ChangeTracker>>,
     pub on_change: Arc<dyn Fn() + Send + Sync>,
+    pub on_invalid: Arc<dyn Fn(&'static str, InvalidInput) + Send + Sync>,
     pub synced: watch::Sender<Synced>,
 }
 
@@ -72,12 +95,21 @@ impl WatchSink {
 pub fn spawn_watches(client: Client, node_name: &str, sink: WatchSink) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
     let selector = watcher::Config::default().labels(&proxy_label_selector());
-    let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
+    let services = watcher(
+        Api::<Lenient<Service>>::all(client.clone()),
+        selector.clone(),
+    )
+    .backoff(WatchBackoff::new());
     tasks.spawn(follow(services, ServiceKind, sink.clone()));
-    let slices = watcher(Api::<ApiEndpointSlice>::all(client.clone()), selector).default_backoff();
+    let slices = watcher(
+        Api::<Lenient<ApiEndpointSlice>>::all(client.clone()),
+        selector,
+    )
+    .backoff(WatchBackoff::new());
     tasks.spawn(follow(slices, SliceKind, sink.clone()));
     let node_selector = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    let nodes = watcher(Api::<Node>::all(client), node_selector).default_backoff();
+    let nodes =
+        watcher(Api::<Lenient<Node>>::all(client), node_selector).backoff(WatchBackoff::new());
     tasks.spawn(follow(
         nodes,
         NodeKind {
@@ -100,7 +132,7 @@ where
 
 /// How one kind's objects reach the tracker.
 trait Kind: Send + 'static {
-    type Object: Resource + Send;
+    type Object: Resource<DynamicType = ()> + Send;
     type Value: Send;
     /// The name logs use.
     const NAME: &'static str;
@@ -126,7 +158,7 @@ fn key_of<K: Resource>(object: &K) -> NamespacedName {
 }
 
 async fn follow<K: Kind>(
-    stream: impl Stream<Item = watcher::Result<Event<K::Object>>> + Send,
+    stream: impl Stream<Item = watcher::Result<Event<Lenient<K::Object>>>> + Send,
     kind: K,
     sink: WatchSink,
 ) {
@@ -143,7 +175,8 @@ async fn follow<K: Kind>(
                 continue;
             }
         };
-        if std::mem::take(&mut failing) {
+        // The start of a relist is no proof: only a completed list or a delivered event is.
+        if !matches!(event, Event::Init) && std::mem::take(&mut failing) {
             info!(kind = K::NAME, "Watch of {} is working again", K::NAME);
         }
         match event {
@@ -154,7 +187,7 @@ async fn follow<K: Kind>(
             }
             Event::InitApply(object) => {
                 let key = key_of(&object);
-                match converted(&kind, &object, &key) {
+                match converted(&kind, &object, &key, &sink) {
                     Some(value) => {
                         listing.insert(key, value);
                     }
@@ -176,7 +209,7 @@ async fn follow<K: Kind>(
             }
             Event::Apply(object) => {
                 let key = key_of(&object);
-                if let Some(value) = converted(&kind, &object, &key) {
+                if let Some(value) = converted(&kind, &object, &key, &sink) {
                     let pending = kind.apply(&mut sink.tracker(), &key, Some(value));
                     sink.changed(pending);
                 }
@@ -190,19 +223,47 @@ async fn follow<K: Kind>(
     }
 }
 
-fn converted<K: Kind>(kind: &K, object: &K::Object, key: &NamespacedName) -> Option<K::Value> {
-    match kind.convert(object) {
+fn converted<K: Kind>(
+    kind: &K,
+    object: &Lenient<K::Object>,
+    key: &NamespacedName,
+    sink: &WatchSink,
+) -> Option<K::Value> {
+    let decoded = match object {
+        Lenient::Decoded(object) => kind.convert(object),
+        Lenient::Undecodable { error, .. } => Err(ConvertError {
+            reason: format!("does not decode: {error}"),
+        }),
+    };
+    match decoded {
         Ok(converted) => {
             for warning in &converted.warnings {
                 warn!(kind = K::NAME, object = %key, reason = %warning, "Ignoring an invalid entry of {}", K::NAME);
+                (sink.on_invalid)(K::NAME, InvalidInput::EntryIgnored);
             }
             Some(converted.value)
         }
         Err(err) => {
             warn!(kind = K::NAME, object = %key, reason = %err, "Skipping malformed {}", K::NAME);
+            (sink.on_invalid)(K::NAME, InvalidInput::ObjectSkipped);
             None
         }
     }
+}
+
+/// At most this much of an error's text is logged: a failed list must not dump its body.
+const ERROR_TEXT_LIMIT: usize = 400;
+
+fn shortened(error: &dyn std::fmt::Display) -> String {
+    let text = error.to_string();
+    if text.chars().count() <= ERROR_TEXT_LIMIT {
+        return text;
+    }
+    let cut: String = text.chars().take(ERROR_TEXT_LIMIT).collect();
+    format!(
+        "{cut}... ({} characters more)",
+        text.chars().count() - ERROR_TEXT_LIMIT
+    )
 }
 
 fn log_watch_error(kind: &str, err: &watcher::Error) {
@@ -211,15 +272,17 @@ fn log_watch_error(kind: &str, err: &watcher::Error) {
             info!(kind, "Watch of {kind} expired (410 Gone); listing again");
         }
         watcher::Error::WatchFailed(source) => {
-            info!(kind, error = %source, "Watch of {kind} ended; reconnecting");
+            info!(kind, error = %shortened(source), "Watch of {kind} ended; reconnecting");
         }
         watcher::Error::InitialListFailed(source) => {
-            warn!(kind, error = %source, "Failed to list {kind}; retrying with backoff, keeping the last state");
+            warn!(kind, error = %shortened(source), "Failed to list {kind}; retrying with backoff, keeping the last state");
         }
         watcher::Error::WatchStartFailed(source) => {
-            warn!(kind, error = %source, "Failed to watch {kind}; retrying with backoff, keeping the last state");
+            warn!(kind, error = %shortened(source), "Failed to watch {kind}; retrying with backoff, keeping the last state");
         }
-        other => warn!(kind, error = %other, "Watch of {kind} failed; retrying with backoff"),
+        other => {
+            warn!(kind, error = %shortened(other), "Watch of {kind} failed; retrying with backoff")
+        }
     }
 }
 

@@ -138,6 +138,9 @@ pub struct ServicePort {
     /// LoadBalancer ingress IPs that traffic reaches directly (ipMode Proxy ones are left out).
     pub load_balancer_ips: Vec<IpAddr>,
     pub load_balancer_source_ranges: Vec<IpNet>,
+    /// The service asked for source ranges but none could be read: its load-balancer IPs accept
+    /// no source at all (never open to every source).
+    pub source_ranges_closed: bool,
     /// The ClientIP affinity timeout in seconds, when affinity is on.
     pub session_affinity_seconds: Option<u32>,
     /// externalTrafficPolicy Local on an externally reachable service.
@@ -159,6 +162,7 @@ impl ServicePort {
             external_ips: vec![],
             load_balancer_ips: vec![],
             load_balancer_source_ranges: vec![],
+            source_ranges_closed: false,
             session_affinity_seconds: None,
             external_policy_local: false,
             internal_policy_local: false,
@@ -171,6 +175,11 @@ impl ServicePort {
         self.node_port.is_some()
             || !self.external_ips.is_empty()
             || !self.load_balancer_ips.is_empty()
+    }
+
+    /// Traffic to its load-balancer IPs is filtered by source.
+    pub fn has_source_ranges(&self) -> bool {
+        !self.load_balancer_source_ranges.is_empty() || self.source_ranges_closed
     }
 
     /// Some traffic to it may go to any endpoint in the cluster.

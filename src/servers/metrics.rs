@@ -28,6 +28,7 @@ pub struct Metrics {
     no_local_endpoints: GaugeVec,
     conntrack_duration: HistogramVec,
     conntrack_deleted: IntCounterVec,
+    invalid_input: IntCounterVec,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -187,8 +188,24 @@ impl Metrics {
                     &["ip_family"],
                 )?,
             )?,
+            invalid_input: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_rs_invalid_api_input_total",
+                        "API objects skipped, and entries of objects ignored, because they were invalid (kube-proxy-rs)",
+                    ),
+                    &["kind", "outcome"],
+                )?,
+            )?,
             registry: r,
         })
+    }
+
+    /// An object of `kind` was skipped (`object_skipped`), or an entry of one ignored
+    /// (`entry_ignored`), because it was invalid.
+    pub fn invalid_input(&self, kind: &str, outcome: &str) {
+        self.invalid_input.with_label_values(&[kind, outcome]).inc();
     }
 
     /// A change arrived from the API server.

@@ -73,11 +73,27 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             break;
         }
     }
-    let failure = shared
-        .failures
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .pop_front();
+    let is_list = request.method() == hyper::Method::GET
+        && !request
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("watch=true") || q.contains("watch=1"));
+    let list_failure = if is_list {
+        shared
+            .list_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    } else {
+        None
+    };
+    let failure = list_failure.or_else(|| {
+        shared
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    });
     if let Some(code) = failure {
         let reason = if code == 429 {
             "TooManyRequests"

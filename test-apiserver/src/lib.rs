@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub store: Mutex<Store>,
     pub events: broadcast::Sender<Arc<StoredEvent>>,
     pub failures: Mutex<VecDeque<u16>>,
+    /// Statuses to answer the next list requests (GETs that do not watch) with.
+    pub list_failures: Mutex<VecDeque<u16>>,
     pub stalled: watch::Sender<bool>,
     pub watch_epoch: watch::Sender<u64>,
     pub requests: Mutex<Vec<String>>,
@@ -123,6 +125,7 @@ impl ApiServer {
             store: Mutex::new(Store::new(options.history)),
             events: broadcast::channel(4096).0,
             failures: Mutex::new(VecDeque::new()),
+            list_failures: Mutex::new(VecDeque::new()),
             stalled: watch::channel(false).0,
             watch_epoch: watch::channel(0).0,
             requests: Mutex::new(Vec::new()),
@@ -224,6 +227,16 @@ impl ApiServer {
         let mut failures = self
             .shared
             .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        failures.extend(std::iter::repeat_n(status, count));
+    }
+
+    /// Answers the next `count` list requests (not watches) with `status`.
+    pub fn fail_next_lists(&self, count: usize, status: u16) {
+        let mut failures = self
+            .shared
+            .list_failures
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         failures.extend(std::iter::repeat_n(status, count));

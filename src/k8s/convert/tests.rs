@@ -255,3 +255,102 @@ fn node_info_reads_addresses_labels_and_cidrs() {
     assert_eq!(addresses, vec!["192.168.1.10", "fd00::10", "203.0.113.9"]);
     assert_eq!(info.pod_cidrs.len(), 2);
 }
+
+#[test]
+fn names_that_could_reach_rule_text_are_checked() {
+    let cases = [
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, name: \"x\\\" -j ACCEPT $(id)\"}]}",
+            "spec.ports[0].name: \"x\\\" -j ACCEPT $(id)\" is not a valid name",
+        ),
+        (
+            "metadata: {name: a, namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80, name: \"p\\n-A KUBE-SERVICES -j DROP\"}]}",
+            "spec.ports[0].name: \"p\\n-A KUBE-SERVICES -j DROP\" is not a valid name",
+        ),
+        (
+            "metadata: {name: \"a b\", namespace: b}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
+            "metadata.name: \"a b\" is not a valid name",
+        ),
+        (
+            "metadata: {name: a, namespace: \"B\\\"\"}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
+            "metadata.namespace: \"B\\\"\" is not a valid name",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = service_ports(&yaml_service(text)).unwrap_err();
+        assert!(err.reason.contains(want), "{text}: {}", err.reason);
+    }
+    let slice = |text: &str| -> ApiEndpointSlice { serde_yaml_ng::from_str(text).unwrap() };
+    let bad_label = slice(
+        "addressType: IPv4\nmetadata: {name: s, namespace: n, labels: {kubernetes.io/service-name: \"x\\ny\"}}\nendpoints: []",
+    );
+    assert!(
+        endpoint_slice(&bad_label)
+            .unwrap_err()
+            .reason
+            .contains("is not a valid name")
+    );
+    let bad_port = slice(
+        "addressType: IPv4\nmetadata: {name: s, namespace: n, labels: {kubernetes.io/service-name: x}}\n\
+         ports: [{name: \"a\\\"b\", port: 80}, {name: ok, port: 81}]\nendpoints: []",
+    );
+    let converted = endpoint_slice(&bad_port).unwrap();
+    assert_eq!(converted.value.unwrap().ports.len(), 1);
+    assert_eq!(converted.warnings.len(), 1, "{:?}", converted.warnings);
+}
+
+#[test]
+fn addresses_with_leading_zeros_are_read_as_upstream_reads_them() {
+    let svc = yaml_service(
+        "metadata: {name: a, namespace: b}\nspec: {type: LoadBalancer, clusterIP: 172.30.0.041, \
+         loadBalancerSourceRanges: [203.0.113.000/025], ports: [{port: 80, nodePort: 30080}]}\n\
+         status: {loadBalancer: {ingress: [{ip: 192.168.010.001}]}}",
+    );
+    let converted = service_ports(&svc).unwrap();
+    let port = only_port(&converted.value);
+    assert_eq!(
+        port.cluster_ips,
+        vec!["172.30.0.41".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        port.load_balancer_ips,
+        vec!["192.168.10.1".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        port.load_balancer_source_ranges,
+        vec!["203.0.113.0/25".parse::<ipnet::IpNet>().unwrap()]
+    );
+    assert!(converted.warnings.is_empty(), "{:?}", converted.warnings);
+}
+
+#[test]
+fn source_ranges_that_cannot_be_read_never_widen_access() {
+    let lb = |ranges: &str| {
+        service_ports(&yaml_service(&format!(
+            "metadata: {{name: a, namespace: b}}\nspec: {{type: LoadBalancer, clusterIP: 10.0.0.1, \
+             loadBalancerSourceRanges: {ranges}, ports: [{{port: 80, nodePort: 30080}}]}}\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 192.168.10.1}}]}}}}"
+        )))
+        .unwrap()
+    };
+    let none_readable = lb("[\"bogus\", \"10.0.0.0/99\"]");
+    let port = only_port(&none_readable.value);
+    assert!(port.load_balancer_source_ranges.is_empty());
+    assert!(port.source_ranges_closed && port.has_source_ranges());
+    assert_eq!(
+        none_readable.warnings.len(),
+        3,
+        "{:?}",
+        none_readable.warnings
+    );
+    let one_readable = lb("[\"bogus\", \"10.0.0.0/8\"]");
+    let port = only_port(&one_readable.value);
+    assert_eq!(
+        port.load_balancer_source_ranges.len(),
+        1,
+        "the readable one only"
+    );
+    assert!(!port.source_ranges_closed);
+    let unrestricted = lb("[]");
+    assert!(!only_port(&unrestricted.value).has_source_ranges());
+}

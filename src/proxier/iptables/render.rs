@@ -165,7 +165,21 @@ impl ServiceRules {
 }
 
 /// `-m comment --comment X`, quoted as upstream does when the text has spaces.
+///
+/// Names from the API are checked when objects are converted; as a second line of defence any
+/// character outside the few that comments use (letters, digits, space and `/:;.,_-=()>[]`) becomes
+/// `_`, so no text can end the quoted string or the line and add a rule of its own.
 pub fn comment(text: &str) -> String {
+    let text: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || " /:;.,_-=()>[]".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     if text.contains(' ') {
         format!("-m comment --comment \"{text}\"")
     } else {
@@ -228,9 +242,8 @@ fn render_port(
         (&cluster_chain, has_endpoints)
     };
     let uses_external_chain = has_endpoints && port.externally_accessible();
-    let uses_fw_chain = has_endpoints
-        && !port.load_balancer_ips.is_empty()
-        && !port.load_balancer_source_ranges.is_empty();
+    let uses_fw_chain =
+        has_endpoints && !port.load_balancer_ips.is_empty() && port.has_source_ranges();
     let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
 
     let (internal_filter, external_filter) = if !has_endpoints {

@@ -285,7 +285,7 @@ fn render_port(
                 .entries
                 .insert(("KUBE-LOAD-BALANCER-LOCAL", entry.clone()));
         }
-        if !port.load_balancer_source_ranges.is_empty() {
+        if port.has_source_ranges() {
             fragment
                 .entries
                 .insert(("KUBE-LOAD-BALANCER-FW", entry.clone()));

@@ -267,3 +267,15 @@ fn ipv6() {
     ctx.local_detector = LocalDetector::Cidrs(vec!["fd00:10::/64".parse().unwrap()]);
     check("ipv6", &[s], &ctx);
 }
+
+#[test]
+fn comments_cannot_carry_rule_text() {
+    use super::super::render::comment;
+    assert_eq!(
+        comment("ns/svc:p80 -> [fd00::1]:80"),
+        "-m comment --comment \"ns/svc:p80 -> [fd00::1]:80\""
+    );
+    let hostile = comment("x\" -j ACCEPT\n-A KUBE-SERVICES -j DROP $(id) `id` \\");
+    assert!(!hostile.contains('\n') && !hostile.contains('\\') && !hostile.contains('`'));
+    assert_eq!(hostile.matches('"').count(), 2, "{hostile}");
+}

@@ -126,3 +126,21 @@ fn masquerade_all_flows() {
     }];
     run(&[s], &ctx, &cases);
 }
+
+#[test]
+fn unreadable_source_ranges_let_no_source_in() {
+    let closed = svc("ns1", "lb", "172.30.0.61", |s| {
+        s.node_port = Some(30061);
+        s.load_balancer_ips = vec!["5.6.7.61".parse().unwrap()];
+        s.source_ranges_closed = true;
+    })
+    .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
+    #[rustfmt::skip]
+    let cases = [
+        Case { name: "LB IP from outside: dropped", src: OUTSIDE, dst: "5.6.7.61", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "LB IP from a pod: dropped", src: POD, dst: "5.6.7.61", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "cluster IP unaffected", src: POD, dst: "172.30.0.61", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "NodePort unaffected (never subject to source ranges)", src: OUTSIDE, dst: NODE_IP, port: 30061, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+    ];
+    run(&[closed], &context(), &cases);
+}

@@ -257,3 +257,26 @@ fn ipv6_names_and_rules() {
         "IPv4 stays in the IPv4 render"
     );
 }
+
+#[test]
+fn unreadable_source_ranges_let_no_source_in() {
+    let desired = render(
+        &state(vec![
+            svc("ns", "lb", "10.96.0.30", |s| {
+                s.load_balancer_ips = vec!["5.6.7.30".parse().unwrap()];
+                s.source_ranges_closed = true;
+            })
+            .with_endpoints(vec![ep("10.244.1.7", 80, NODE)]),
+        ]),
+        &context(IpFamily::V4),
+    );
+    assert_eq!(
+        entries(&desired, "KUBE-LOAD-BALANCER-FW"),
+        vec!["5.6.7.30,tcp:80"],
+        "filtered by source"
+    );
+    assert!(
+        entries(&desired, "KUBE-LOAD-BALANCER-SOURCE-CIDR").is_empty(),
+        "and no source allowed"
+    );
+}
