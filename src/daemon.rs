@@ -79,6 +79,7 @@ pub async fn run(
     if !settings.ignored_flags.is_empty() {
         warn!(flags = %settings.ignored_flags.join(","), "Flags ignored because --config was given");
     }
+    node_setup::raise_open_files_limit();
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     if config.mode.is_empty() {
         info!("Using iptables proxy");
@@ -178,7 +179,7 @@ pub async fn run(
     });
     let config_changed = async {
         match (&settings.config_file, options.exit_on_config_change) {
-            (Some(path), true) => config_file_changed(path).await,
+            (Some(path), true) => config_file_changed(path, CONFIG_POLL).await,
             _ => std::future::pending().await,
         }
     };
@@ -250,15 +251,32 @@ fn choose_proxier(
     )))
 }
 
+/// How often the --config file is read to see whether it changed.
+const CONFIG_POLL: Duration = Duration::from_secs(2);
+
 /// Resolves when the file's content differs from what it was at start (polled every two seconds:
 /// a ConfigMap update swaps a symlink, which a poll sees as surely as an inotify watch would).
-async fn config_file_changed(path: &std::path::Path) -> String {
-    let initial = tokio::fs::read(path).await.ok();
+/// A read that fails (out of file descriptors, the symlink swap caught half way) is no change:
+/// it is logged once and the next poll reads again.
+async fn config_file_changed(path: &std::path::Path, every: Duration) -> String {
+    let mut initial = tokio::fs::read(path).await.ok();
+    let mut failing = false;
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = tokio::fs::read(path).await.ok();
-        if now != initial {
-            return path.display().to_string();
+        tokio::time::sleep(every).await;
+        match tokio::fs::read(path).await {
+            Ok(now) => {
+                failing = false;
+                match &initial {
+                    Some(content) if *content != now => return path.display().to_string(),
+                    Some(_) => {}
+                    None => initial = Some(now),
+                }
+            }
+            Err(err) => {
+                if !std::mem::replace(&mut failing, true) {
+                    warn!(path = %path.display(), error = %err, "Cannot read the config file to check it for changes; trying again");
+                }
+            }
         }
     }
 }
@@ -454,5 +472,34 @@ impl Syncer for SyncLoop {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_config_file_that_cannot_be_read_has_not_changed() {
+        let every = Duration::from_millis(10);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.conf");
+        std::fs::write(&path, "mode: iptables\n").unwrap();
+        let watching = tokio::spawn({
+            let path = path.clone();
+            async move { config_file_changed(&path, every).await }
+        });
+        // Unreadable for twenty polls (a directory in its place), then back unchanged.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        tokio::time::sleep(every * 20).await;
+        assert!(!watching.is_finished(), "a failed read is not a change");
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, "mode: iptables\n").unwrap();
+        tokio::time::sleep(every * 20).await;
+        assert!(!watching.is_finished(), "the same content is not a change");
+        std::fs::write(&path, "mode: ipvs\n").unwrap();
+        let changed = tokio::time::timeout(Duration::from_secs(30), watching).await;
+        assert!(changed.is_ok_and(|r| r.is_ok()), "new content is");
     }
 }

@@ -9,6 +9,21 @@ use crate::sys::net::{Sysctl, ensure_sysctl};
 
 const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
 
+/// Raises the open-files soft limit to the hard limit, as Go's runtime does for upstream's
+/// binary: a node's syncs spawn tools and open sockets, and a low soft limit (1,024 is common)
+/// would be the first thing a flood of connections exhausts.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "Raised the open files limit"),
+            Err(err) => warn!(error = %err, "Cannot raise the open files limit"),
+        },
+        Ok(_) => {}
+        Err(err) => warn!(error = %err, "Cannot read the open files limit"),
+    }
+}
+
 /// The table size upstream wants: maxPerCore x cores, at least `min`; None leaves it alone.
 pub fn conntrack_max(config: &KubeProxyConfiguration, cores: usize) -> Option<u64> {
     let per_core = u64::try_from(config.conntrack.max_per_core.unwrap_or(0)).ok()?;

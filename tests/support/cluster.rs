@@ -208,8 +208,21 @@ impl Daemon {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::spawn_wrapped(node, &[], config, extra, env)
+    }
+
+    /// As [`Daemon::spawn_with_env`], run through `wrapper` (`prlimit --nofile=256:256`, say).
+    pub fn spawn_wrapped(
+        node: &Netns,
+        wrapper: &[&str],
+        config: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &node.name, BIN])
+            .args(["netns", "exec", &node.name])
+            .args(wrapper)
+            .arg(BIN)
             .arg(format!("--config={}", config.display()))
             .args(extra)
             .args(["--hostname-override=node-a", "--v=2"])
