@@ -7,7 +7,8 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 
-use support::cluster::{Cluster, Daemon, addr, seed};
+use serde_json::json;
+use support::cluster::{Cluster, Daemon, addr, seed, service, slice};
 use support::netns::{http_get, require_netns};
 use support::{WAIT, eventually};
 
@@ -20,13 +21,8 @@ fn restore_failures(metrics: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sync_that_keeps_failing_is_visible_without_flooding() {
-    require_netns();
-    let cluster = Cluster::start().await;
-    seed(&cluster.api);
-    // iptables-nft-restore crashes (SIGSEGV, as iptables-nft-save does on huge tables) while
-    // the marker file exists; otherwise it is the real tool.
+/// A PATH whose iptables-nft-restore runs `script` (with `REAL` set to the real tool) first.
+fn wrapped_restore(cluster: &Cluster, script: &str) -> String {
     let real = String::from_utf8(
         std::process::Command::new("sh")
             .args(["-c", "command -v iptables-nft-restore"])
@@ -36,24 +32,36 @@ async fn a_sync_that_keeps_failing_is_visible_without_flooding() {
     )
     .unwrap();
     let bin = cluster.dir.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    let marker = cluster.dir.path().join("crash");
-    std::fs::write(&marker, "").unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
     let wrapper = bin.join("iptables-nft-restore");
     std::fs::write(
         &wrapper,
-        format!(
-            "#!/bin/sh\nif [ -e {} ]; then echo 'simulated trouble' >&2; kill -SEGV $$; fi\nexec {} \"$@\"\n",
-            marker.display(),
-            real.trim()
-        ),
+        format!("#!/bin/sh\nREAL={}\n{script}", real.trim()),
     )
     .unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
+    format!(
         "{}:{}",
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_that_keeps_failing_is_visible_without_flooding() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    // iptables-nft-restore crashes (SIGSEGV, as iptables-nft-save does on huge tables) while
+    // the marker file exists; otherwise it is the real tool.
+    let marker = cluster.dir.path().join("crash");
+    std::fs::write(&marker, "").unwrap();
+    let path = wrapped_restore(
+        &cluster,
+        &format!(
+            "if [ -e {} ]; then echo 'simulated trouble' >&2; kill -SEGV $$; fi\nexec \"$REAL\" \"$@\"\n",
+            marker.display()
+        ),
     );
     let config = cluster.dir.path().join("config-1s.conf");
     std::fs::write(
@@ -111,5 +119,79 @@ async fn a_sync_that_keeps_failing_is_visible_without_flooding() {
         .await;
     assert!(eventually(WAIT, || status("/healthz") == Some(200)).await);
     assert_eq!(status("/livez"), Some(200));
+    daemon.stop().await;
+}
+
+/// A kernel that refuses one Service's rules (simulated: the restore tool fails on the line that
+/// carries them, as iptables-restore reports it) fails no sync: that Service is skipped with a
+/// warning and a metric, every other Service is programmed, and the node keeps following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_service_the_kernel_refuses_does_not_fail_the_node() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(service("refused", "10.96.0.66", ports.clone(), json!({})))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice("refused", slice_ports.clone(), &["pod-a1"]))
+        .unwrap();
+    let path = wrapped_restore(
+        &cluster,
+        "input=$(mktemp)\ncat > \"$input\"\n\
+         line=$(grep -n 'default/refused:' \"$input\" | head -1 | cut -d: -f1)\n\
+         if [ -n \"$line\" ]; then echo \"iptables-nft-restore: line $line failed\" >&2; rm -f \"$input\"; exit 1; fi\n\
+         \"$REAL\" \"$@\" < \"$input\"; status=$?; rm -f \"$input\"; exit $status\n",
+    );
+    let config = cluster.config("");
+    let daemon = Daemon::spawn_with_env(&cluster.node, &config, &[], &[("PATH", &path)]);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon
+        .wait_for("\"Skipping a Service whose rules the kernel refused; the other services are programmed\" service=\"default/refused\"")
+        .await;
+    let services = cluster.ipt(&["-t", "nat", "-S", "KUBE-SERVICES"]);
+    assert!(services.contains("default/web:http"), "{services}");
+    assert!(!services.contains("default/refused:"), "{services}");
+    let node = &cluster.node;
+    let metrics = http_get(node, addr("127.0.0.1:10249"), "/metrics")
+        .unwrap()
+        .1;
+    assert!(
+        metrics.contains("kubeproxy_rs_sync_proxy_rules_skipped_services 1"),
+        "{metrics}"
+    );
+
+    // The node keeps following the cluster.
+    cluster
+        .api
+        .apply(service("later", "10.96.0.67", ports, json!({})))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice("later", slice_ports, &["pod-a2"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || cluster
+            .ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
+            .contains("default/later:http"))
+        .await
+    );
+    assert_eq!(daemon.count("Failed to sync"), 0);
+    // Deleted, it leaves quarantine.
+    cluster
+        .api
+        .delete(test_apiserver::Resource::Services, "default", "refused")
+        .unwrap();
+    assert!(
+        eventually(WAIT, || http_get(node, addr("127.0.0.1:10249"), "/metrics")
+            .is_ok_and(|m| m
+                .1
+                .contains("kubeproxy_rs_sync_proxy_rules_skipped_services 0")))
+        .await
+    );
     daemon.stop().await;
 }

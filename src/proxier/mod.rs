@@ -7,6 +7,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod local;
 mod logging;
+pub mod quarantine;
 
 pub use logging::LoggingProxier;
 
@@ -35,6 +36,8 @@ pub struct SyncReport {
     pub no_local_endpoints: (usize, usize),
     /// iptables rules this program owns, per table, when the proxier knows them.
     pub iptables_rules: Vec<(&'static str, usize)>,
+    /// Services skipped because the kernel refused their rules.
+    pub skipped_services: usize,
 }
 
 /// A proxy mode's programmer of kernel state.

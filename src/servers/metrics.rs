@@ -29,6 +29,7 @@ pub struct Metrics {
     conntrack_duration: HistogramVec,
     conntrack_deleted: IntCounterVec,
     invalid_input: IntCounterVec,
+    skipped_services: IntGauge,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -198,6 +199,11 @@ impl Metrics {
                     &["kind", "outcome"],
                 )?,
             )?,
+            skipped_services: int_gauge(
+                &r,
+                "kubeproxy_rs_sync_proxy_rules_skipped_services",
+                "Services skipped because the kernel refused their rules (kube-proxy-rs)",
+            )?,
             registry: r,
         })
     }
@@ -250,6 +256,7 @@ impl Metrics {
                 .with_label_values(&[*table])
                 .set(*rules as f64);
         }
+        self.skipped_services.set(report.skipped_services as i64);
         let (internal, external) = report.no_local_endpoints;
         self.no_local_endpoints
             .with_label_values(&["internal"])

@@ -11,8 +11,13 @@ use super::nf_tables;
 use super::process::{Ended, Tool, ToolError};
 use crate::model::IpFamily;
 
-/// A restore may take this long (a cold start at 50,000 services) before it is killed.
-const RESTORE_LIMIT: Duration = Duration::from_secs(900);
+/// A restore may take a minute, plus a second per thousand lines of input (a cold start at
+/// 10,000 services, 470,000 lines, took 20 s), before it is killed: a restore that another
+/// writer keeps retrying (iptables-nft-restore retries when the ruleset changed under it) must
+/// end, be logged and be retried, not hold the sync loop forever.
+fn restore_limit(input: &str) -> Duration {
+    Duration::from_secs(60 + (input.len() / 100_000) as u64)
+}
 /// Reading chains, or a chain's rules, may take this long.
 const READ_LIMIT: Duration = Duration::from_secs(120);
 /// How many chains one nf_tables transaction of a large restore holds (see
@@ -205,7 +210,7 @@ impl Iptables for SystemIptables {
         let command = tool(family, self.backend, "restore");
         Tool::new(&command, &["-w", "5", "--noflush", "--counters"])
             .input(input.as_bytes())
-            .limit(RESTORE_LIMIT)
+            .limit(restore_limit(input))
             .run()
             .map(drop)
             .map_err(|failure| {

@@ -92,6 +92,8 @@ pub struct FakeIptables {
     pub fail_next_restore: Option<String>,
     /// What [`Iptables::chains_per_transaction`] answers (`None`: one transaction per table).
     pub chains_per_transaction: Option<usize>,
+    /// Lines containing this text are refused, as a kernel lacking a feature refuses a rule.
+    pub refuse_containing: Option<String>,
 }
 
 impl FakeIptables {
@@ -160,6 +162,13 @@ impl FakeIptables {
             };
             if line.is_empty() || line.starts_with('#') {
                 continue;
+            }
+            if self
+                .refuse_containing
+                .as_deref()
+                .is_some_and(|refused| line.contains(refused))
+            {
+                return Err(fail("the kernel refused this rule".into()));
             }
             if let Some(name) = line.strip_prefix('*') {
                 current = Some((name.to_string(), self.table(family, name)));

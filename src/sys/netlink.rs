@@ -41,6 +41,8 @@ impl NetlinkError {
 /// the largest read it has seen (up to 32 KiB), and with small reads a dump of 100,000 chains
 /// takes thousands of batches, each of which walks the list from its start again.
 const RECEIVE_BUFFER: usize = 32 * 1024;
+/// A receive that waits longer than this fails (EAGAIN).
+const RECEIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// recv(2) flags (Linux values).
 const MSG_PEEK: i32 = 0x2;
 const MSG_TRUNC: i32 = 0x20;
@@ -55,6 +57,10 @@ impl Connection {
     /// Opens a socket of `protocol` (NETLINK_GENERIC, NETLINK_ROUTE) in this thread's namespace.
     pub fn open(protocol: isize) -> Result<Self, NetlinkError> {
         let mut socket = Socket::new(protocol).map_err(NetlinkError::Socket)?;
+        // The kernel answers at once; a reply that never comes must fail the sync, not hang it.
+        let limit = nix::sys::time::TimeVal::new(RECEIVE_TIMEOUT.as_secs() as i64, 0);
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &limit)
+            .map_err(|errno| NetlinkError::Socket(errno.into()))?;
         socket.bind_auto().map_err(NetlinkError::Socket)?;
         socket
             .connect(&SocketAddr::new(0, 0))

@@ -18,8 +18,10 @@ use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, p
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
+use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, IptablesError, jump_target};
+use crate::sys::iptables_fake::tokenize;
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
 /// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
@@ -75,6 +77,8 @@ pub struct IptablesProxier<I: Iptables> {
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose service chains in the kernel are exactly those `programmed` holds.
     chains_known: BTreeSet<IpFamily>,
+    /// Services whose rules the kernel refused.
+    quarantine: Quarantine,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
     last_canary_check: Option<Instant>,
@@ -102,6 +106,7 @@ impl<I: Iptables> IptablesProxier<I> {
             families: Vec::new(),
             programmed: BTreeMap::new(),
             chains_known: BTreeSet::new(),
+            quarantine: Quarantine::default(),
             needs_full_sync: true,
             last_full_sync: None,
             last_canary_check: None,
@@ -177,18 +182,21 @@ impl<I: Iptables> IptablesProxier<I> {
         family: IpFamily,
         ctx: RenderContext,
         state: &ProxyState,
-    ) -> Result<RestoreStats, SyncError> {
+    ) -> Result<RestoreStats, Failure> {
         let base = render_base(&ctx);
+        // A quarantined service keeps the rules the kernel last accepted for it.
+        let previous = self.programmed.get(&family);
         let services: BTreeMap<NamespacedName, ServiceRules> = state
             .services
             .iter()
-            .map(|(key, ports)| {
-                (
-                    key.clone(),
-                    render_service(ports, state.endpoints.get(key), &ctx),
-                )
+            .filter_map(|(key, ports)| {
+                let rules = if self.quarantine.contains(key) {
+                    previous?.services.get(key)?.clone()
+                } else {
+                    render_service(ports, state.endpoints.get(key), &ctx)
+                };
+                (!rules.is_empty()).then(|| (key.clone(), rules))
             })
-            .filter(|(_, rules)| !rules.is_empty())
             .collect();
         // Only what is ours is read: the rules of the built-in chains our jumps start from, and
         // nat's chain names (for stale service chains) when memory cannot tell them: at the first
@@ -202,7 +210,7 @@ impl<I: Iptables> IptablesProxier<I> {
             _ => self
                 .iptables
                 .chain_names(family, "nat")
-                .map_err(|e| SyncError::Apply(e.to_string()))?,
+                .map_err(Failure::unattributed)?,
         };
         let wanted: BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
         let stale: Vec<String> = existing
@@ -210,7 +218,7 @@ impl<I: Iptables> IptablesProxier<I> {
             .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
             .collect();
         let missing = missing_jumps(&mut self.iptables, family, &base.jumps())
-            .map_err(|e| SyncError::Apply(e.to_string()))?;
+            .map_err(Failure::unattributed)?;
         // Traffic reaches our chains when the jumps into KUBE-SERVICES are in place.
         let reachable = !missing.iter().any(|jump| jump.to == KUBE_SERVICES);
         let chain_count = wanted.len() + stale.len();
@@ -225,7 +233,8 @@ impl<I: Iptables> IptablesProxier<I> {
                     .chains_per_transaction(chain_count, reachable),
             },
         );
-        self.restore(family, &text)?;
+        self.restore(family, &text)
+            .map_err(|err| Failure::of(err, &text, &services))?;
         let base_rules = (
             base.filter.len(),
             base.nat.len() + base.nat_services_tail.len(),
@@ -247,9 +256,9 @@ impl<I: Iptables> IptablesProxier<I> {
         family: IpFamily,
         state: &ProxyState,
         changes: &ChangeSummary,
-    ) -> Result<RestoreStats, SyncError> {
+    ) -> Result<RestoreStats, Failure> {
         let Some(current) = self.programmed.get(&family) else {
-            return Err(SyncError::Apply("no full sync yet".into()));
+            return Err(Failure::unattributed("no full sync yet"));
         };
         let rendered: Vec<(NamespacedName, Option<ServiceRules>)> = changes
             .changed_services
@@ -273,7 +282,15 @@ impl<I: Iptables> IptablesProxier<I> {
         let Some((text, stats)) = partial_restore(&deltas) else {
             return Ok(RestoreStats::default());
         };
-        self.restore(family, &text)?;
+        let involved: BTreeMap<NamespacedName, ServiceRules> = rendered
+            .iter()
+            .filter_map(|(key, new)| {
+                let rules = new.as_ref().or_else(|| current.services.get(key))?;
+                Some((key.clone(), rules.clone()))
+            })
+            .collect();
+        self.restore(family, &text)
+            .map_err(|err| Failure::of(err, &text, &involved))?;
         if let Some(current) = self.programmed.get_mut(&family) {
             for (key, rules) in rendered {
                 match rules {
@@ -285,15 +302,14 @@ impl<I: Iptables> IptablesProxier<I> {
         Ok(stats)
     }
 
-    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), SyncError> {
+    fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), IptablesError> {
         if self.record_restores {
             self.last_restore.push((family, text.to_string()));
         }
-        self.iptables.restore(family, text).map_err(|err| {
+        self.iptables.restore(family, text).inspect_err(|_| {
             // Some of its transactions may be in: the kernel's chains are read again next time.
             self.chains_known.remove(&family);
             self.restore_failures += 1;
-            SyncError::Apply(err.to_string())
         })
     }
 
@@ -312,10 +328,14 @@ impl<I: Iptables> IptablesProxier<I> {
         let canary_due = self
             .last_canary_check
             .is_none_or(|t| now.duration_since(t) >= self.settings.canary_interval);
-        let mut full = self.needs_full_sync
-            || self
-                .last_full_sync
-                .is_none_or(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        let hourly = self
+            .last_full_sync
+            .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
+        self.quarantine.release_changed(changes);
+        if hourly {
+            self.quarantine.release_all();
+        }
         if canary_due && !full {
             self.last_canary_check = Some(now);
             for family in self.families.clone() {
@@ -336,13 +356,29 @@ impl<I: Iptables> IptablesProxier<I> {
             let ctx = self.context(family, &state.node);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
             self.ensure_route_localnet(&ctx);
-            let result = if full || ctx_changed {
+            let mut result = if full || ctx_changed {
                 report.full = true;
-                self.full_sync(family, ctx, state)
+                self.full_sync(family, ctx.clone(), state)
             } else {
                 self.partial_sync(family, state, changes)
             };
-            match result {
+            // The kernel refused one service's rules: skip it, and program the rest now.
+            let mut skipped = 0;
+            while let Err(Failure {
+                culprit: Some(service),
+                error,
+            }) = &result
+            {
+                if skipped == quarantine::MAX_PER_SYNC
+                    || !self.quarantine.add(service.clone(), error.to_string())
+                {
+                    break;
+                }
+                skipped += 1;
+                report.full = true;
+                result = self.full_sync(family, ctx.clone(), state);
+            }
+            match result.map_err(|failure| failure.error) {
                 Ok(stats) => {
                     debug!(
                         ?family,
@@ -366,6 +402,7 @@ impl<I: Iptables> IptablesProxier<I> {
             self.last_full_sync = Some(now);
             self.last_canary_check = Some(now);
         }
+        report.skipped_services = self.quarantine.len();
         report.service_ports = state.services.values().map(|ports| ports.len()).sum();
         report.services_written = if report.full {
             state.services.len()
@@ -402,6 +439,71 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     ) -> Result<SyncReport, SyncError> {
         self.sync_all(state, changes)
     }
+}
+
+/// A sync that failed, and the service whose rules the kernel refused, when the line it named
+/// belongs to one.
+struct Failure {
+    error: SyncError,
+    culprit: Option<NamespacedName>,
+}
+
+impl Failure {
+    fn unattributed(error: impl std::fmt::Display) -> Failure {
+        Failure {
+            error: SyncError::Apply(error.to_string()),
+            culprit: None,
+        }
+    }
+
+    /// A failed restore of `input`, whose services' rules are `services`.
+    fn of(
+        error: IptablesError,
+        input: &str,
+        services: &BTreeMap<NamespacedName, ServiceRules>,
+    ) -> Failure {
+        let culprit = match &error {
+            IptablesError::Restore {
+                line: Some(line), ..
+            } => input
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|text| owner_of_line(text, services)),
+            _ => None,
+        };
+        let error = match &culprit {
+            Some(service) => SyncError::Apply(format!("{error} (rules of Service {service})")),
+            None => SyncError::Apply(error.to_string()),
+        };
+        Failure { error, culprit }
+    }
+}
+
+/// The service a line of restore input belongs to: one whose chain it names, or the one its
+/// comment names.
+fn owner_of_line(
+    line: &str,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+) -> Option<NamespacedName> {
+    let words = tokenize(line).ok()?;
+    let by_chain = words.iter().find_map(|word| {
+        let chain = word.trim_start_matches(':');
+        is_service_chain(chain)
+            .then(|| {
+                services
+                    .iter()
+                    .find(|(_, rules)| rules.chains.contains_key(chain))
+                    .map(|(key, _)| key.clone())
+            })
+            .flatten()
+    });
+    by_chain.or_else(|| {
+        let comment = words
+            .iter()
+            .position(|w| w == "--comment")
+            .and_then(|i| words.get(i + 1))?;
+        service_in_comment(comment).filter(|service| services.contains_key(service))
+    })
 }
 
 /// The jumps of `jumps` that their built-in chains lack, from a read of those chains alone.

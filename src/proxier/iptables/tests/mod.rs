@@ -4,6 +4,7 @@
 mod full_sync;
 mod golden;
 mod incremental;
+mod quarantine;
 mod tracer;
 mod tracer_cases;
 

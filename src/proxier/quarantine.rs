@@ -1,0 +1,108 @@
+//! One object can never fail a node's sync. When the kernel refuses a sync's input and the line
+//! it names belongs to one service, that service goes into quarantine: it is skipped (its last
+//! rules that the kernel accepted stay) with a warning naming it, and the rest is programmed in
+//! the same sync. It gets another try when it changes, and at each hourly full sync.
+
+use std::collections::BTreeMap;
+
+use tracing::{info, warn};
+
+use crate::model::{ChangeSummary, NamespacedName};
+
+/// How many services one sync may quarantine before it gives up and fails.
+pub const MAX_PER_SYNC: usize = 8;
+
+/// Services whose input the kernel refused, with the reason.
+#[derive(Debug, Default)]
+pub struct Quarantine {
+    services: BTreeMap<NamespacedName, String>,
+}
+
+impl Quarantine {
+    /// Whether `service` is being skipped.
+    pub fn contains(&self, service: &NamespacedName) -> bool {
+        self.services.contains_key(service)
+    }
+
+    /// Skips `service` from now on; false if it already was.
+    pub fn add(&mut self, service: NamespacedName, reason: String) -> bool {
+        if self.services.contains_key(&service) {
+            return false;
+        }
+        warn!(service = %service, reason = %reason, "Skipping a Service whose rules the kernel refused; the other services are programmed");
+        self.services.insert(service, reason);
+        true
+    }
+
+    /// Services that changed get another try.
+    pub fn release_changed(&mut self, changes: &ChangeSummary) {
+        for service in &changes.changed_services {
+            if self.services.remove(service).is_some() {
+                info!(service = %service, "Trying a skipped Service again: it changed");
+            }
+        }
+    }
+
+    /// Every service gets another try (the hourly full sync).
+    pub fn release_all(&mut self) {
+        if !self.services.is_empty() {
+            info!(
+                count = self.services.len(),
+                "Trying the skipped Services again"
+            );
+            self.services.clear();
+        }
+    }
+
+    /// How many services are skipped.
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+}
+
+/// The service a comment names: upstream's comments start with `ns/name` or `ns/name:port`.
+pub fn service_in_comment(comment: &str) -> Option<NamespacedName> {
+    let first = comment.split_whitespace().next()?;
+    let service = first.split(':').next()?;
+    let (namespace, name) = service.split_once('/')?;
+    (!namespace.is_empty() && !name.is_empty()).then(|| NamespacedName::new(namespace, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_leave_quarantine_when_they_change() {
+        let mut quarantine = Quarantine::default();
+        let bad = NamespacedName::new("ns", "bad");
+        assert!(quarantine.add(bad.clone(), "refused".into()));
+        assert!(!quarantine.add(bad.clone(), "again".into()));
+        assert!(quarantine.contains(&bad));
+        quarantine.release_changed(&ChangeSummary::default());
+        assert_eq!(quarantine.len(), 1);
+        quarantine.release_changed(&ChangeSummary {
+            changed_services: [bad.clone()].into(),
+            ..ChangeSummary::default()
+        });
+        assert!(quarantine.is_empty());
+    }
+
+    #[test]
+    fn comments_name_their_service() {
+        assert_eq!(
+            service_in_comment("ns1/svc1:p80 has no endpoints"),
+            Some(NamespacedName::new("ns1", "svc1"))
+        );
+        assert_eq!(
+            service_in_comment("ns1/svc1 cluster IP"),
+            Some(NamespacedName::new("ns1", "svc1"))
+        );
+        assert_eq!(service_in_comment("kubernetes service portals"), None);
+    }
+}
