@@ -27,6 +27,7 @@ use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
+use crate::sys::nf_events::NfEvents;
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +94,7 @@ pub async fn run(
         ProxyMode::Ipvs => (config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
     };
     let intervals = sync_intervals(min_sync, sync_period);
+    let requester = SyncRequester::default();
     let proxier: Box<dyn Proxier> = if options.dry_run {
         info!(
             mode = mode.as_str(),
@@ -100,7 +102,7 @@ pub async fn run(
         );
         Box::new(LoggingProxier::default())
     } else {
-        choose_proxier(mode, config, options)?
+        choose_proxier(mode, config, options, &requester)?
     };
     if !options.dry_run {
         // As upstream, before the first sync: the process's OOM priority and conntrack settings.
@@ -122,7 +124,6 @@ pub async fn run(
     let client =
         k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
     let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
-    let requester = SyncRequester::default();
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let on_change = {
         let (requester, health, metrics) = (requester.clone(), health.clone(), metrics.clone());
@@ -216,6 +217,7 @@ fn choose_proxier(
     mode: ProxyMode,
     config: &KubeProxyConfiguration,
     options: RunOptions,
+    requester: &SyncRequester,
 ) -> Result<Box<dyn Proxier>, DaemonError> {
     let backend = Backend::detect();
     if mode == ProxyMode::Ipvs {
@@ -243,12 +245,24 @@ fn choose_proxier(
     }
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using iptables Proxier");
-    Ok(Box::new(IptablesProxier::new(
+    let proxier = IptablesProxier::new(
         SystemIptables::new(backend),
         IptablesSettings::from_config(config),
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
-    )))
+    );
+    // On nft the kernel says when another program changes our chains: each change asks for a
+    // sync, which repairs it. (Legacy has no such events: see the README.)
+    if backend == Backend::Nft {
+        let wake = requester.clone();
+        match NfEvents::start(Box::new(move || wake.request())) {
+            Ok(events) => return Ok(Box::new(proxier.with_change_events(Box::new(events)))),
+            Err(err) => {
+                warn!(error = %err, "Cannot listen for nf_tables changes; drift in our rules is repaired only by full syncs")
+            }
+        }
+    }
+    Ok(Box::new(proxier))
 }
 
 /// How often the --config file is read to see whether it changed.

@@ -287,7 +287,10 @@ fn every_accepted_object_programs_and_none_panics() {
     state.apply(tracker.into_inner().take_changes());
     assert!(!state.services.is_empty());
     assert!(
-        state.services.keys().any(|key| state.endpoints.contains_key(key)),
+        state
+            .services
+            .keys()
+            .any(|key| state.endpoints.contains_key(key)),
         "some accepted services have endpoints"
     );
 

@@ -38,6 +38,8 @@ pub struct SyncReport {
     pub iptables_rules: Vec<(&'static str, usize)>,
     /// Services skipped because the kernel refused their rules.
     pub skipped_services: usize,
+    /// Chains of ours rewritten because another program changed them.
+    pub repaired_chains: usize,
 }
 
 /// A proxy mode's programmer of kernel state.

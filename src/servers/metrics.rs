@@ -30,6 +30,7 @@ pub struct Metrics {
     conntrack_deleted: IntCounterVec,
     invalid_input: IntCounterVec,
     skipped_services: IntGauge,
+    repaired_chains: IntCounter,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -204,6 +205,11 @@ impl Metrics {
                 "kubeproxy_rs_sync_proxy_rules_skipped_services",
                 "Services skipped because the kernel refused their rules (kube-proxy-rs)",
             )?,
+            repaired_chains: counter(
+                &r,
+                "kubeproxy_rs_sync_proxy_rules_repaired_chains_total",
+                "Chains of ours rewritten because another program changed them (kube-proxy-rs)",
+            )?,
             registry: r,
         })
     }
@@ -257,6 +263,7 @@ impl Metrics {
                 .set(*rules as f64);
         }
         self.skipped_services.set(report.skipped_services as i64);
+        self.repaired_chains.inc_by(report.repaired_chains as u64);
         let (internal, external) = report.no_local_endpoints;
         self.no_local_endpoints
             .with_label_values(&["internal"])

@@ -8,5 +8,6 @@ pub mod ipvs;
 pub mod link;
 pub mod net;
 pub mod netlink;
+pub mod nf_events;
 pub mod nf_tables;
 pub mod process;

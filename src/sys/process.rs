@@ -3,10 +3,12 @@
 //! failure that says which command it was, how it ended (exit status or the signal that killed
 //! it) and the first lines it printed on stderr. Never an empty reason.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tracing::info;
@@ -17,6 +19,33 @@ const STDERR_LINES: usize = 5;
 const STDERR_CHARS: usize = 800;
 /// A tool still running after this is logged, and again every this often.
 const SLOW_AFTER: Duration = Duration::from_secs(10);
+
+/// How long a finished tool's pid is still recognised as ours (its kernel events may be read a
+/// little after it exits).
+const REMEMBER_EXITED: Duration = Duration::from_secs(60);
+
+/// The pids of the tools this process runs (and ran lately), with when each exited.
+static CHILDREN: Mutex<BTreeMap<u32, Option<Instant>>> = Mutex::new(BTreeMap::new());
+
+fn children() -> std::sync::MutexGuard<'static, BTreeMap<u32, Option<Instant>>> {
+    CHILDREN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `pid` is a tool this process started (running, or finished within the last minute).
+/// A netlink socket's port id is its process's pid, so the kernel's change events tell which
+/// changes were our own restores'.
+pub fn is_our_tool(pid: u32) -> bool {
+    let mut children = children();
+    children.retain(|_, exited| exited.is_none_or(|at| at.elapsed() < REMEMBER_EXITED));
+    children.contains_key(&pid)
+}
+
+/// Whether a tool of ours is running, or finished within `within`.
+pub fn tool_active_within(within: Duration) -> bool {
+    children()
+        .values()
+        .any(|exited| exited.is_none_or(|at| at.elapsed() < within))
+}
 
 /// Why running a tool failed.
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +189,8 @@ impl<'a> Tool<'a> {
                 command: command.clone(),
                 reason: err.to_string(),
             })?;
+        let pid = child.id();
+        children().insert(pid, None);
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
@@ -181,6 +212,7 @@ impl<'a> Tool<'a> {
                 err.join().unwrap_or_default(),
             )
         });
+        children().insert(pid, Some(Instant::now()));
         let status = status?;
         if status.success() {
             Ok(out)

@@ -11,8 +11,8 @@ use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::render::{
-    JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext, ServiceRules,
-    render_base, render_service,
+    BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext,
+    ServiceRules, render_base, render_service,
 };
 use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
 use crate::config::KubeProxyConfiguration;
@@ -22,6 +22,9 @@ use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, IptablesError, jump_target};
 use crate::sys::iptables_fake::tokenize;
+use crate::sys::nf_events::ChangeEvents;
+
+mod drift;
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
 /// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
@@ -62,8 +65,8 @@ impl IptablesSettings {
 struct FamilyState {
     ctx: RenderContext,
     services: BTreeMap<NamespacedName, ServiceRules>,
-    /// Rules of the service-independent part, in (filter, nat).
-    base_rules: (usize, usize),
+    /// The service-independent rules.
+    base: BaseRules,
 }
 
 /// The iptables proxier over any [`Iptables`] (the real tools or the fake).
@@ -79,6 +82,10 @@ pub struct IptablesProxier<I: Iptables> {
     chains_known: BTreeSet<IpFamily>,
     /// Services whose rules the kernel refused.
     quarantine: Quarantine,
+    /// What other programs change in the kernel, when it can tell (the nft back end).
+    events: Option<Box<dyn ChangeEvents>>,
+    /// Chains (table, chain) someone else changed since the last sync, per family.
+    drifted: BTreeMap<IpFamily, BTreeSet<(String, String)>>,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
     last_canary_check: Option<Instant>,
@@ -107,6 +114,8 @@ impl<I: Iptables> IptablesProxier<I> {
             programmed: BTreeMap::new(),
             chains_known: BTreeSet::new(),
             quarantine: Quarantine::default(),
+            events: None,
+            drifted: BTreeMap::new(),
             needs_full_sync: true,
             last_full_sync: None,
             last_canary_check: None,
@@ -114,6 +123,12 @@ impl<I: Iptables> IptablesProxier<I> {
             record_restores: false,
             last_restore: Vec::new(),
         }
+    }
+
+    /// Repairs what other programs change in our chains as they change it (see `drift.rs`).
+    pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// The kernel interface (for tests).
@@ -235,18 +250,15 @@ impl<I: Iptables> IptablesProxier<I> {
         );
         self.restore(family, &text)
             .map_err(|err| Failure::of(err, &text, &services))?;
-        let base_rules = (
-            base.filter.len(),
-            base.nat.len() + base.nat_services_tail.len(),
-        );
         self.programmed.insert(
             family,
             FamilyState {
                 ctx,
                 services,
-                base_rules,
+                base,
             },
         );
+        self.drifted.remove(&family);
         self.chains_known.insert(family);
         Ok(stats)
     }
@@ -348,6 +360,9 @@ impl<I: Iptables> IptablesProxier<I> {
                 }
             }
         }
+        if self.take_drift() {
+            full = true;
+        }
         let mut report = SyncReport {
             full,
             ..SyncReport::default()
@@ -377,6 +392,12 @@ impl<I: Iptables> IptablesProxier<I> {
                 skipped += 1;
                 report.full = true;
                 result = self.full_sync(family, ctx.clone(), state);
+            }
+            if result.is_ok() && !report.full {
+                result = self.repair(family).map(|repaired| {
+                    report.repaired_chains += repaired;
+                    RestoreStats::default()
+                });
             }
             match result.map_err(|failure| failure.error) {
                 Ok(stats) => {
@@ -412,8 +433,8 @@ impl<I: Iptables> IptablesProxier<I> {
         // Both in memory, from what each service programmed: no kernel read.
         let (mut filter_rules, mut nat_rules) = (0, 0);
         for programmed in self.programmed.values() {
-            filter_rules += programmed.base_rules.0;
-            nat_rules += programmed.base_rules.1;
+            filter_rules += programmed.base.filter.len();
+            nat_rules += programmed.base.nat.len() + programmed.base.nat_services_tail.len();
             for service in programmed.services.values() {
                 report.no_local_endpoints.0 += service.no_local_endpoints_internal;
                 report.no_local_endpoints.1 += service.no_local_endpoints_external;

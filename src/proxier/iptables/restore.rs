@@ -193,6 +193,78 @@ fn shared_nat_rules(
     }
 }
 
+/// Restore input that rewrites `chains` (table, chain) of ours from what was programmed, and
+/// inserts `missing_jumps`: the repair of rules someone else changed. Chains that are not ours
+/// are left out; `None` when nothing is left to write.
+pub fn repair_restore(
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    chains: &BTreeSet<(String, String)>,
+    missing_jumps: &[JumpRule],
+) -> Option<(String, RestoreStats)> {
+    let mut out = Writer::default();
+    for table in ["filter", "nat"] {
+        let wanted: Vec<&str> = chains
+            .iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, chain)| chain.as_str())
+            .collect();
+        let shared: Vec<&str> = if table == "filter" {
+            base.filter_chains()
+                .into_iter()
+                .filter(|c| wanted.contains(c))
+                .collect()
+        } else {
+            NAT_CHAINS
+                .into_iter()
+                .filter(|c| wanted.contains(c))
+                .collect()
+        };
+        let own: Vec<(&String, &Vec<String>)> = if table == "nat" {
+            services
+                .values()
+                .flat_map(|s| &s.chains)
+                .filter(|(chain, _)| wanted.contains(&chain.as_str()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let jumps = missing_jumps.iter().any(|j| j.table == table);
+        if shared.is_empty() && own.is_empty() && !jumps {
+            continue;
+        }
+        out.line(&format!("*{table}"));
+        for chain in shared
+            .iter()
+            .copied()
+            .chain(own.iter().map(|(c, _)| c.as_str()))
+        {
+            out.chain(chain);
+        }
+        if table == "filter" {
+            for chain in &shared {
+                for rule in services
+                    .values()
+                    .flat_map(|s| &s.filter)
+                    .chain(&base.filter)
+                    .filter(|r| r.chain == *chain)
+                {
+                    out.rule("-A", rule);
+                    out.stats.filter_rules += 1;
+                }
+            }
+        } else {
+            shared_nat_rules(&mut out, base, services, &shared);
+            for (chain, rules) in &own {
+                out.chain_rules(chain, rules);
+            }
+        }
+        out.jumps(table, missing_jumps);
+        out.line("COMMIT");
+    }
+    (out.stats.lines > 0).then(|| out.finish())
+}
+
 /// One service's change: what was programmed and what is wanted (either may be absent).
 pub struct ServiceDelta<'a> {
     pub old: Option<&'a ServiceRules>,

@@ -1,0 +1,99 @@
+//! Drift repair against the fake: chains of ours that "another program" changed are rewritten
+//! from memory at the next sync, with nothing read back; changes elsewhere write nothing.
+
+use super::incremental::{V4, canonical, fresh, proxier, state};
+use crate::model::ChangeSummary;
+use crate::proxier::Proxier;
+use crate::sys::iptables::Iptables;
+use crate::sys::iptables_fake::FakeIptables;
+use crate::sys::nf_events::{Drift, FakeEvents};
+
+fn changed(events: &FakeEvents, chains: &[(&str, &str)]) {
+    let mut pending = events.pending.lock().unwrap();
+    for (table, chain) in chains {
+        pending
+            .chains
+            .insert((V4, table.to_string(), chain.to_string()));
+    }
+}
+
+#[test]
+fn chains_others_change_are_rewritten_at_the_next_sync() {
+    let state = state(4, 3);
+    let events = FakeEvents::default();
+    let mut p = proxier(FakeIptables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let svc = p
+        .iptables()
+        .table(V4, "nat")
+        .chains
+        .iter()
+        .map(|(name, _)| name.clone())
+        .find(|name| name.starts_with("KUBE-SVC-"))
+        .unwrap();
+    let jump = p.iptables().table(V4, "nat").chain("PREROUTING").unwrap()[0].clone();
+    // Another program: flushes a service chain, puts a DROP first in filter KUBE-SERVICES, and
+    // deletes our jump from nat PREROUTING.
+    p.iptables()
+        .restore(
+            V4,
+            &format!(
+                "*nat\n:{svc} - [0:0]\n-D PREROUTING {jump}\nCOMMIT\n*filter\n-I KUBE-SERVICES 1 -j DROP\nCOMMIT\n"
+            ),
+        )
+        .unwrap();
+    assert_ne!(canonical(p.iptables()), fresh(&state));
+    changed(
+        &events,
+        &[
+            ("nat", &svc),
+            ("nat", "PREROUTING"),
+            ("filter", "KUBE-SERVICES"),
+        ],
+    );
+    let reads_before = p.iptables().reads.len();
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!report.full, "repaired without a full sync");
+    assert_eq!(report.repaired_chains, 3);
+    assert_eq!(canonical(p.iptables()), fresh(&state));
+    let reads: Vec<_> = p.iptables().reads[reads_before..].to_vec();
+    assert!(
+        reads.iter().all(|r| matches!(r, crate::sys::iptables_fake::Read::ChainRules { chains, .. } if chains.iter().all(|c| ["PREROUTING", "OUTPUT", "POSTROUTING", "INPUT", "FORWARD"].contains(&c.as_str())))),
+        "only the built-in chains were read: {reads:?}"
+    );
+}
+
+#[test]
+fn changes_to_other_programs_chains_write_nothing() {
+    let state = state(2, 2);
+    let events = FakeEvents::default();
+    let mut p = proxier(FakeIptables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let restores = p.iptables().restores.len();
+    changed(
+        &events,
+        &[
+            ("nat", "KUBE-SVC-NOTOURSNOTOURS"),
+            ("filter", "KUBE-FIREWALL-X"),
+        ],
+    );
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.repaired_chains, 0);
+    assert_eq!(p.iptables().restores.len(), restores);
+}
+
+#[test]
+fn lost_events_or_a_changed_table_mean_a_full_sync() {
+    let state = state(2, 2);
+    let events = FakeEvents::default();
+    let mut p = proxier(FakeIptables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    *events.pending.lock().unwrap() = Drift {
+        lost: true,
+        ..Drift::default()
+    };
+    assert!(p.sync(&state, &ChangeSummary::default()).unwrap().full);
+    changed(&events, &[("nat", "")]);
+    assert!(p.sync(&state, &ChangeSummary::default()).unwrap().full);
+    assert!(!p.sync(&state, &ChangeSummary::default()).unwrap().full);
+}

@@ -1,0 +1,327 @@
+//! Which of the iptables nft back end's chains other programs change. The kernel reports every
+//! nf_tables change to listeners of the NFNLGRP_NFTABLES group, each event carrying the port id
+//! of the netlink socket that made it, which for a tool is its pid. A thread listens, drops the
+//! events of the tools this process ran (its own restores) and of tables that are not
+//! iptables', and keeps the rest: drift is then known the moment it happens, at no cost while
+//! nothing changes, whatever the size of the ruleset. Reading every chain back each period
+//! would cost seconds at 10,000 services.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use netlink_packet_core::{NlaBuffer, NlasIterator};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use netlink_sys::{Socket, SocketAddr};
+
+use super::netlink::NetlinkError;
+use super::process::{is_our_tool, tool_active_within};
+use crate::model::IpFamily;
+
+const NFNLGRP_NFTABLES: u32 = 7;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+/// NFTA_TABLE_NAME, NFTA_CHAIN_TABLE and NFTA_RULE_TABLE are all 1.
+const ATTR_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const ENOBUFS: i32 = 105;
+/// The tables the iptables tools keep in nf_tables.
+const IPTABLES_TABLES: [&str; 4] = ["nat", "filter", "mangle", "raw"];
+/// A full restore at 10,000 services commits a few MB of events per transaction.
+const RECEIVE_BUFFER: usize = 64 << 20;
+
+/// A chain changed by someone else: family, table, chain (empty for a whole table).
+pub type ChainKey = (IpFamily, String, String);
+
+/// What changed since the last look.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// Chains of iptables' tables that another program changed.
+    pub chains: BTreeSet<ChainKey>,
+    /// Events were lost (the socket overflowed): anything may have changed.
+    pub lost: bool,
+}
+
+impl Drift {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && !self.lost
+    }
+}
+
+/// A source of the changes others make.
+pub trait ChangeEvents: Send {
+    /// What changed since the last call.
+    fn take(&mut self) -> Drift;
+}
+
+/// The kernel's events, read by a thread of their own.
+pub struct NfEvents {
+    drift: Arc<Mutex<Drift>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NfEvents {
+    /// Starts listening in this thread's network namespace; `changed` is called (from the
+    /// listening thread) whenever something of interest changed.
+    pub fn start(changed: Box<dyn Fn() + Send>) -> Result<NfEvents, NetlinkError> {
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
+        socket.bind_auto().map_err(NetlinkError::Socket)?;
+        socket
+            .add_membership(NFNLGRP_NFTABLES)
+            .map_err(NetlinkError::Socket)?;
+        let errno = |e: nix::errno::Errno| NetlinkError::Socket(e.into());
+        use nix::sys::socket::{setsockopt, sockopt};
+        // A large buffer (forced: we have CAP_NET_ADMIN) so bursts are not lost; a timeout so
+        // the thread notices when it is no longer wanted.
+        let _ = setsockopt(&socket, sockopt::RcvBufForce, &RECEIVE_BUFFER);
+        setsockopt(
+            &socket,
+            sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(1, 0),
+        )
+        .map_err(errno)?;
+        let drift = Arc::new(Mutex::new(Drift::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shared, stopping) = (drift.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("nf-events".into())
+            .spawn(move || listen(socket, &shared, &stopping, changed.as_ref()))
+            .map_err(NetlinkError::Socket)?;
+        Ok(NfEvents { drift, stop })
+    }
+}
+
+impl ChangeEvents for NfEvents {
+    fn take(&mut self) -> Drift {
+        std::mem::take(&mut *self.drift.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Drop for NfEvents {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn listen(socket: Socket, drift: &Mutex<Drift>, stop: &AtomicBool, changed: &dyn Fn()) {
+    let mut buffer = Vec::with_capacity(256 * 1024);
+    while !stop.load(Ordering::Relaxed) {
+        buffer.clear();
+        let received: Result<(usize, SocketAddr), std::io::Error> =
+            socket.recv_from(&mut buffer, 0);
+        let news = match received {
+            Ok(_) => {
+                let mut news = foreign_changes(&buffer);
+                news.retain(|(_, table, chain)| may_be_ours(table, chain));
+                news
+            }
+            Err(err) if err.raw_os_error() == Some(ENOBUFS) => {
+                drift.lock().unwrap_or_else(|p| p.into_inner()).lost = true;
+                changed();
+                continue;
+            }
+            // The timeout (a chance to stop), or a signal.
+            Err(_) => continue,
+        };
+        if !news.is_empty() {
+            drift
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .chains
+                .extend(news);
+            changed();
+        }
+    }
+}
+
+/// Whether a change can concern kube-proxy: a chain of ours (`KUBE-` names), a built-in chain
+/// (our jumps start there), or a whole table. Other programs' busy chains wake nobody.
+fn may_be_ours(table: &str, chain: &str) -> bool {
+    chain.is_empty()
+        || chain.starts_with("KUBE-")
+        || super::iptables::builtin_chains(table).contains(&chain)
+}
+
+/// The chains of iptables' tables that a datagram of events says another program changed.
+pub fn foreign_changes(datagram: &[u8]) -> Vec<ChainKey> {
+    let mut changes = Vec::new();
+    let mut offset = 0;
+    while let Some(header) = datagram.get(offset..offset + 16) {
+        let length = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if length < 16 || offset + length > datagram.len() {
+            break;
+        }
+        let message_type = u16::from_ne_bytes([header[4], header[5]]);
+        let port = u32::from_ne_bytes([header[12], header[13], header[14], header[15]]);
+        let payload = &datagram[offset + 16..offset + length];
+        if let Some(change) = change_of(message_type, payload)
+            && !made_by_us(port)
+        {
+            changes.push(change);
+        }
+        offset += (length + 3) & !3;
+    }
+    changes
+}
+
+/// Whether an event's netlink port id is one of our tools'. A tool's socket gets its pid as
+/// port id, unless that number is taken in the network namespace (a host process with the same
+/// pid in another pid namespace): the kernel then picks a negative one. Such an event, while one
+/// of our tools runs, is taken for ours: treating our own restores as drift would rewrite them
+/// again and again.
+fn made_by_us(port: u32) -> bool {
+    is_our_tool(port) || ((port as i32) < 0 && tool_active_within(Duration::from_secs(2)))
+}
+
+/// The chain one event changed, if it is a change to an iptables table.
+fn change_of(message_type: u16, payload: &[u8]) -> Option<ChainKey> {
+    if message_type >> 8 != NFNL_SUBSYS_NFTABLES {
+        return None;
+    }
+    let chain_attribute = match message_type & 0xff {
+        NFT_MSG_NEWRULE | NFT_MSG_DELRULE => Some(NFTA_RULE_CHAIN),
+        NFT_MSG_NEWCHAIN | NFT_MSG_DELCHAIN => Some(NFTA_CHAIN_NAME),
+        NFT_MSG_NEWTABLE | NFT_MSG_DELTABLE => None,
+        _ => return None,
+    };
+    let (nfgenmsg, attributes) = payload.split_first_chunk::<4>()?;
+    let family = match nfgenmsg[0] {
+        NFPROTO_IPV4 => IpFamily::V4,
+        NFPROTO_IPV6 => IpFamily::V6,
+        _ => return None,
+    };
+    let mut table = None;
+    let mut chain = String::new();
+    for attribute in NlasIterator::new(attributes) {
+        let attribute: NlaBuffer<&[u8]> = attribute.ok()?;
+        let value = attribute.value();
+        let text = || {
+            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+            String::from_utf8_lossy(&value[..end]).into_owned()
+        };
+        if attribute.kind() == ATTR_TABLE {
+            table = Some(text());
+        } else if Some(attribute.kind()) == chain_attribute {
+            chain = text();
+        }
+    }
+    let table = table.filter(|t| IPTABLES_TABLES.contains(&t.as_str()))?;
+    Some((family, table, chain))
+}
+
+/// Events a test hands to a proxier.
+#[derive(Clone, Debug, Default)]
+pub struct FakeEvents {
+    pub pending: Arc<Mutex<Drift>>,
+}
+
+impl ChangeEvents for FakeEvents {
+    fn take(&mut self) -> Drift {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// How long [`NfEvents`] waits in one receive before checking whether it should stop.
+pub const POLL: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One event message: header (type, port), nfgenmsg (family), string attributes.
+    fn event(message_type: u16, port: u32, family: u8, attributes: &[(u16, &str)]) -> Vec<u8> {
+        let mut body = vec![family, 0, 0, 0];
+        for (kind, text) in attributes {
+            let length = 4 + text.len() + 1;
+            body.extend((length as u16).to_ne_bytes());
+            body.extend(kind.to_ne_bytes());
+            body.extend(text.as_bytes());
+            body.push(0);
+            body.resize((body.len() + 3) & !3, 0);
+        }
+        let mut message = Vec::new();
+        message.extend(((16 + body.len()) as u32).to_ne_bytes());
+        message.extend(message_type.to_ne_bytes());
+        message.extend(0u16.to_ne_bytes());
+        message.extend(0u32.to_ne_bytes());
+        message.extend(port.to_ne_bytes());
+        message.extend(body);
+        message
+    }
+
+    #[test]
+    fn events_name_the_chains_others_change_in_iptables_tables() {
+        let foreign = 3_000_000;
+        let mut datagram = event(
+            0x0a08,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "nat"), (2, "KUBE-SVC-AAAA")],
+        );
+        datagram.extend(event(
+            0x0a06,
+            foreign,
+            NFPROTO_IPV6,
+            &[(1, "filter"), (2, "INPUT")],
+        ));
+        datagram.extend(event(
+            0x0a05,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "nat"), (3, "KUBE-SEP-B")],
+        ));
+        // Another program's own nft table, and another family: not iptables'.
+        datagram.extend(event(
+            0x0a06,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "kube-proxy"), (2, "services")],
+        ));
+        datagram.extend(event(0x0a06, foreign, 1, &[(1, "nat"), (2, "x")]));
+        // Not nf_tables at all (conntrack).
+        datagram.extend(event(0x0100, foreign, NFPROTO_IPV4, &[(1, "nat")]));
+        datagram.extend(event(0x0a02, foreign, NFPROTO_IPV4, &[(1, "nat")]));
+        assert_eq!(
+            foreign_changes(&datagram),
+            vec![
+                (IpFamily::V4, "nat".to_string(), "KUBE-SVC-AAAA".to_string()),
+                (IpFamily::V6, "filter".to_string(), "INPUT".to_string()),
+                (IpFamily::V4, "nat".to_string(), "KUBE-SEP-B".to_string()),
+                (IpFamily::V4, "nat".to_string(), String::new()),
+            ]
+        );
+    }
+
+    #[test]
+    fn our_own_tools_changes_are_not_drift() {
+        // A tool run through the runner: its pid (its netlink port id) is known as ours.
+        let out = super::super::process::Tool::new("sh", &["-c", "echo $$"])
+            .run()
+            .unwrap();
+        let pid: u32 = String::from_utf8(out).unwrap().trim().parse().unwrap();
+        let datagram = event(
+            0x0a06,
+            pid,
+            NFPROTO_IPV4,
+            &[(1, "nat"), (2, "KUBE-SERVICES")],
+        );
+        assert!(foreign_changes(&datagram).is_empty());
+        let other = event(
+            0x0a06,
+            pid + 1_000_000,
+            NFPROTO_IPV4,
+            &[(1, "nat"), (2, "KUBE-SERVICES")],
+        );
+        assert_eq!(foreign_changes(&other).len(), 1);
+    }
+}
