@@ -639,10 +639,11 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     ours.output(&["ipvsadm", "-C"]);
     ours.output(&["ip", "addr", "flush", "dev", "kube-ipvs0"]);
     assert!(text(&ours, &["ipvsadm", "-Sn"]).is_empty());
-    let (repair, after) = ours.run(move || {
+    let (repair, after, mut proxier, final_state) = ours.run(move || {
         let empty = ChangeSummary::default();
         let repair = proxier.sync(&final_state, &empty).unwrap();
-        (repair, proxier.sync(&final_state, &empty).unwrap())
+        let after = proxier.sync(&final_state, &empty).unwrap();
+        (repair, after, proxier, final_state)
     });
     assert!(
         repair.full,
@@ -650,6 +651,54 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     );
     assert!(!after.full, "and then finds the kernel as it left it");
     assert_eq!(partial, ipvs_state(&ours));
+
+    // Smaller drift, repaired by the next periodic sync without a full one: a real server, a
+    // set entry and a jump from a built-in chain removed by hand.
+    let real = text(&ours, &["ipvsadm", "-Sn"])
+        .lines()
+        .find(|l| l.starts_with("-a "))
+        .unwrap()
+        .to_string();
+    let removal: Vec<&str> = real
+        .split_whitespace()
+        .take(5)
+        .map(|w| if w == "-a" { "-d" } else { w })
+        .collect();
+    let mut command = vec!["ipvsadm"];
+    command.extend(&removal);
+    ours.output(&command);
+    let entry = text(&ours, &["ipset", "list", "KUBE-CLUSTER-IP"])
+        .lines()
+        .find(|l| l.contains(",tcp:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    ours.output(&["ipset", "del", "KUBE-CLUSTER-IP", &entry]);
+    ours.output(&[
+        "iptables-nft",
+        "-t",
+        "nat",
+        "-D",
+        "PREROUTING",
+        "-m",
+        "comment",
+        "--comment",
+        "kubernetes service portals",
+        "-j",
+        "KUBE-SERVICES",
+    ]);
+    assert_ne!(partial, ipvs_state(&ours));
+    let small = ours.run(move || {
+        proxier
+            .sync(&final_state, &ChangeSummary::default())
+            .unwrap()
+    });
+    assert!(!small.full, "repaired by the periodic check");
+    assert_eq!(partial, ipvs_state(&ours));
+    assert!(text(&ours, &["ipset", "list", "KUBE-CLUSTER-IP"]).contains(&entry));
+    assert!(
+        text(&ours, &["iptables-nft", "-t", "nat", "-S", "PREROUTING"]).contains("KUBE-SERVICES")
+    );
 }
 
 const CAPTURE: &str = concat!(

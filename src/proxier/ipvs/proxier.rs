@@ -187,7 +187,7 @@ enum Depth {
     /// Everything: every virtual server's real servers, the sets, the iptables jumps.
     Full,
     /// A periodic sync with nothing changed: the virtual server list, kube-ipvs0's addresses, the
-    /// sets and the iptables rules are checked (drift repair); real servers come from memory.
+    /// real servers, our sets and the iptables rules are checked (drift repair).
     Check,
     /// Changed services only: memory, plus the real servers of draining virtual servers.
     Changes,
@@ -282,8 +282,10 @@ impl IpvsProxier {
                 info!("IPVS state changed outside kube-proxy-rs, reading all of it");
                 return Ok((self.observe(link)?, true));
             }
-            let draining: Vec<String> = remembered.draining().iter().map(|vs| vs.key()).collect();
-            self.reread_real_servers(&mut remembered, &draining)?;
+            // Every virtual server's real servers: one removed by hand is put back now, not at
+            // the hourly full sync (one dump per virtual server; no read of anything not ours).
+            let all: Vec<String> = remembered.services.keys().cloned().collect();
+            self.reread_real_servers(&mut remembered, &all)?;
         }
         Ok((remembered, false))
     }
