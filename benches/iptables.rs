@@ -78,6 +78,8 @@ struct Sample {
     restart: Duration,
     /// What a full sync reads: nat's chain names and the built-in chains' rules.
     reads: Duration,
+    /// One sync repairing a flushed service chain and a DROP in filter KUBE-SERVICES (nft).
+    repair: Option<Duration>,
     lines: usize,
     change_lines: usize,
 }
@@ -148,7 +150,38 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
                 .chain_rules(IpFamily::V4, "filter", &["INPUT", "FORWARD", "OUTPUT"])
                 .expect("filter built-in chains");
         });
+        // Drift (nft: the kernel's change events): another program flushes a service chain and
+        // puts a DROP first in filter KUBE-SERVICES; one sync repairs both.
+        let repair = (backend == Backend::Nft).then(|| {
+            let events = kube_proxy_rs::sys::nf_events::NfEvents::start(Box::new(|| {}))
+                .expect("nf_tables events");
+            let mut p = p.with_change_events(Box::new(events));
+            let chain = kube_proxy_rs::proxier::iptables::names::cluster_policy_chain(
+                &kube_proxy_rs::model::ServicePortName::new(
+                    "bench",
+                    "svc-7",
+                    "http",
+                    kube_proxy_rs::model::Protocol::Tcp,
+                ),
+            );
+            let tool = |args: &[&str]| {
+                assert!(Command::new("iptables-nft").args(args).status().unwrap().success());
+            };
+            tool(&["-t", "nat", "-F", &chain]);
+            tool(&["-I", "KUBE-SERVICES", "1", "-j", "DROP"]);
+            std::thread::sleep(Duration::from_millis(200));
+            let mut repaired = 0;
+            let time = timed(&mut || {
+                repaired = p
+                    .sync(&state, &ChangeSummary::default())
+                    .expect("repair")
+                    .repaired_chains;
+            });
+            assert_eq!(repaired, 2, "both repaired");
+            time
+        });
         let sample = Sample {
+            repair,
             full,
             bare_full: Duration::ZERO,
             one_transaction: None,
@@ -248,6 +281,12 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         forced.as_secs_f64() / full.as_secs_f64(),
         secs(reads),
     );
+    if let Some(repair) = samples.iter().filter_map(|s| s.repair).min() {
+        println!(
+            "{count:>6} services: drift repair (a flushed service chain, a DROP in filter KUBE-SERVICES) {}",
+            secs(repair)
+        );
+    }
     if let Some(one) = samples.iter().filter_map(|s| s.one_transaction).min() {
         println!(
             "{count:>6} services: the same rules in one transaction per table (upstream's shape): bare restore {} \
