@@ -165,7 +165,13 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
                 ),
             );
             let tool = |args: &[&str]| {
-                assert!(Command::new("iptables-nft").args(args).status().unwrap().success());
+                assert!(
+                    Command::new("iptables-nft")
+                        .args(args)
+                        .status()
+                        .unwrap()
+                        .success()
+                );
             };
             tool(&["-t", "nat", "-F", &chain]);
             tool(&["-I", "KUBE-SERVICES", "1", "-j", "DROP"]);

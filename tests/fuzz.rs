@@ -20,7 +20,7 @@ use kube_proxy_rs::sys::iptables_fake::FakeIptables;
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
 use support::netns::{Netns, require_netns};
 
@@ -226,9 +226,19 @@ fn config_text() -> impl Strategy<Value = String> {
     })
 }
 
+/// A runner with a fixed seed: every run (and CI) tries the same cases.
+fn runner(cases: u32) -> TestRunner {
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+}
+
 #[test]
 fn the_config_loader_never_panics() {
-    let mut runner = TestRunner::new(Config::with_cases(3000));
+    let mut runner = runner(3000);
     let texts = prop_oneof![config_text(), ".{0,200}"];
     runner
         .run(&texts, |text| {
@@ -244,7 +254,7 @@ fn the_config_loader_never_panics() {
 #[test]
 fn every_accepted_object_programs_and_none_panics() {
     require_netns();
-    let mut runner = TestRunner::new(Config::with_cases(1500));
+    let mut runner = runner(2000);
     // The runner takes an Fn: what the cases accept is gathered through RefCells.
     let tracker = std::cell::RefCell::new(ChangeTracker::default());
     let accepted = std::cell::RefCell::new((0usize, 0usize));

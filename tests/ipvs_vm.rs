@@ -243,6 +243,13 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
         ..ServicePort::new(name.clone(), "10.96.0.20".parse().unwrap(), 80)
     };
+    // 0.0.0.0/0 is what many users write; ipset cannot store a /0.
+    let open_name = ServicePortName::new("ns", "open", "http", Protocol::Tcp);
+    let open_port = ServicePort {
+        load_balancer_ips: vec!["5.6.7.9".parse().unwrap()],
+        load_balancer_source_ranges: vec!["0.0.0.0/0".parse().unwrap()],
+        ..ServicePort::new(open_name.clone(), "10.96.0.21".parse().unwrap(), 80)
+    };
     let endpoint = Endpoint::ready("10.244.1.7".parse().unwrap(), 8080, Some("node-a"));
     let key = NamespacedName::new("ns", "lb");
     let mut state = ProxyState {
@@ -257,7 +264,15 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         .insert(key.clone(), BTreeMap::from([(name.clone(), port)]));
     state
         .endpoints
-        .insert(key, BTreeMap::from([(name, vec![endpoint])]));
+        .insert(key, BTreeMap::from([(name, vec![endpoint.clone()])]));
+    let open = NamespacedName::new("ns", "open");
+    state.services.insert(
+        open.clone(),
+        BTreeMap::from([(open_name.clone(), open_port)]),
+    );
+    state
+        .endpoints
+        .insert(open, BTreeMap::from([(open_name, vec![endpoint])]));
     let ctx = IpvsContext {
         family: kube_proxy_rs::model::IpFamily::V4,
         node_name: "node-a".into(),

@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
+use ipnet::IpNet;
+
 use super::aggregate::Aggregate;
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ProxyState, ServicePort, ServicePortMap,
@@ -289,7 +291,7 @@ fn render_port(
             fragment
                 .entries
                 .insert(("KUBE-LOAD-BALANCER-FW", entry.clone()));
-            for net in &port.load_balancer_source_ranges {
+            for net in port.load_balancer_source_ranges.iter().flat_map(storable) {
                 fragment
                     .entries
                     .insert(("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{net}")));
@@ -616,6 +618,18 @@ pub(super) fn iptables_rules(ctx: &IpvsContext, sets: &RuleInputs<'_>) -> String
     out.push_str(&filter);
     out.push_str("COMMIT\n");
     out
+}
+
+/// A source range as hash:ip,port,net can store it: a /0 (every source) is refused by ipset,
+/// which would fail the whole sync, so it becomes its two /1 halves.
+fn storable(net: &IpNet) -> Vec<IpNet> {
+    if net.prefix_len() == 0 {
+        net.subnets(1)
+            .map(|halves| halves.collect())
+            .unwrap_or_default()
+    } else {
+        vec![*net]
+    }
 }
 
 /// The nat chains IPVS mode owns.

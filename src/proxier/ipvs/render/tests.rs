@@ -280,3 +280,22 @@ fn unreadable_source_ranges_let_no_source_in() {
         "and no source allowed"
     );
 }
+
+#[test]
+fn a_source_range_of_everything_is_stored_as_two_halves() {
+    let desired = render(
+        &state(vec![
+            svc("ns", "open", "10.96.0.31", |s| {
+                s.load_balancer_ips = vec!["5.6.7.31".parse().unwrap()];
+                s.load_balancer_source_ranges = vec!["0.0.0.0/0".parse().unwrap()];
+            })
+            .with_endpoints(vec![ep("10.244.1.7", 80, NODE)]),
+        ]),
+        &context(IpFamily::V4),
+    );
+    assert_eq!(
+        entries(&desired, "KUBE-LOAD-BALANCER-SOURCE-CIDR"),
+        vec!["5.6.7.31,tcp:80,0.0.0.0/1", "5.6.7.31,tcp:80,128.0.0.0/1"],
+        "ipset refuses /0"
+    );
+}
