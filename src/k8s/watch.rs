@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -95,21 +96,36 @@ impl WatchSink {
 pub fn spawn_watches(client: Client, node_name: &str, sink: WatchSink) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
     let selector = watcher::Config::default().labels(&proxy_label_selector());
-    let services = watcher(
-        Api::<Lenient<Service>>::all(client.clone()),
-        selector.clone(),
-    )
-    .backoff(WatchBackoff::new());
+    let services = {
+        let (client, selector) = (client.clone(), selector.clone());
+        move || {
+            watcher(
+                Api::<Lenient<Service>>::all(client.clone()),
+                selector.clone(),
+            )
+            .backoff(WatchBackoff::new())
+        }
+    };
     tasks.spawn(follow(services, ServiceKind, sink.clone()));
-    let slices = watcher(
-        Api::<Lenient<ApiEndpointSlice>>::all(client.clone()),
-        selector,
-    )
-    .backoff(WatchBackoff::new());
+    let slices = {
+        let (client, selector) = (client.clone(), selector.clone());
+        move || {
+            watcher(
+                Api::<Lenient<ApiEndpointSlice>>::all(client.clone()),
+                selector.clone(),
+            )
+            .backoff(WatchBackoff::new())
+        }
+    };
     tasks.spawn(follow(slices, SliceKind, sink.clone()));
     let node_selector = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    let nodes =
-        watcher(Api::<Lenient<Node>>::all(client), node_selector).backoff(WatchBackoff::new());
+    let nodes = move || {
+        watcher(
+            Api::<Lenient<Node>>::all(client.clone()),
+            node_selector.clone(),
+        )
+        .backoff(WatchBackoff::new())
+    };
     tasks.spawn(follow(
         nodes,
         NodeKind {
@@ -157,16 +173,37 @@ fn key_of<K: Resource>(object: &K) -> NamespacedName {
     NamespacedName::new(object.namespace().unwrap_or_default(), object.name_any())
 }
 
-async fn follow<K: Kind>(
-    stream: impl Stream<Item = watcher::Result<Event<Lenient<K::Object>>>> + Send,
-    kind: K,
-    sink: WatchSink,
-) {
-    futures::pin_mut!(stream);
+/// While a watch is failing, a request that gets neither an answer nor an error for this long
+/// (a connection the recovering API server accepted and forgot) is abandoned for a new watch.
+const RECOVERY_STALL: Duration = Duration::from_secs(10);
+
+async fn follow<K, S>(start: impl Fn() -> S + Send, kind: K, sink: WatchSink)
+where
+    K: Kind,
+    S: Stream<Item = watcher::Result<Event<Lenient<K::Object>>>> + Send,
+{
+    let mut stream = Box::pin(start());
     let mut listing: BTreeMap<NamespacedName, K::Value> = BTreeMap::new();
     let mut malformed: BTreeSet<NamespacedName> = BTreeSet::new();
     let mut failing = false;
-    while let Some(event) = stream.next().await {
+    loop {
+        let next = if failing {
+            match tokio::time::timeout(RECOVERY_STALL, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    info!(
+                        kind = K::NAME,
+                        "Watch of {} made no progress while recovering; starting it again",
+                        K::NAME
+                    );
+                    stream = Box::pin(start());
+                    continue;
+                }
+            }
+        } else {
+            stream.next().await
+        };
+        let Some(event) = next else { break };
         let event = match event {
             Ok(event) => event,
             Err(err) => {
