@@ -84,6 +84,14 @@ fn at_line(line: Option<usize>, context: &str) -> String {
 /// The rules of some chains, by chain: each rule as `iptables -S` prints it after `-A <chain> `.
 pub type ChainRules = BTreeMap<String, Vec<String>>;
 
+/// One read of a whole table, where the back end reads tables whole anyway (legacy): how many
+/// rules each chain holds, and the rules of the chains asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub rule_counts: BTreeMap<String, usize>,
+    pub rules: ChainRules,
+}
+
 /// The operations the proxiers need. None reads a whole table: on a node with 10,000 services
 /// `iptables-nft-save` runs for minutes and then crashes, and other programs' rules can be huge.
 pub trait Iptables: Send {
@@ -110,6 +118,15 @@ pub trait Iptables: Send {
         table: &str,
         chain: &str,
     ) -> Result<bool, IptablesError>;
+    /// A [`Snapshot`] of one table where that costs no more than the back end's own restores
+    /// (legacy), `None` where it would mean reading every rule (nft: its change events say what
+    /// changed instead).
+    fn snapshot(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        rules_of: &[&str],
+    ) -> Result<Option<Snapshot>, IptablesError>;
     /// At most how many chains a restore that writes `chains` chains should put in one
     /// transaction (`COMMIT`), or `None` for one transaction per table; `reachable` says whether
     /// built-in chains already jump to them. nft: see [`nft_chains_per_transaction`]; legacy
@@ -299,6 +316,35 @@ impl Iptables for SystemIptables {
             }) => Ok(false),
             Err(err) => Err(err.into()),
         }
+    }
+
+    fn snapshot(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        rules_of: &[&str],
+    ) -> Result<Option<Snapshot>, IptablesError> {
+        if self.backend == Backend::Nft {
+            return Ok(None);
+        }
+        let saved = self.legacy_save(family, table)?;
+        let mut rule_counts: BTreeMap<String, usize> = declared_chains(&saved)
+            .into_iter()
+            .map(|chain| (chain, 0))
+            .collect();
+        for line in saved.lines() {
+            if let Some(chain) = line
+                .strip_prefix("-A ")
+                .and_then(|r| r.split_whitespace().next())
+            {
+                *rule_counts.entry(chain.to_string()).or_default() += 1;
+            }
+        }
+        let rules = rules_of
+            .iter()
+            .map(|chain| (chain.to_string(), self::rules_of(&saved, chain)))
+            .collect();
+        Ok(Some(Snapshot { rule_counts, rules }))
     }
 
     fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize> {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::iptables::{ChainRules, Iptables, IptablesError, builtin_chains, jump_target};
+use super::iptables::{ChainRules, Iptables, IptablesError, Snapshot, builtin_chains, jump_target};
 use crate::model::IpFamily;
 
 /// Targets that are not chains.
@@ -72,6 +72,8 @@ pub enum Read {
         table: String,
         chains: Vec<String>,
     },
+    /// A whole table (what the legacy back end reads).
+    Snapshot { family: IpFamily, table: String },
     /// Whether a chain exists.
     ChainExists {
         family: IpFamily,
@@ -339,6 +341,34 @@ impl Iptables for FakeIptables {
             chain: chain.to_string(),
         });
         Ok(self.table(family, table).chain(chain).is_some())
+    }
+
+    fn snapshot(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        rules_of: &[&str],
+    ) -> Result<Option<Snapshot>, IptablesError> {
+        self.reads.push(Read::Snapshot {
+            family,
+            table: table.to_string(),
+        });
+        let current = self.table(family, table);
+        let rules = rules_of
+            .iter()
+            .map(|chain| {
+                (
+                    chain.to_string(),
+                    current.chain(chain).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let rule_counts = current
+            .chains
+            .into_iter()
+            .map(|(chain, rules)| (chain, rules.len()))
+            .collect();
+        Ok(Some(Snapshot { rule_counts, rules }))
     }
 
     fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {

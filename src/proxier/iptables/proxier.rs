@@ -357,6 +357,10 @@ impl<I: Iptables> IptablesProxier<I> {
                         "iptables canary chain missing (tables were flushed?); doing a full sync"
                     );
                     full = true;
+                } else if self.events.is_none()
+                    && let Err(err) = self.verify(family)
+                {
+                    warn!(?family, error = %err, "Cannot check our rules for changes by other programs");
                 }
             }
         }

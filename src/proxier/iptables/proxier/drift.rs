@@ -1,15 +1,18 @@
 //! Drift repair: chains of ours that another program changed (a chain flushed, a rule inserted
-//! or deleted, a jump from a built-in chain removed) are rewritten from what was programmed at the
-//! next sync, which the change itself asks for. The nft back end's change events say which chains
-//! changed (see `sys/nf_events.rs`); nothing is read back to find out.
+//! or deleted, a jump from a built-in chain removed) are rewritten from what was programmed. On
+//! nft the kernel's change events say which chains changed, and the change itself asks for the
+//! sync that repairs it (see `sys/nf_events.rs`): nothing is read back. Legacy has no events: each
+//! syncPeriod one read of each table (what every legacy restore reads anyway) is compared with
+//! what was programmed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
+use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules};
 use super::super::restore::repair_restore;
 use super::{Failure, IptablesProxier, missing_jumps};
-use crate::model::IpFamily;
+use crate::model::{IpFamily, NamespacedName};
 use crate::sys::iptables::{Iptables, builtin_chains};
 
 impl<I: Iptables> IptablesProxier<I> {
@@ -55,7 +58,7 @@ impl<I: Iptables> IptablesProxier<I> {
             let shared = if table == "filter" {
                 programmed.base.filter_chains().contains(&chain)
             } else {
-                super::super::render::NAT_CHAINS.contains(&chain)
+                NAT_CHAINS.contains(&chain)
             };
             shared
                 || (table == "nat"
@@ -96,4 +99,97 @@ impl<I: Iptables> IptablesProxier<I> {
         );
         Ok(repaired)
     }
+}
+
+impl<I: Iptables> IptablesProxier<I> {
+    /// Without change events (the legacy back end), checks every chain of ours against what was
+    /// programmed from one read of each table (what legacy reads on every restore anyway): a
+    /// chain flushed, a rule inserted or deleted, or a jump from a built-in chain gone is marked
+    /// for repair. Rules are compared by count: the tools print some rules differently from how
+    /// they were written.
+    pub(super) fn verify(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<(), crate::sys::iptables::IptablesError> {
+        let Some(programmed) = self.programmed.get(&family) else {
+            return Ok(());
+        };
+        let expected = expected_counts(&programmed.base, &programmed.services);
+        let jumps = programmed.base.jumps();
+        let mut drifted = BTreeSet::new();
+        for table in ["filter", "nat"] {
+            let mut from: Vec<&str> = jumps
+                .iter()
+                .filter(|j| j.table == table)
+                .map(|j| j.from)
+                .collect();
+            from.dedup();
+            let Some(snapshot) = self.iptables.snapshot(family, table, &from)? else {
+                return Ok(());
+            };
+            for ((_, chain), count) in expected.iter().filter(|((t, _), _)| t == table) {
+                if snapshot.rule_counts.get(chain) != Some(count) {
+                    drifted.insert((table.to_string(), chain.clone()));
+                }
+            }
+            for jump in jumps.iter().filter(|j| j.table == table) {
+                let present = snapshot
+                    .rules
+                    .get(jump.from)
+                    .is_some_and(|rules| rules.iter().any(|rule| super::is_jump(rule, jump)));
+                if !present {
+                    drifted.insert((table.to_string(), jump.from.to_string()));
+                }
+            }
+        }
+        if !drifted.is_empty() {
+            warn!(
+                family = family.name(),
+                chains = drifted.len(),
+                "Rules of ours were changed by another program"
+            );
+            self.drifted.entry(family).or_default().extend(drifted);
+        }
+        Ok(())
+    }
+}
+
+/// How many rules each chain of ours holds as programmed, by (table, chain).
+fn expected_counts(
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+) -> BTreeMap<(String, String), usize> {
+    let mut counts = BTreeMap::new();
+    for chain in base.filter_chains() {
+        counts.insert(("filter".to_string(), chain.to_string()), 0);
+    }
+    for chain in NAT_CHAINS {
+        counts.insert(("nat".to_string(), chain.to_string()), 0);
+    }
+    let shared = services
+        .values()
+        .flat_map(|s| {
+            s.filter
+                .iter()
+                .map(|r| ("filter", r))
+                .chain(s.nat.iter().map(|r| ("nat", r)))
+        })
+        .chain(base.filter.iter().map(|r| ("filter", r)))
+        .chain(
+            base.nat
+                .iter()
+                .chain(&base.nat_services_tail)
+                .map(|r| ("nat", r)),
+        );
+    for (table, rule) in shared {
+        *counts
+            .entry((table.to_string(), rule.chain.clone()))
+            .or_default() += 1;
+    }
+    for service in services.values() {
+        for (chain, rules) in &service.chains {
+            counts.insert(("nat".to_string(), chain.clone()), rules.len());
+        }
+    }
+    counts
 }

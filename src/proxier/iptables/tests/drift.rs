@@ -97,3 +97,48 @@ fn lost_events_or_a_changed_table_mean_a_full_sync() {
     assert!(p.sync(&state, &ChangeSummary::default()).unwrap().full);
     assert!(!p.sync(&state, &ChangeSummary::default()).unwrap().full);
 }
+
+#[test]
+fn without_events_each_sync_period_compares_rule_counts_and_repairs() {
+    let state = state(4, 3);
+    let mut settings = super::incremental::settings();
+    settings.canary_interval = std::time::Duration::ZERO;
+    let mut p = crate::proxier::iptables::IptablesProxier::new(
+        FakeIptables::default(),
+        settings,
+        Box::new(crate::sys::net::FixedAddresses(vec![])),
+        Box::new(crate::sys::net::FakeSysctl::default()),
+    );
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(
+        p.sync(&state, &ChangeSummary::default())
+            .unwrap()
+            .repaired_chains,
+        0,
+        "nothing to repair"
+    );
+    let svc = p
+        .iptables()
+        .table(V4, "nat")
+        .chains
+        .iter()
+        .map(|(name, _)| name.clone())
+        .find(|name| name.starts_with("KUBE-SEP-"))
+        .unwrap();
+    let jump = p.iptables().table(V4, "filter").chain("FORWARD").unwrap()[0].clone();
+    p.iptables()
+        .restore(
+            V4,
+            &format!(
+                "*nat\n:{svc} - [0:0]\nCOMMIT\n*filter\n-D FORWARD {jump}\n-I KUBE-SERVICES 1 -j DROP\nCOMMIT\n"
+            ),
+        )
+        .unwrap();
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        report.repaired_chains, 3,
+        "the SEP chain, filter KUBE-SERVICES, the FORWARD jump"
+    );
+    assert_eq!(canonical(p.iptables()), fresh(&state));
+}

@@ -25,6 +25,7 @@ fn assert_only_names_and_built_in_chains(reads: &[Read]) {
                 "a full sync read one of our chains' rules: {read:?}"
             ),
             Read::ChainExists { .. } => {}
+            Read::Snapshot { .. } => panic!("a full sync read a whole table: {read:?}"),
         }
     }
 }
