@@ -716,6 +716,49 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     );
 }
 
+/// A set entry the kernel refuses (here: a set of the same name another program created with
+/// room for one element) is skipped with a warning and counted; the sync succeeds and every
+/// virtual server is programmed.
+#[test]
+fn ipvs_a_refused_set_entry_does_not_fail_the_sync() {
+    if !in_vm("ipvs_a_refused_set_entry_does_not_fail_the_sync") {
+        return;
+    }
+    use kube_proxy_rs::model::ChangeSummary;
+    use kube_proxy_rs::proxier::Proxier;
+
+    let ns = Netns::new("ipvs-refused");
+    ns.output(&[
+        "ipset",
+        "create",
+        "KUBE-CLUSTER-IP",
+        "hash:ip,port",
+        "family",
+        "inet",
+        "maxelem",
+        "1",
+    ]);
+    let state = support::scale::state(5);
+    let report = ns.run(move || {
+        support::scale::ipvs_proxier()
+            .sync(&state, &ChangeSummary::default())
+            .expect("the sync succeeds")
+    });
+    assert!(report.skipped_services >= 1, "{report:?}");
+    let services = text(&ns, &["ipvsadm", "-Ln"]);
+    for i in 0..5 {
+        assert!(
+            services.contains(&format!("172.30.0.{}:80", i + 1)),
+            "svc-{i} programmed:\n{services}"
+        );
+    }
+    let sets = text(&ns, &["ipset", "list", "KUBE-NODE-PORT-TCP"]);
+    assert!(
+        sets.contains("30004"),
+        "the other sets were restored:\n{sets}"
+    );
+}
+
 const CAPTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/testdata/ipvs/kernel-capture.txt"

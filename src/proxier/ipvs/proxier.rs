@@ -19,7 +19,7 @@ use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState
 use crate::proxier::iptables::render::JumpRule;
 use crate::proxier::iptables::{FULL_SYNC_PERIOD, missing_jumps};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
-use crate::proxier::{Proxier, SyncError, SyncReport};
+use crate::proxier::{Proxier, SyncError, SyncReport, quarantine};
 use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
 use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::ipvs::IpvsClient;
@@ -170,6 +170,8 @@ pub struct IpvsProxier {
     applied: Option<Applied>,
     /// Per family, the context and per-service fragments of the last render.
     aggregates: BTreeMap<IpFamily, (IpvsContext, Aggregate)>,
+    /// Virtual servers, addresses and set entries the kernel refused, with why.
+    refused: BTreeMap<String, String>,
 }
 
 /// The kernel state as the last successful sync left it, so a sync of a few changed services
@@ -218,6 +220,7 @@ impl IpvsProxier {
             initialized: false,
             applied: None,
             aggregates: BTreeMap::new(),
+            refused: BTreeMap::new(),
         })
     }
 
@@ -313,7 +316,11 @@ impl IpvsProxier {
             .collect()
     }
 
-    fn apply(&mut self, link: u32, operations: &[Operation]) -> Result<(), SyncError> {
+    /// Applies the operations one by one and returns those the kernel took. One the kernel
+    /// refuses is skipped, not the sync: logged once for its virtual server (or address), and
+    /// counted, until an operation on it succeeds.
+    fn apply(&mut self, link: u32, operations: &[Operation]) -> Vec<Operation> {
+        let mut applied = Vec::with_capacity(operations.len());
         for op in operations {
             let result = match op {
                 Operation::Bind(ip) => self.links.add_address(link, *ip).map_err(sync_error),
@@ -334,10 +341,67 @@ impl IpvsProxier {
                     .change_destination(CMD_DEL_DEST, vs, rs)
                     .map_err(sync_error),
             };
-            result?;
-            debug!(operation = ?op, "IPVS");
+            let subject = match op {
+                Operation::Bind(ip) | Operation::Unbind(ip) => ip.to_string(),
+                Operation::AddService(vs)
+                | Operation::UpdateService(vs)
+                | Operation::DeleteService(vs)
+                | Operation::AddReal(vs, _)
+                | Operation::UpdateReal(vs, _)
+                | Operation::DeleteReal(vs, _) => vs.key(),
+            };
+            match result {
+                Ok(()) => {
+                    debug!(operation = ?op, "IPVS");
+                    self.refused.remove(&subject);
+                    applied.push(op.clone());
+                }
+                Err(err) => {
+                    if self
+                        .refused
+                        .insert(subject.clone(), err.to_string())
+                        .is_none()
+                    {
+                        warn!(subject = %subject, operation = ?op, error = %err, "The kernel refused an IPVS change; skipping it, the rest is programmed");
+                    }
+                }
+            }
         }
-        Ok(())
+        applied
+    }
+
+    /// `ipset restore` of `input`; a line the kernel refuses (named in ipset's error) is
+    /// dropped, logged once and counted, and the rest restored again.
+    fn restore_sets(&mut self, input: &str) -> Result<(), SyncError> {
+        let mut lines: Vec<&str> = input.lines().collect();
+        for _ in 0..quarantine::MAX_PER_SYNC {
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let err = match self.ipset.restore(&text) {
+                Ok(()) => return Ok(()),
+                Err(err) => err,
+            };
+            let refused = err
+                .to_string()
+                .split("Error in line ")
+                .nth(1)
+                .and_then(|rest| rest.split(':').next())
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|n| (1..=lines.len()).contains(n));
+            let Some(line) = refused else {
+                return Err(sync_error(err));
+            };
+            let entry = lines.remove(line - 1).to_string();
+            if self
+                .refused
+                .insert(entry.clone(), err.to_string())
+                .is_none()
+            {
+                warn!(entry = %entry, error = %err, "The kernel refused an ipset entry; skipping it, the rest is programmed");
+            }
+        }
+        Err(SyncError::Apply(
+            "too many ipset entries refused in one sync".into(),
+        ))
     }
 
     fn sync_iptables(&mut self, family: IpFamily, rules: &str) -> Result<(), SyncError> {
@@ -459,8 +523,8 @@ impl IpvsProxier {
         };
         let operations = diff(&desired, &view, &owned);
         drop(view);
-        self.apply(link, &operations)?;
-        observed.apply(&operations);
+        let applied = self.apply(link, &operations);
+        observed.apply(&applied);
         let (remembered_sets, previous_iptables, previous_full_at) = match self.applied.take() {
             Some(applied) => (Some(applied.sets), applied.iptables, Some(applied.full_at)),
             None => (None, Vec::new(), None),
@@ -482,7 +546,7 @@ impl IpvsProxier {
             &sets
         };
         if let Some(input) = sync_input(&desired.sets, current) {
-            self.ipset.restore(&input).map_err(sync_error)?;
+            self.restore_sets(&input)?;
         }
         if incremental {
             for (name, entry) in &touched_sets {
@@ -541,6 +605,7 @@ impl IpvsProxier {
             service_ports: state.services.values().map(|ports| ports.len()).sum(),
             services_written: operations.len(),
             iptables_rules,
+            skipped_services: self.refused.len(),
             ..SyncReport::default()
         })
     }
