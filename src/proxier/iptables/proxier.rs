@@ -539,13 +539,7 @@ pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
 ) -> Result<Vec<JumpRule>, IptablesError> {
     let mut missing = Vec::new();
     for table in ["filter", "nat"] {
-        let mut from: Vec<&str> = jumps
-            .iter()
-            .filter(|j| j.table == table)
-            .map(|j| j.from)
-            .collect();
-        from.sort_unstable();
-        from.dedup();
+        let from = jump_sources(jumps, table);
         if from.is_empty() {
             continue;
         }
@@ -558,6 +552,18 @@ pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
         }));
     }
     Ok(missing)
+}
+
+/// The built-in chains of `table` that `jumps` start from.
+fn jump_sources(jumps: &[JumpRule], table: &str) -> Vec<&'static str> {
+    let mut from: Vec<&'static str> = jumps
+        .iter()
+        .filter(|j| j.table == table)
+        .map(|j| j.from)
+        .collect();
+    from.sort_unstable();
+    from.dedup();
+    from
 }
 
 /// Whether a rule of a built-in chain is `jump` (our comment and target; the tools may print

@@ -56,17 +56,7 @@ pub fn full_restore(
         out.chain(chain);
     }
     out.jumps("filter", extras.missing_jumps);
-    for chain in &filter_chains {
-        for rule in services
-            .values()
-            .flat_map(|s| &s.filter)
-            .chain(&base.filter)
-            .filter(|r| r.chain == *chain)
-        {
-            out.rule("-A", rule);
-            out.stats.filter_rules += 1;
-        }
-    }
+    shared_filter_rules(&mut out, base, services, &filter_chains);
     out.line("COMMIT");
 
     let service_chains: BTreeMap<&String, &Vec<String>> =
@@ -167,6 +157,26 @@ fn chain_group(out: &mut Writer, group: &mut Vec<(&String, &Vec<String>)>) {
     group.clear();
 }
 
+/// The rules of the shared filter chains `chains`, in that order: the services' and the base ones.
+fn shared_filter_rules(
+    out: &mut Writer,
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    chains: &[&str],
+) {
+    for chain in chains {
+        for rule in services
+            .values()
+            .flat_map(|s| &s.filter)
+            .chain(&base.filter)
+            .filter(|r| r.chain == *chain)
+        {
+            out.rule("-A", rule);
+            out.stats.filter_rules += 1;
+        }
+    }
+}
+
 /// The rules of the shared nat chains `chains`, in that order: the services' and the base ones.
 fn shared_nat_rules(
     out: &mut Writer,
@@ -242,17 +252,7 @@ pub fn repair_restore(
             out.chain(chain);
         }
         if table == "filter" {
-            for chain in &shared {
-                for rule in services
-                    .values()
-                    .flat_map(|s| &s.filter)
-                    .chain(&base.filter)
-                    .filter(|r| r.chain == *chain)
-                {
-                    out.rule("-A", rule);
-                    out.stats.filter_rules += 1;
-                }
-            }
+            shared_filter_rules(&mut out, base, services, &shared);
         } else {
             shared_nat_rules(&mut out, base, services, &shared);
             for (chain, rules) in &own {

@@ -118,12 +118,7 @@ impl<I: Iptables> IptablesProxier<I> {
         let jumps = programmed.base.jumps();
         let mut drifted = BTreeSet::new();
         for table in ["filter", "nat"] {
-            let mut from: Vec<&str> = jumps
-                .iter()
-                .filter(|j| j.table == table)
-                .map(|j| j.from)
-                .collect();
-            from.dedup();
+            let from = super::jump_sources(&jumps, table);
             let Some(snapshot) = self.iptables.snapshot(family, table, &from)? else {
                 return Ok(());
             };

@@ -8,6 +8,16 @@ use crate::sys::iptables::Iptables;
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::nf_events::{Drift, FakeEvents};
 
+/// The first nat chain of ours whose name starts with `prefix`.
+fn first_chain(ipt: &FakeIptables, prefix: &str) -> String {
+    ipt.table(V4, "nat")
+        .chains
+        .iter()
+        .map(|(name, _)| name.clone())
+        .find(|name| name.starts_with(prefix))
+        .unwrap()
+}
+
 fn changed(events: &FakeEvents, chains: &[(&str, &str)]) {
     let mut pending = events.pending.lock().unwrap();
     for (table, chain) in chains {
@@ -23,14 +33,7 @@ fn chains_others_change_are_rewritten_at_the_next_sync() {
     let events = FakeEvents::default();
     let mut p = proxier(FakeIptables::default()).with_change_events(Box::new(events.clone()));
     p.sync(&state, &ChangeSummary::default()).unwrap();
-    let svc = p
-        .iptables()
-        .table(V4, "nat")
-        .chains
-        .iter()
-        .map(|(name, _)| name.clone())
-        .find(|name| name.starts_with("KUBE-SVC-"))
-        .unwrap();
+    let svc = first_chain(p.iptables(), "KUBE-SVC-");
     let jump = p.iptables().table(V4, "nat").chain("PREROUTING").unwrap()[0].clone();
     // Another program: flushes a service chain, puts a DROP first in filter KUBE-SERVICES, and
     // deletes our jump from nat PREROUTING.
@@ -117,14 +120,7 @@ fn without_events_each_sync_period_compares_rule_counts_and_repairs() {
         0,
         "nothing to repair"
     );
-    let svc = p
-        .iptables()
-        .table(V4, "nat")
-        .chains
-        .iter()
-        .map(|(name, _)| name.clone())
-        .find(|name| name.starts_with("KUBE-SEP-"))
-        .unwrap();
+    let svc = first_chain(p.iptables(), "KUBE-SEP-");
     let jump = p.iptables().table(V4, "filter").chain("FORWARD").unwrap()[0].clone();
     p.iptables()
         .restore(
