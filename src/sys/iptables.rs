@@ -416,6 +416,39 @@ pub fn input_context(input: &str, line: usize) -> String {
         .join(", ")
 }
 
+/// Splits a restore line into words, honouring double quotes.
+pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
+    let mut tokens = Vec::new();
+    let mut current = String::new();
+    let mut in_quotes = false;
+    let mut has_token = false;
+    for c in line.chars() {
+        match c {
+            '"' => {
+                in_quotes = !in_quotes;
+                has_token = true;
+            }
+            c if c.is_whitespace() && !in_quotes => {
+                if has_token {
+                    tokens.push(std::mem::take(&mut current));
+                    has_token = false;
+                }
+            }
+            c => {
+                current.push(c);
+                has_token = true;
+            }
+        }
+    }
+    if in_quotes {
+        return Err("unterminated quote".into());
+    }
+    if has_token {
+        tokens.push(current);
+    }
+    Ok(tokens)
+}
+
 /// The chain or target a rule jumps to.
 pub fn jump_target(spec: &str) -> Option<&str> {
     let mut words = spec.split_whitespace();

@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::iptables::{ChainRules, Iptables, IptablesError, Snapshot, builtin_chains, jump_target};
+use super::iptables::{
+    ChainRules, Iptables, IptablesError, Snapshot, builtin_chains, jump_target, tokenize,
+};
 use crate::model::IpFamily;
 
 /// Targets that are not chains.
@@ -374,39 +376,6 @@ impl Iptables for FakeIptables {
     fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {
         self.chains_per_transaction
     }
-}
-
-/// Splits a restore line into words, honouring double quotes.
-pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
-    let mut tokens = Vec::new();
-    let mut current = String::new();
-    let mut in_quotes = false;
-    let mut has_token = false;
-    for c in line.chars() {
-        match c {
-            '"' => {
-                in_quotes = !in_quotes;
-                has_token = true;
-            }
-            c if c.is_whitespace() && !in_quotes => {
-                if has_token {
-                    tokens.push(std::mem::take(&mut current));
-                    has_token = false;
-                }
-            }
-            c => {
-                current.push(c);
-                has_token = true;
-            }
-        }
-    }
-    if in_quotes {
-        return Err("unterminated quote".into());
-    }
-    if has_token {
-        tokens.push(current);
-    }
-    Ok(tokens)
 }
 
 /// Joins words back, quoting those with spaces, as the renderer writes them.

@@ -20,8 +20,7 @@ use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
 use crate::proxier::{Proxier, SyncError, SyncReport};
-use crate::sys::iptables::{Iptables, IptablesError, jump_target};
-use crate::sys::iptables_fake::tokenize;
+use crate::sys::iptables::{Iptables, IptablesError, jump_target, tokenize};
 use crate::sys::nf_events::ChangeEvents;
 
 mod drift;
