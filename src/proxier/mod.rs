@@ -7,6 +7,8 @@ pub mod iptables;
 pub mod ipvs;
 pub mod local;
 mod logging;
+pub mod naming;
+pub mod nftables;
 pub mod quarantine;
 
 pub use logging::LoggingProxier;

@@ -2,9 +2,8 @@
 //! back) keeps the same chains: a prefix plus the first 16 characters of the base32 SHA-256 of
 //! `ns/svc:port` + the lower-case protocol (+ `ip:port` for endpoint chains).
 
-use sha2::{Digest, Sha256};
-
 use crate::model::ServicePortName;
+use crate::proxier::naming::base32_sha256;
 
 /// Every chain name prefix a service's own chains use.
 pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
@@ -16,10 +15,7 @@ pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
 ];
 
 fn hash16(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    let mut encoded = data_encoding::BASE32.encode(&digest);
-    encoded.truncate(16);
-    encoded
+    base32_sha256(text, 16)
 }
 
 fn port_proto(name: &ServicePortName) -> String {

@@ -3,7 +3,7 @@
 
 mod drift;
 mod full_sync;
-mod golden;
+pub(crate) mod golden;
 mod incremental;
 mod quarantine;
 mod tracer;

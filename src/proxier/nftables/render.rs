@@ -1,0 +1,614 @@
+//! The pure renderer of nftables mode: model -> the objects of one family's `kube-proxy` table,
+//! in upstream's 1.34/1.35 layout (pkg/proxy/nftables/proxier.go): base chains at upstream's
+//! hooks and priorities, the fixed chains and their rules, the sets and verdict maps, and per
+//! service port its chains, affinity sets and map elements. Objects are kept per service so a
+//! sync can write only the services that changed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::names;
+use crate::model::{
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
+    select_endpoints,
+};
+use crate::proxier::iptables::render::{LocalDetector, NodePortAddresses};
+
+/// Our table's name, in both families.
+pub const TABLE: &str = "kube-proxy";
+
+pub const CLUSTER_IPS: &str = "cluster-ips";
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+pub const SERVICE_IPS: &str = "service-ips";
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+pub const REJECT_CHAIN: &str = "reject-chain";
+
+/// Everything besides the model that shapes one family's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftContext {
+    pub family: IpFamily,
+    pub node_name: String,
+    pub zone: Option<String>,
+    /// The node's primary address in this family (a source range holding it lets the
+    /// load-balancer IPs in too: hairpin through a VIP bound on the node).
+    pub node_ip: Option<IpAddr>,
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    pub local_detector: LocalDetector,
+    pub node_port_addresses: NodePortAddresses,
+    /// The ServiceCIDRs of this family: traffic to an unallocated address in them is dropped.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+impl NftContext {
+    /// `ip` or `ip6`: the table's family and the address match's keyword.
+    pub fn ip(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        }
+    }
+
+    fn addr_type(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "ipv4_addr",
+            IpFamily::V6 => "ipv6_addr",
+        }
+    }
+
+    fn loopback(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "127.0.0.0/8",
+            IpFamily::V6 => "::1",
+        }
+    }
+
+    /// The match for traffic from this node's pods, and for traffic that is not, if possible.
+    fn local_matches(&self) -> Option<(String, String)> {
+        let ip = self.ip();
+        match &self.local_detector {
+            LocalDetector::None => None,
+            LocalDetector::Cidrs(nets) => {
+                let set = if nets.len() == 1 {
+                    nets[0].to_string()
+                } else {
+                    format!(
+                        "{{ {} }}",
+                        nets.iter()
+                            .map(|n| n.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                Some((format!("{ip} saddr {set}"), format!("{ip} saddr != {set}")))
+            }
+            LocalDetector::Bridge(name) => Some((
+                format!("iifname {}", quoted(name)),
+                format!("iifname != {}", quoted(name)),
+            )),
+            LocalDetector::InterfacePrefix(prefix) => Some((
+                format!("iifname {}", quoted(&format!("{prefix}*"))),
+                format!("iifname != {}", quoted(&format!("{prefix}*"))),
+            )),
+        }
+    }
+}
+
+/// A string in nft's quotes; characters that could end it or the line become `_` (names from
+/// the API are checked before they get here; this is the second line of defence).
+pub fn quoted(text: &str) -> String {
+    let safe: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || " /:;.,_-=()>[]*+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("\"{safe}\"")
+}
+
+/// A chain: its spec (`{ type nat hook prerouting priority -100 ; }` for base chains, `{ comment
+/// ... ; }`, or empty) and its rules, each the text after `add rule <family> kube-proxy <chain> `.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    pub spec: String,
+    pub rules: Vec<String>,
+}
+
+/// A set or map: `set` or `map`, and its spec (`{ type ... ; }`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetDef {
+    pub kind: &'static str,
+    pub spec: String,
+}
+
+/// Elements of one set or map, by key (`172.30.0.41 . tcp . 80`), each with the rest of its
+/// text (` comment "ns/svc:p" : goto chain`, or empty for a plain set).
+pub type Elements = BTreeMap<String, String>;
+
+/// Objects of one family's table: chains, sets/maps, elements.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Objects {
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, SetDef>,
+    pub elements: BTreeMap<String, Elements>,
+    /// Service ports with no usable local endpoints for internal / external traffic.
+    pub no_local_endpoints: (usize, usize),
+}
+
+impl Objects {
+    fn chain(&mut self, name: &str) -> &mut Chain {
+        self.chains.entry(name.to_string()).or_default()
+    }
+
+    fn rule(&mut self, chain: &str, rule: String) {
+        self.chain(chain).rules.push(rule);
+    }
+
+    fn element(&mut self, set: &str, key: String, rest: String) {
+        self.elements
+            .entry(set.to_string())
+            .or_default()
+            .insert(key, rest);
+    }
+
+    /// True when the service adds nothing to this family.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
+    }
+}
+
+/// The base chains: name, type, hook, priority (1.34/1.35).
+pub const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
+    ("filter-prerouting-pre-dnat", "filter", "prerouting", -110),
+    ("filter-output-pre-dnat", "filter", "output", -110),
+    ("filter-forward", "filter", "forward", 0),
+    ("filter-input", "filter", "input", 0),
+    ("filter-output", "filter", "output", 0),
+    ("nat-prerouting", "nat", "prerouting", -100),
+    ("nat-output", "nat", "output", -100),
+    ("nat-postrouting", "nat", "postrouting", 100),
+];
+
+/// The regular chains every sync writes, besides the base chains.
+pub const FIXED_CHAINS: [&str; 8] = [
+    "cluster-ips-check",
+    "firewall-check",
+    MARK_FOR_MASQUERADE,
+    "masquerading",
+    "nodeport-endpoints-check",
+    REJECT_CHAIN,
+    "services",
+    "service-endpoints-check",
+];
+
+/// The table's service-independent objects.
+pub fn render_base(ctx: &NftContext) -> Objects {
+    let ip = ctx.ip();
+    let addr = ctx.addr_type();
+    let mut out = Objects::default();
+    let set = |spec: String| SetDef { kind: "set", spec };
+    let map = |spec: String| SetDef { kind: "map", spec };
+    let match_all = ctx.node_port_addresses == NodePortAddresses::All;
+    out.sets.insert(
+        CLUSTER_IPS.into(),
+        set(format!(
+            "{{ type {addr} ; comment \"Active ClusterIPs\" ; }}"
+        )),
+    );
+    if !match_all {
+        out.sets.insert(
+            NODEPORT_IPS.into(),
+            set(format!(
+                "{{ type {addr} ; comment \"IPs that accept NodePort traffic\" ; }}"
+            )),
+        );
+    }
+    let maps = [
+        (
+            FIREWALL_IPS,
+            format!("{addr} . inet_proto . inet_service"),
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+        (
+            NO_ENDPOINT_NODEPORTS,
+            "inet_proto . inet_service".to_string(),
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        (
+            NO_ENDPOINT_SERVICES,
+            format!("{addr} . inet_proto . inet_service"),
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            SERVICE_IPS,
+            format!("{addr} . inet_proto . inet_service"),
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        (
+            SERVICE_NODEPORTS,
+            "inet_proto . inet_service".to_string(),
+            "NodePort traffic",
+        ),
+    ];
+    for (name, key, comment) in maps {
+        out.sets.insert(
+            name.into(),
+            map(format!(
+                "{{ type {key} : verdict ; comment \"{comment}\" ; }}"
+            )),
+        );
+    }
+    for (name, kind, hook, priority) in BASE_CHAINS {
+        out.chain(name).spec = format!("{{ type {kind} hook {hook} priority {priority} ; }}");
+    }
+    for name in FIXED_CHAINS {
+        out.chain(name);
+    }
+    out.chain(REJECT_CHAIN).spec =
+        "{ comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }".into();
+
+    let jumps = [
+        (
+            "filter-prerouting-pre-dnat",
+            "ct state new jump firewall-check",
+        ),
+        ("filter-output-pre-dnat", "ct state new jump firewall-check"),
+        (
+            "filter-forward",
+            "ct state new jump service-endpoints-check",
+        ),
+        ("filter-forward", "ct state new jump cluster-ips-check"),
+        ("filter-input", "ct state new jump nodeport-endpoints-check"),
+        ("filter-input", "ct state new jump service-endpoints-check"),
+        ("filter-output", "ct state new jump service-endpoints-check"),
+        ("filter-output", "ct state new jump cluster-ips-check"),
+        ("nat-prerouting", "jump services"),
+        ("nat-output", "jump services"),
+        ("nat-postrouting", "jump masquerading"),
+    ];
+    for (chain, rule) in jumps {
+        out.rule(chain, rule.into());
+    }
+    out.rule(
+        "cluster-ips-check",
+        format!("{ip} daddr @{CLUSTER_IPS} reject comment \"Reject traffic to invalid ports of ClusterIPs\""),
+    );
+    if !ctx.service_cidrs.is_empty() {
+        let cidrs: Vec<String> = ctx.service_cidrs.iter().map(|c| c.to_string()).collect();
+        out.rule(
+            "cluster-ips-check",
+            format!(
+                "{ip} daddr {{ {} }} drop comment \"Drop traffic to unallocated ClusterIPs\"",
+                cidrs.join(", ")
+            ),
+        );
+    }
+    out.rule(
+        "firewall-check",
+        format!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),
+    );
+    let mark = format!("{:#x}", ctx.masquerade_mark);
+    out.rule(MARK_FOR_MASQUERADE, format!("mark set mark or {mark}"));
+    out.rule("masquerading", format!("mark and {mark} == 0 return"));
+    out.rule("masquerading", format!("mark set mark xor {mark}"));
+    out.rule("masquerading", "masquerade fully-random".into());
+    out.rule(REJECT_CHAIN, "reject".into());
+    out.rule(
+        "services",
+        format!("{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"),
+    );
+    out.rule(
+        "service-endpoints-check",
+        format!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"),
+    );
+    let loopback = ctx.loopback();
+    match &ctx.node_port_addresses {
+        NodePortAddresses::All => {
+            out.rule(
+                "services",
+                format!("fib daddr type local {ip} daddr != {loopback} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"),
+            );
+            out.rule(
+                "nodeport-endpoints-check",
+                format!(
+                    "{ip} daddr != {loopback} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
+                ),
+            );
+        }
+        NodePortAddresses::Only(ips) => {
+            out.rule(
+                "services",
+                format!(
+                    "{ip} daddr @{NODEPORT_IPS} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
+                ),
+            );
+            out.rule(
+                "nodeport-endpoints-check",
+                format!("{ip} daddr @{NODEPORT_IPS} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"),
+            );
+            // Localhost NodePorts are not served in this mode (as upstream).
+            for node_ip in ips
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
+            {
+                out.element(NODEPORT_IPS, node_ip.to_string(), String::new());
+            }
+        }
+    }
+    out
+}
+
+/// Renders every port of one service in `ctx.family`.
+pub fn render_service(
+    ports: &ServicePortMap,
+    endpoints: Option<&EndpointsMap>,
+    ctx: &NftContext,
+) -> Objects {
+    let mut out = Objects::default();
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
+        render_port(&port, &endpoints, ctx, &mut out);
+    }
+    out
+}
+
+fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out: &mut Objects) {
+    let node = NodeContext {
+        node_name: &ctx.node_name,
+        zone: ctx.zone.as_deref(),
+    };
+    let selected = select_endpoints(port, endpoints, node);
+    let ip = ctx.ip();
+    let name = &port.name;
+    let proto = name.protocol.lower();
+    let cluster_ip = port.cluster_ips[0];
+    let key = |address: &IpAddr, number: u16| format!("{address} . {proto} . {number}");
+    let comment = quoted(&name.to_string());
+
+    let cluster_chain = names::service_chain(name);
+    let local_chain = names::local_chain(name);
+    let external_chain = names::external_chain(name);
+    let firewall_chain = names::firewall_chain(name);
+
+    let uses_cluster_chain = !selected.cluster.is_empty() && port.uses_cluster_endpoints();
+    let uses_local_chain = !selected.local.is_empty() && port.uses_local_endpoints();
+    let has_endpoints = selected.has_any_endpoints;
+    let (internal_chain, has_internal) = if port.internal_policy_local {
+        (&local_chain, has_endpoints && !selected.local.is_empty())
+    } else {
+        (&cluster_chain, has_endpoints)
+    };
+    let (external_policy_chain, has_external) = if port.external_policy_local {
+        (&local_chain, has_endpoints && !selected.local.is_empty())
+    } else {
+        (&cluster_chain, has_endpoints)
+    };
+    let uses_external_chain = has_endpoints && port.externally_accessible();
+    let uses_firewall_chain =
+        has_endpoints && !port.load_balancer_ips.is_empty() && port.has_source_ranges();
+    // No endpoints at all: reject; some, but none this traffic may use: drop.
+    let refusal = |usable: bool| -> Option<String> {
+        if !has_endpoints {
+            Some(format!("goto {REJECT_CHAIN}"))
+        } else if !usable {
+            Some("drop".into())
+        } else {
+            None
+        }
+    };
+    if has_endpoints && !has_internal {
+        out.no_local_endpoints.0 += 1;
+    }
+    if has_endpoints && !has_external {
+        out.no_local_endpoints.1 += 1;
+    }
+
+    // Cluster IP: always an active ClusterIP (traffic to its other ports is rejected).
+    out.element(CLUSTER_IPS, cluster_ip.to_string(), String::new());
+    if has_internal {
+        out.element(
+            SERVICE_IPS,
+            key(&cluster_ip, port.port),
+            format!(" : goto {internal_chain}"),
+        );
+    } else if let Some(verdict) = refusal(has_internal) {
+        out.element(
+            NO_ENDPOINT_SERVICES,
+            key(&cluster_ip, port.port),
+            format!(" comment {comment} : {verdict}"),
+        );
+    }
+
+    // External IPs and load-balancer IPs.
+    let external_addresses = port.external_ips.iter().chain(&port.load_balancer_ips);
+    for address in external_addresses {
+        if has_endpoints {
+            out.element(
+                SERVICE_IPS,
+                key(address, port.port),
+                format!(" : goto {external_chain}"),
+            );
+        }
+        if let Some(verdict) = refusal(has_external) {
+            out.element(
+                NO_ENDPOINT_SERVICES,
+                key(address, port.port),
+                format!(" comment {comment} : {verdict}"),
+            );
+        }
+    }
+    if uses_firewall_chain {
+        for address in &port.load_balancer_ips {
+            out.element(
+                FIREWALL_IPS,
+                key(address, port.port),
+                format!(" : goto {firewall_chain}"),
+            );
+        }
+        // Sources allowed; the load balancer's own IPs too when a range holds the node (hairpin
+        // through a VIP bound on the node).
+        let ranges = &port.load_balancer_source_ranges;
+        let mut allowed: Vec<String> = ranges.iter().map(|n| n.to_string()).collect();
+        if ctx
+            .node_ip
+            .is_some_and(|node| ranges.iter().any(|n| n.contains(&node)))
+        {
+            allowed.extend(port.load_balancer_ips.iter().map(|ip| ip.to_string()));
+        }
+        if allowed.is_empty() {
+            // Unreadable ranges: nothing is allowed (never everything).
+            out.rule(&firewall_chain, "drop".into());
+        } else {
+            out.rule(
+                &firewall_chain,
+                format!("{ip} saddr != {{ {} }} drop", allowed.join(", ")),
+            );
+        }
+    }
+
+    // NodePort.
+    if let Some(node_port) = port.node_port {
+        if has_endpoints {
+            out.element(
+                SERVICE_NODEPORTS,
+                format!("{proto} . {node_port}"),
+                format!(" : goto {external_chain}"),
+            );
+        }
+        if let Some(verdict) = refusal(has_external) {
+            out.element(
+                NO_ENDPOINT_NODEPORTS,
+                format!("{proto} . {node_port}"),
+                format!(" comment {comment} : {verdict}"),
+            );
+        }
+    }
+
+    // External traffic.
+    if uses_external_chain {
+        out.chain(&external_chain);
+        if !port.external_policy_local {
+            out.rule(&external_chain, format!("jump {MARK_FOR_MASQUERADE}"));
+        } else if uses_cluster_chain {
+            // Pod and node traffic to an external address may use any endpoint (as if it went
+            // out to the load balancer and came back).
+            if let Some((local, _)) = ctx.local_matches() {
+                out.rule(
+                    &external_chain,
+                    format!("{local} goto {cluster_chain} comment \"short-circuit pod traffic\""),
+                );
+            }
+            out.rule(
+                &external_chain,
+                format!("fib saddr type local jump {MARK_FOR_MASQUERADE} comment \"masquerade local traffic\""),
+            );
+            out.rule(
+                &external_chain,
+                format!("fib saddr type local goto {cluster_chain} comment \"short-circuit local traffic\""),
+            );
+        }
+        if has_external && (!port.external_policy_local || uses_local_chain) {
+            out.rule(&external_chain, format!("goto {external_policy_chain}"));
+        }
+    }
+
+    // The policy chains and the endpoints' own chains.
+    let masquerade = if ctx.masquerade_all {
+        Some(format!(
+            "{ip} daddr {cluster_ip} {proto} dport {} jump {MARK_FOR_MASQUERADE}",
+            port.port
+        ))
+    } else {
+        ctx.local_matches().map(|(_, not_local)| {
+            format!("{ip} daddr {cluster_ip} {not_local} jump {MARK_FOR_MASQUERADE}")
+        })
+    };
+    for (chain, used, endpoints) in [
+        (&cluster_chain, uses_cluster_chain, &selected.cluster),
+        (&local_chain, uses_local_chain, &selected.local),
+    ] {
+        if !used {
+            continue;
+        }
+        out.chain(chain);
+        if chain == internal_chain
+            && let Some(rule) = &masquerade
+        {
+            out.rule(chain, rule.clone());
+        }
+        let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
+        chosen.sort_by_key(|ep| ep.address());
+        if port.session_affinity_seconds.is_some() {
+            for ep in &chosen {
+                out.rule(
+                    chain,
+                    format!(
+                        "{ip} saddr @{} goto {}",
+                        names::affinity_set(name, ep),
+                        names::endpoint_chain(name, ep)
+                    ),
+                );
+            }
+        }
+        let targets: Vec<String> = chosen
+            .iter()
+            .map(|ep| names::endpoint_chain(name, ep))
+            .collect();
+        out.rule(chain, endpoint_selection(&targets));
+    }
+    for ep in &selected.all_reachable {
+        let chain = names::endpoint_chain(name, ep);
+        out.rule(
+            &chain,
+            format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
+        );
+        if let Some(timeout) = port.session_affinity_seconds {
+            let set = names::affinity_set(name, ep);
+            out.sets.insert(
+                set.clone(),
+                SetDef {
+                    kind: "set",
+                    spec: format!(
+                        "{{ type {} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
+                        ctx.addr_type()
+                    ),
+                },
+            );
+            out.rule(&chain, format!("update @{set} {{ {ip} saddr }}"));
+        }
+        let destination = match ep.ip {
+            IpAddr::V4(v4) => format!("{v4}:{}", ep.port),
+            IpAddr::V6(v6) => format!("[{v6}]:{}", ep.port),
+        };
+        out.rule(
+            &chain,
+            format!("meta l4proto {proto} dnat to {destination}"),
+        );
+    }
+}
+
+/// The rule that picks one of `targets` at random (upstream's form).
+fn endpoint_selection(targets: &[String]) -> String {
+    let mut rule = format!("numgen random mod {} vmap {{ ", targets.len());
+    for (index, target) in targets.iter().enumerate() {
+        if index > 0 {
+            rule.push_str(" , ");
+        }
+        let _ = write!(rule, "{index} : goto {target}");
+    }
+    rule.push_str(" }");
+    rule
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

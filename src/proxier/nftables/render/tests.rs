@@ -1,0 +1,159 @@
+//! Golden tests of the nftables renderer against upstream's own expectations (the inputs and
+//! expected table of TestOverallNFTablesRules), compared as upstream compares.
+
+use super::*;
+use crate::proxier::iptables::tests::golden::overall_services;
+use crate::proxier::iptables::tests::{NODE, NODE_IP, Svc};
+
+/// Upstream's test context: pod CIDR 10.0.0.0/8, mark 0x4000, NodePorts on 192.168.0.2, the
+/// ServiceCIDR 172.30.0.0/16.
+pub fn context() -> NftContext {
+    NftContext {
+        family: IpFamily::V4,
+        node_name: NODE.into(),
+        zone: None,
+        node_ip: Some(NODE_IP.parse().unwrap()),
+        masquerade_mark: 0x4000,
+        masquerade_all: false,
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        node_port_addresses: NodePortAddresses::Only(vec![NODE_IP.parse().unwrap()]),
+        service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
+    }
+}
+
+/// Base and services merged, as one table.
+pub fn table(services: &[Svc], ctx: &NftContext) -> Objects {
+    let mut all = render_base(ctx);
+    for svc in services {
+        let rendered = render_service(&svc.ports, Some(&svc.endpoints), ctx);
+        all.chains.extend(rendered.chains);
+        all.sets.extend(rendered.sets);
+        for (set, elements) in rendered.elements {
+            all.elements.entry(set).or_default().extend(elements);
+        }
+    }
+    all
+}
+
+/// The table as `nft -f` text, one object a line.
+pub fn dump(objects: &Objects, ctx: &NftContext) -> String {
+    let ip = ctx.ip();
+    let mut out = format!("add table {ip} {TABLE} {{ comment \"rules for kube-proxy\" ; }}\n");
+    for (name, set) in &objects.sets {
+        out.push_str(&format!(
+            "add {} {ip} {TABLE} {name} {}\n",
+            set.kind, set.spec
+        ));
+    }
+    for (name, chain) in &objects.chains {
+        if chain.spec.is_empty() {
+            out.push_str(&format!("add chain {ip} {TABLE} {name}\n"));
+        } else {
+            out.push_str(&format!("add chain {ip} {TABLE} {name} {}\n", chain.spec));
+        }
+        for rule in &chain.rules {
+            out.push_str(&format!("add rule {ip} {TABLE} {name} {rule}\n"));
+        }
+    }
+    for (set, elements) in &objects.elements {
+        for (key, rest) in elements {
+            out.push_str(&format!(
+                "add element {ip} {TABLE} {set} {{ {key}{rest} }}\n"
+            ));
+        }
+    }
+    out
+}
+
+/// Lines sorted as upstream's sortNFTablesTransaction sorts them: blank and comment lines
+/// dropped; by kind (table, chain, rule, set, map, element), then by object name; rules keep
+/// their order within a chain; other lines of one name sorted.
+pub fn sorted(text: &str) -> Vec<String> {
+    let order = |kind: &str| match kind {
+        "table" => 0,
+        "chain" => 1,
+        "rule" => 2,
+        "set" => 3,
+        "map" => 4,
+        _ => 5,
+    };
+    let mut lines: Vec<(usize, String, usize, String)> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .enumerate()
+        .map(|(index, line)| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let kind = words.get(1).copied().unwrap_or("");
+            let name = words.get(4).copied().unwrap_or("").to_string();
+            let position = if kind == "rule" { index } else { 0 };
+            (order(kind), name, position, line.to_string())
+        })
+        .collect();
+    lines.sort_by(|a, b| {
+        (a.0, &a.1, a.2).cmp(&(b.0, &b.1, b.2)).then_with(|| {
+            if a.0 == 2 {
+                std::cmp::Ordering::Equal
+            } else {
+                a.3.cmp(&b.3)
+            }
+        })
+    });
+    lines.into_iter().map(|(_, _, _, line)| line).collect()
+}
+
+/// Compares two tables as upstream does, with a readable diff.
+pub fn assert_same_table(got: &str, want: &str) {
+    let (got, want) = (sorted(got), sorted(want));
+    if got == want {
+        return;
+    }
+    let missing: Vec<String> = want
+        .iter()
+        .filter(|l| !got.contains(l))
+        .map(|l| format!("- {l}"))
+        .collect();
+    let unexpected: Vec<String> = got
+        .iter()
+        .filter(|l| !want.contains(l))
+        .map(|l| format!("+ {l}"))
+        .collect();
+    panic!(
+        "tables differ\nmissing:\n{}\nunexpected:\n{}\nsame lines, other order: {}\n\nfull table:\n{}",
+        missing.join("\n"),
+        unexpected.join("\n"),
+        missing.is_empty() && unexpected.is_empty(),
+        got.join("\n")
+    );
+}
+
+pub fn golden(name: &str) -> String {
+    let path = format!(
+        "{}/tests/golden/nftables/{name}.nft",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn upstreams_overall_table() {
+    let ctx = context();
+    assert_same_table(
+        &dump(&table(&overall_services(), &ctx), &ctx),
+        &golden("overall"),
+    );
+}
+
+#[test]
+fn counts_ports_without_local_endpoints() {
+    let ctx = context();
+    let counts: (usize, usize) = overall_services()
+        .iter()
+        .map(|s| render_service(&s.ports, Some(&s.endpoints), &ctx).no_local_endpoints)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert_eq!(
+        counts,
+        (0, 1),
+        "svc2: Local external policy, no local endpoint"
+    );
+}
