@@ -17,6 +17,8 @@ use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
+use crate::proxier::nftables::support::{self as nftables, NftablesUnsupported};
+use crate::proxier::nftables::{NftablesProxier, NftablesSettings};
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::servers::{
@@ -28,6 +30,7 @@ use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 use crate::sys::nf_events::NfEvents;
+use crate::sys::nftables::SystemNftables;
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -38,9 +41,9 @@ pub enum DaemonError {
     /// IPVS mode cannot run here and falling back was switched off (`--ipvs-fallback=false`).
     #[error("can't use the IPVS proxier: {0}")]
     Ipvs(IpvsUnsupported),
-    /// The configured mode is valid upstream but not something this program implements.
-    #[error("proxy mode {0:?} is not supported by kube-proxy-rs; use \"iptables\" or \"ipvs\"")]
-    UnsupportedMode(&'static str),
+    /// nftables mode cannot run on this node (as upstream, no fallback).
+    #[error("can't use the nftables proxier: {0}")]
+    Nftables(NftablesUnsupported),
     /// The health or metrics server could not listen and bindAddressHardFail is set.
     #[error("{0}")]
     Server(#[from] ServerError),
@@ -86,7 +89,10 @@ pub async fn run(
         info!("Using iptables proxy");
     }
     let (min_sync, sync_period) = match mode {
-        ProxyMode::Nftables => return Err(DaemonError::UnsupportedMode("nftables")),
+        ProxyMode::Nftables => (
+            config.nftables.min_sync_period.0,
+            config.nftables.sync_period.0,
+        ),
         ProxyMode::Iptables => (
             config.iptables.min_sync_period.0,
             config.iptables.sync_period.0,
@@ -219,6 +225,17 @@ fn choose_proxier(
     options: RunOptions,
     requester: &SyncRequester,
 ) -> Result<Box<dyn Proxier>, DaemonError> {
+    if mode == ProxyMode::Nftables {
+        let skip_kernel_check = std::env::var_os(nftables::SKIP_KERNEL_CHECK_ENV).is_some();
+        nftables::check_support(&nftables::kernel_release(), skip_kernel_check)
+            .map_err(DaemonError::Nftables)?;
+        info!("Using nftables Proxier");
+        return Ok(Box::new(NftablesProxier::new(
+            SystemNftables,
+            NftablesSettings::from_config(config),
+            Box::new(SystemAddresses),
+        )));
+    }
     let backend = Backend::detect();
     if mode == ProxyMode::Ipvs {
         let started = check_support(&config.ipvs.scheduler).and_then(|()| {
@@ -298,7 +315,7 @@ async fn config_file_changed(path: &std::path::Path, every: Duration) -> String 
 /// `--cleanup`: removes every chain, rule, ipset, virtual server and kube-ipvs0 of either mode, in
 /// both families and back ends. Nothing else is touched; a second run finds nothing to do.
 pub fn cleanup() {
-    info!("Cleaning up iptables and IPVS state owned by kube-proxy");
+    info!("Cleaning up iptables, IPVS and nftables state owned by kube-proxy");
     cleanup::cleanup(Leftovers::All, &SystemAddresses.addresses());
     info!("Cleanup done");
 }
@@ -361,15 +378,20 @@ impl SyncLoop {
             return;
         }
         self.leftovers_removed = true;
-        let other = match self.proxier.mode() {
-            "ipvs" => Leftovers::IptablesMode,
-            _ => Leftovers::IpvsMode,
+        let others: &[Leftovers] = match self.proxier.mode() {
+            "ipvs" => &[Leftovers::IptablesMode, Leftovers::NftablesMode],
+            "nftables" => &[Leftovers::XtablesModes],
+            _ => &[Leftovers::IpvsMode, Leftovers::NftablesMode],
         };
         info!(
             mode = self.proxier.mode(),
             "Removing the other proxy mode's leftovers"
         );
-        cleanup::cleanup(other, &SystemAddresses.addresses());
+        let local = SystemAddresses.addresses();
+        for other in others {
+            let failures = cleanup::cleanup(*other, &local);
+            self.metrics.nftables_cleanup_failures(failures);
+        }
     }
 
     /// Deletes the UDP flows a successful sync left pointing at endpoints that no longer serve.
@@ -468,7 +490,7 @@ impl Syncer for SyncLoop {
                     Ok(())
                 }
                 Err(err) => {
-                    self.metrics.failed();
+                    self.metrics.failed(self.proxier.mode());
                     // Nothing is applied until a sync succeeds: past the health timeout the
                     // node reports unhealthy, even when no new change is waiting.
                     self.health.queued();

@@ -1,7 +1,7 @@
 //! `kube-proxy-rs render`: what this node would program for Services and EndpointSlices read
 //! from files, without root or a cluster. The state goes through the same conversion, tracker
-//! and renderers as the daemon's; iptables mode even runs the real proxier, against the
-//! in-memory iptables, and prints the restore input of its first (full) sync.
+//! and renderers as the daemon's; iptables and nftables modes even run the real proxier, against
+//! the in-memory kernel, and print the input of its first (full) sync.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -12,18 +12,18 @@ use crate::model::{IpFamily, ProxyState};
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::render::{DesiredIpvs, render as render_ipvs};
 use crate::proxier::ipvs::{IPVS_JUMP_RULES, IpvsSettings};
+use crate::proxier::nftables::{NftablesProxier, NftablesSettings};
 use crate::proxier::{Proxier, SyncError};
 use crate::sys::iptables_fake::FakeIptables;
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
 use crate::sys::net::{FakeSysctl, FixedAddresses};
+use crate::sys::nftables_fake::FakeNftables;
 
 /// Why nothing could be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error(transparent)]
     Files(#[from] FilesError),
-    #[error("proxy mode {0:?} is not supported by kube-proxy-rs; use \"iptables\" or \"ipvs\"")]
-    UnsupportedMode(&'static str),
     #[error("rendering failed: {0}")]
     Sync(#[from] SyncError),
 }
@@ -59,7 +59,7 @@ pub fn render(
     let body = match config.proxy_mode().unwrap_or(ProxyMode::Iptables) {
         ProxyMode::Iptables => iptables_text(config, &objects.state)?,
         ProxyMode::Ipvs => ipvs_text(config, &objects.state),
-        ProxyMode::Nftables => return Err(RenderError::UnsupportedMode("nftables")),
+        ProxyMode::Nftables => nftables_text(config, &objects.state)?,
     };
     text.push_str(&body);
     Ok(Rendered {
@@ -86,6 +86,23 @@ fn iptables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<
         };
         let _ = writeln!(text, "# {tool} --noflush input ({})", family.name());
         text.push_str(restore);
+    }
+    Ok(text)
+}
+
+/// The `nft -f` input of a first sync on this node, per family.
+fn nftables_text(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<String, SyncError> {
+    let mut proxier = NftablesProxier::new(
+        FakeNftables::default(),
+        NftablesSettings::from_config(config),
+        Box::new(FixedAddresses(state.node.addresses.clone())),
+    );
+    proxier.record_transactions = true;
+    proxier.sync(state, &Default::default())?;
+    let mut text = String::new();
+    for (family, commands) in &proxier.last_transactions {
+        let _ = writeln!(text, "# nft -f input ({})", family.name());
+        text.push_str(commands);
     }
     Ok(text)
 }

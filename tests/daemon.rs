@@ -388,13 +388,14 @@ async fn bad_configs_exit_with_one_clear_line() {
 }
 
 #[tokio::test]
-async fn print_config_shows_defaults_and_nftables_is_refused() {
-    let (code, _) = run_with_config(
+async fn print_config_shows_defaults_and_a_missing_kubeconfig_exits_1() {
+    let (code, stderr) = run_with_config(
         "mode: nftables\nclientConnection: {kubeconfig: /nonexistent}\n",
         &[],
     )
     .await;
     assert_eq!(code, 1);
+    assert!(stderr.contains("/nonexistent"), "{stderr}");
     let output = Command::new(BIN)
         .args(["--hostname-override=n", "print-config"])
         .output()

@@ -17,7 +17,7 @@ pub enum ProxyMode {
     Iptables,
     /// IPVS virtual servers with ipsets and a constant set of iptables rules.
     Ipvs,
-    /// Upstream's nftables proxier: a valid mode that this program does not implement.
+    /// upstream's 1.34/1.35 `table ip kube-proxy` / `table ip6 kube-proxy`.
     Nftables,
 }
 
@@ -117,7 +117,7 @@ pub struct IpvsConfiguration {
     pub udp_timeout: GoDuration,
 }
 
-/// The `nftables` section (validated, since the mode is valid upstream, but not implemented).
+/// The `nftables` section.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct NftablesConfiguration {

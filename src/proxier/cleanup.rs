@@ -1,7 +1,7 @@
-//! Removing what kube-proxy owns: everything (`--cleanup`), or what the other mode left behind
+//! Removing what kube-proxy owns: everything (`--cleanup`), or what the other modes left behind
 //! (at start, after the first sync in the new mode, so traffic never goes unserved). Only our
-//! chains, the rules that jump to them, our ipsets, virtual servers on our addresses and
-//! kube-ipvs0 go; everything else on the node stays.
+//! chains, the rules that jump to them, our ipsets, virtual servers on our addresses,
+//! kube-ipvs0 and nftables mode's `kube-proxy` tables go; everything else on the node stays.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use super::ipvs::DUMMY_LINK;
 use super::ipvs::render::{SETS, set_name};
+use super::nftables;
 use crate::model::IpFamily;
 use crate::sys::ipset::SystemIpset;
 use crate::sys::iptables::{
@@ -17,16 +18,21 @@ use crate::sys::iptables::{
 };
 use crate::sys::ipvs::{IpvsClient, VirtualServer};
 use crate::sys::link::Links;
+use crate::sys::nftables::{Nftables, SystemNftables, family_keyword, remove_table_commands};
 
 /// Whose state to remove.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Leftovers {
-    /// Both modes' (`--cleanup`).
+    /// Every mode's (`--cleanup`).
     All,
     /// iptables mode's chains that IPVS mode does not use.
     IptablesMode,
     /// IPVS mode's chains, sets, virtual servers and kube-ipvs0.
     IpvsMode,
+    /// Both iptables-based modes' (what nftables mode removes).
+    XtablesModes,
+    /// nftables mode's tables.
+    NftablesMode,
 }
 
 /// Chains both modes declare (rewritten by whichever runs).
@@ -72,9 +78,10 @@ impl Leftovers {
             || (table == "filter" && chain == "KUBE-SERVICES");
         let ipvs = IPVS_ONLY.contains(&chain);
         match self {
-            Leftovers::All => iptables || ipvs || SHARED.contains(&chain),
+            Leftovers::All | Leftovers::XtablesModes => iptables || ipvs || SHARED.contains(&chain),
             Leftovers::IptablesMode => iptables,
             Leftovers::IpvsMode => ipvs,
+            Leftovers::NftablesMode => false,
         }
     }
 }
@@ -265,8 +272,45 @@ fn remove_virtual_servers(ipvs: &mut IpvsClient, ours: impl Fn(&VirtualServer) -
     }
 }
 
-/// Removes `what` from every back end and family, and IPVS state when it is included.
-pub fn cleanup(what: Leftovers, local: &[IpAddr]) {
+/// Removes nftables mode's `kube-proxy` tables, in both families, where they exist. Returns
+/// how many removals failed.
+pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
+    let mut failures = 0;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        // Names are read over netlink: no nft run (nor a change event) where there is nothing.
+        match nft.names(family, nftables::render::TABLE) {
+            Ok(names) if names.chains.is_empty() && names.sets.is_empty() => continue,
+            Ok(_) => {}
+            Err(err) => {
+                warn!(error = %err, "Cannot look for nftables mode's tables");
+                failures += 1;
+                continue;
+            }
+        }
+        match nft.apply(&remove_table_commands(family, nftables::render::TABLE)) {
+            Ok(()) => info!(
+                family = family_keyword(family),
+                "Removed nftables mode's kube-proxy table"
+            ),
+            Err(err) => {
+                warn!(error = %err, "Failed to remove nftables mode's kube-proxy table");
+                failures += 1;
+            }
+        }
+    }
+    failures
+}
+
+/// Removes `what` from every back end and family, and IPVS state and nftables tables when they
+/// are included. Returns how many nftables removals failed (for the cleanup-failures metric).
+pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> usize {
+    let mut nft_failures = 0;
+    if matches!(what, Leftovers::All | Leftovers::NftablesMode) {
+        nft_failures = remove_nftables_tables(&mut SystemNftables);
+    }
+    if what == Leftovers::NftablesMode {
+        return nft_failures;
+    }
     // A back end whose tools are missing fails its save and is skipped.
     for backend in [Backend::Nft, Backend::Legacy] {
         let removed = remove_chains(&mut SystemIptables::new(backend), what);
@@ -281,6 +325,7 @@ pub fn cleanup(what: Leftovers, local: &[IpAddr]) {
     if what != Leftovers::IptablesMode {
         remove_ipvs_state(local);
     }
+    nft_failures
 }
 
 #[cfg(test)]

@@ -7,7 +7,28 @@ use ipnet::IpNet;
 
 use crate::config::{DetectLocalMode, KubeProxyConfiguration};
 use crate::model::{IpFamily, NodeInfo};
-use crate::proxier::iptables::render::LocalDetector;
+
+/// How traffic from this node's pods is recognised (upstream's LocalTrafficDetector).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalDetector {
+    /// Not possible with this configuration: no masquerade of off-cluster traffic, no short-circuit.
+    None,
+    /// Source inside the pod CIDR(s).
+    Cidrs(Vec<IpNet>),
+    /// Arriving from the bridge.
+    Bridge(String),
+    /// Arriving from interfaces with this name prefix.
+    InterfacePrefix(String),
+}
+
+/// Which local addresses accept NodePort traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every local address (`nodePortAddresses` empty).
+    All,
+    /// These addresses only.
+    Only(Vec<IpAddr>),
+}
 
 /// The configured way to recognise traffic from this node's pods.
 #[derive(Clone, Debug, PartialEq, Eq)]

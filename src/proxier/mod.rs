@@ -15,6 +15,9 @@ pub use logging::LoggingProxier;
 
 use crate::model::{ChangeSummary, ProxyState};
 
+/// upstream's FullSyncPeriod: even without a reason, every mode rewrites everything this often.
+pub const FULL_SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Why a sync failed; the runner retries and the proxier does a full sync next time.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {

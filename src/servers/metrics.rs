@@ -25,6 +25,8 @@ pub struct Metrics {
     service_changes_pending: IntGauge,
     iptables_rules: GaugeVec,
     restore_failures: IntCounter,
+    nftables_sync_failures: IntCounter,
+    nftables_cleanup_failures: IntCounter,
     no_local_endpoints: GaugeVec,
     conntrack_duration: HistogramVec,
     conntrack_deleted: IntCounterVec,
@@ -163,6 +165,16 @@ impl Metrics {
                 "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
                 "Cumulative proxy iptables restore failures",
             )?,
+            nftables_sync_failures: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "Cumulative proxy nftables sync failures",
+            )?,
+            nftables_cleanup_failures: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                "Cumulative proxy nftables cleanup failures",
+            )?,
             no_local_endpoints: gauge_vec(
                 &r,
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
@@ -284,9 +296,17 @@ impl Metrics {
             .inc_by(deleted as u64);
     }
 
-    /// A sync failed to program the kernel.
-    pub fn failed(&self) {
-        self.restore_failures.inc();
+    /// A sync in `mode` failed to program the kernel.
+    pub fn failed(&self, mode: &str) {
+        match mode {
+            "nftables" => self.nftables_sync_failures.inc(),
+            _ => self.restore_failures.inc(),
+        }
+    }
+
+    /// Removing nftables mode's tables failed this many times.
+    pub fn nftables_cleanup_failures(&self, failures: usize) {
+        self.nftables_cleanup_failures.inc_by(failures as u64);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -319,7 +339,8 @@ mod tests {
         };
         let trigger = SystemTime::now() - Duration::from_secs(2);
         metrics.synced(&report, Duration::from_millis(30), (1, 3), &[trigger]);
-        metrics.failed();
+        metrics.failed("iptables");
+        metrics.failed("nftables");
         let text = metrics.encode();
         for want in [
             "kubeproxy_sync_proxy_rules_duration_seconds_count 1",
@@ -330,6 +351,8 @@ mod tests {
             "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
             "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 42",
             "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 1",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total 0",
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
             "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"} 0",
             "kubeproxy_network_programming_duration_seconds_count 1",

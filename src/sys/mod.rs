@@ -10,4 +10,6 @@ pub mod net;
 pub mod netlink;
 pub mod nf_events;
 pub mod nf_tables;
+pub mod nftables;
+pub mod nftables_fake;
 pub mod process;

@@ -1,4 +1,5 @@
-//! nf_tables over netlink, read only: the names of one table's chains, without a single rule.
+//! nf_tables over netlink, read only: the names of one table's chains (or sets), without a
+//! single rule or element.
 //! The iptables nft back end keeps its tables (`nat`, `filter`, ...) in nf_tables, and this is
 //! how stale chains of ours are found on a node whose tables hold hundreds of thousands of rules:
 //! `iptables-nft-save` would read (and, at that size, crash on) every rule.
@@ -16,14 +17,18 @@ use crate::model::IpFamily;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
-const NFTA_CHAIN_TABLE: u16 = 1;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_GETSET: u16 = 10;
+/// The table attribute of chain and set messages alike.
+const NFTA_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_SET_NAME: u16 = 2;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 /// A dump the ruleset's changes interrupt is read again, this many times at most.
 const DUMP_ATTEMPTS: usize = 5;
 
-/// One nf_tables chain message: the nfgenmsg family and the attributes this module reads.
+/// One nf_tables chain or set message: the nfgenmsg family and the attributes this module reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChainMessage {
     pub message_type: u16,
@@ -43,10 +48,26 @@ impl ChainMessage {
         }
     }
 
+    /// The request for every set and map of `table` in `family`.
+    pub fn set_dump_request(family: IpFamily, table: &str) -> Self {
+        ChainMessage {
+            message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETSET,
+            ..Self::dump_request(family, table)
+        }
+    }
+
+    /// The name attribute's number in messages of this type.
+    fn name_attribute(&self) -> u16 {
+        match self.message_type & 0xff {
+            NFT_MSG_NEWSET | NFT_MSG_GETSET => NFTA_SET_NAME,
+            _ => NFTA_CHAIN_NAME,
+        }
+    }
+
     fn attributes(&self) -> impl Iterator<Item = (u16, &String)> {
         [
-            (NFTA_CHAIN_TABLE, &self.table),
-            (NFTA_CHAIN_NAME, &self.name),
+            (NFTA_TABLE, &self.table),
+            (self.name_attribute(), &self.name),
         ]
         .into_iter()
         .filter_map(|(kind, value)| value.as_ref().map(|v| (kind, v)))
@@ -105,6 +126,7 @@ impl NetlinkDeserializable for ChainMessage {
             table: None,
             name: None,
         };
+        let name_attribute = message.name_attribute();
         for attribute in NlasIterator::new(attributes) {
             let attribute: NlaBuffer<&[u8]> = attribute?;
             let text = || {
@@ -113,8 +135,8 @@ impl NetlinkDeserializable for ChainMessage {
                 String::from_utf8_lossy(&value[..end]).into_owned()
             };
             match attribute.kind() {
-                NFTA_CHAIN_TABLE => message.table = Some(text()),
-                NFTA_CHAIN_NAME => message.name = Some(text()),
+                NFTA_TABLE => message.table = Some(text()),
+                kind if kind == name_attribute => message.name = Some(text()),
                 _ => {}
             }
         }
@@ -124,11 +146,29 @@ impl NetlinkDeserializable for ChainMessage {
 
 /// The names of every chain in `table` of `family` (an absent table has none).
 pub fn chain_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, NetlinkError> {
+    dump_names(ChainMessage::dump_request(family, table), NFT_MSG_NEWCHAIN)
+}
+
+/// The names of every named set and map in `table` of `family` (anonymous ones, which rules
+/// own, are left out).
+pub fn set_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, NetlinkError> {
+    let mut names = dump_names(
+        ChainMessage::set_dump_request(family, table),
+        NFT_MSG_NEWSET,
+    )?;
+    names.retain(|name| !name.starts_with("__"));
+    Ok(names)
+}
+
+fn dump_names(request: ChainMessage, reply_type: u16) -> Result<BTreeSet<String>, NetlinkError> {
+    let table = request.table.clone().unwrap_or_default();
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
     let mut attempt = 1;
     loop {
-        match connection.request(ChainMessage::dump_request(family, table), true) {
-            Ok(replies) => return Ok(names_in(table, replies)),
+        match connection.request(request.clone(), true) {
+            Ok(replies) => return Ok(names_in(&table, reply_type, replies)),
+            // Some dumps (sets) answer a missing table with ENOENT: it has no objects.
+            Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeSet::new()),
             Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
             Err(err) => return Err(err),
         }
@@ -136,10 +176,10 @@ pub fn chain_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, Ne
 }
 
 /// The names the dump's replies give for `table` (the kernel may answer for every table).
-fn names_in(table: &str, replies: Vec<ChainMessage>) -> BTreeSet<String> {
+fn names_in(table: &str, reply_type: u16, replies: Vec<ChainMessage>) -> BTreeSet<String> {
     replies
         .into_iter()
-        .filter(|reply| reply.message_type & 0xff == NFT_MSG_NEWCHAIN)
+        .filter(|reply| reply.message_type & 0xff == reply_type)
         .filter(|reply| reply.table.as_deref() == Some(table))
         .filter_map(|reply| reply.name)
         .collect()
@@ -181,7 +221,7 @@ mod tests {
             ..reply.clone()
         };
         assert_eq!(
-            names_in("nat", vec![reply, other]),
+            names_in("nat", NFT_MSG_NEWCHAIN, vec![reply, other]),
             BTreeSet::from(["KUBE-SERVICES".to_string()])
         );
         assert!(ChainMessage::deserialize(&header, &[2, 0]).is_err());

@@ -6,7 +6,7 @@ pub mod render;
 pub mod restore;
 
 pub(crate) use proxier::missing_jumps;
-pub use proxier::{FULL_SYNC_PERIOD, IptablesProxier, IptablesSettings};
+pub use proxier::{IptablesProxier, IptablesSettings};
 
 #[cfg(test)]
 pub(crate) mod tests;

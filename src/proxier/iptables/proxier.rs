@@ -19,15 +19,13 @@ use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
-use crate::proxier::{Proxier, SyncError, SyncReport};
+use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, IptablesError, jump_target, tokenize};
 use crate::sys::nf_events::ChangeEvents;
 
 mod drift;
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
-/// upstream's FullSyncPeriod: even without a reason, everything is rewritten this often.
-pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
 
 /// The parts of the configuration this proxier uses.

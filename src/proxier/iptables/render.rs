@@ -2,16 +2,14 @@
 //! upstream's chains, jumps, comments and ordering (pkg/proxy/iptables/proxier.go syncProxyRules).
 //! Rules are kept per service so a sync can rewrite only the services that changed.
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-
-use ipnet::IpNet;
-
 use super::names;
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
     select_endpoints,
 };
+pub use crate::proxier::local::{LocalDetector, NodePortAddresses};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -40,19 +38,6 @@ pub const NAT_CHAINS: [&str; 4] = [
     KUBE_POSTROUTING,
     KUBE_MARK_MASQ,
 ];
-
-/// How traffic from this node's pods is recognised (upstream's LocalTrafficDetector).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LocalDetector {
-    /// Not possible with this configuration: no masquerade of off-cluster traffic, no short-circuit.
-    None,
-    /// Source inside the pod CIDR(s).
-    Cidrs(Vec<IpNet>),
-    /// Arriving from the bridge.
-    Bridge(String),
-    /// Arriving from interfaces with this name prefix.
-    InterfacePrefix(String),
-}
 
 impl LocalDetector {
     fn if_local(&self) -> Option<String> {
@@ -83,15 +68,6 @@ impl LocalDetector {
             LocalDetector::InterfacePrefix(prefix) => Some(format!("! -i {prefix}+")),
         }
     }
-}
-
-/// Which local addresses accept NodePort traffic.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// Every local address (`nodePortAddresses` empty).
-    All,
-    /// These addresses only.
-    Only(Vec<IpAddr>),
 }
 
 /// Everything besides the model that shapes one family's rules.

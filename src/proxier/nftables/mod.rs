@@ -1,4 +1,9 @@
 //! nftables mode: upstream's `table ip kube-proxy` / `table ip6 kube-proxy` layout (1.34/1.35).
 
 pub mod names;
+mod proxier;
 pub mod render;
+pub mod support;
+pub mod transaction;
+
+pub use proxier::{NftablesProxier, NftablesSettings};

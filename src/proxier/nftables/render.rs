@@ -15,7 +15,7 @@ use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
     select_endpoints,
 };
-use crate::proxier::iptables::render::{LocalDetector, NodePortAddresses};
+use crate::proxier::local::{LocalDetector, NodePortAddresses};
 
 /// Our table's name, in both families.
 pub const TABLE: &str = "kube-proxy";

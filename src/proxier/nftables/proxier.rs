@@ -1,0 +1,533 @@
+//! The nftables proxier: renders per service and family, decides full or partial sync, applies
+//! each family's sync as one nft transaction, and remembers what it programmed so the next sync
+//! writes only what changed. Full syncs happen at start, after a failure, when the node changes
+//! and hourly (as upstream); a partial sync writes the changed services' differing chains and
+//! map elements only. Chains nothing wants are flushed at once and deleted a second later.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::render::{NftContext, Objects, TABLE, render_base, render_service};
+use super::transaction::{self, Delta, Existing, Stats};
+use crate::config::KubeProxyConfiguration;
+use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
+use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
+use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
+use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
+use crate::sys::net::LocalAddresses;
+use crate::sys::nftables::{NftError, Nftables, family_keyword};
+
+/// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
+/// chain a just-deleted map element pointed to is still in use for a moment).
+const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
+/// After a failed batch deletion, at most this many stale chains are tried one by one per sync.
+const SINGLE_DELETIONS_PER_SYNC: usize = 64;
+
+/// The parts of the configuration this proxier uses.
+#[derive(Clone, Debug)]
+pub struct NftablesSettings {
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    /// How local pod traffic is recognised.
+    pub local_traffic: LocalTraffic,
+    /// CIDRs or `primary`, as configured; upstream's nftables default (empty) is `primary`.
+    pub node_port_addresses: Vec<String>,
+}
+
+impl NftablesSettings {
+    /// Takes them from a validated configuration.
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        let node_port_addresses = if config.node_port_addresses.is_empty() {
+            vec!["primary".to_string()]
+        } else {
+            config.node_port_addresses.clone()
+        };
+        let bit = config.nftables.masquerade_bit.unwrap_or(14).clamp(0, 31);
+        NftablesSettings {
+            masquerade_mark: 1u32 << bit,
+            masquerade_all: config.nftables.masquerade_all || config.iptables.masquerade_all,
+            local_traffic: LocalTraffic::from_config(config),
+            node_port_addresses,
+        }
+    }
+}
+
+/// What is programmed in one family's table.
+struct FamilyState {
+    ctx: NftContext,
+    base: Objects,
+    services: BTreeMap<NamespacedName, Objects>,
+}
+
+/// The nftables proxier over any [`Nftables`] (the real one or the fake).
+pub struct NftablesProxier<N: Nftables> {
+    nft: N,
+    settings: NftablesSettings,
+    addresses: Box<dyn LocalAddresses>,
+    /// Families in use, fixed at the first sync from the node's addresses.
+    families: Vec<IpFamily>,
+    programmed: BTreeMap<IpFamily, FamilyState>,
+    /// Families whose table holds exactly the objects `programmed` says.
+    known: BTreeSet<IpFamily>,
+    /// Chains flushed because nothing wants them, with when; deleted a moment later.
+    stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
+    quarantine: Quarantine,
+    needs_full_sync: bool,
+    /// The next full sync deletes and recreates the table (a full sync failed for no reason
+    /// a line of ours could name).
+    recreate: bool,
+    last_full_sync: Option<Instant>,
+    /// Whether the loopback-NodePorts note was logged.
+    logged_localhost: bool,
+    /// How long a flushed chain waits before it is deleted ([`STALE_CHAIN_DELAY`]).
+    pub stale_chain_delay: Duration,
+    /// Failed transactions so far (`..._nftables_sync_failures_total`).
+    pub sync_failures: u64,
+    /// When set, the transactions of the last sync are kept in `last_transactions` (tests).
+    pub record_transactions: bool,
+    pub last_transactions: Vec<(IpFamily, String)>,
+}
+
+impl<N: Nftables> NftablesProxier<N> {
+    /// A proxier that will do a full sync first.
+    pub fn new(nft: N, settings: NftablesSettings, addresses: Box<dyn LocalAddresses>) -> Self {
+        NftablesProxier {
+            nft,
+            settings,
+            addresses,
+            families: Vec::new(),
+            programmed: BTreeMap::new(),
+            known: BTreeSet::new(),
+            stale_chains: BTreeMap::new(),
+            quarantine: Quarantine::default(),
+            needs_full_sync: true,
+            recreate: false,
+            last_full_sync: None,
+            logged_localhost: false,
+            stale_chain_delay: STALE_CHAIN_DELAY,
+            sync_failures: 0,
+            record_transactions: false,
+            last_transactions: Vec::new(),
+        }
+    }
+
+    /// The kernel interface (for tests).
+    pub fn nft(&mut self) -> &mut N {
+        &mut self.nft
+    }
+
+    /// Makes the next sync a full one.
+    pub fn force_full_sync(&mut self) {
+        self.needs_full_sync = true;
+    }
+
+    fn context(&mut self, family: IpFamily, node: &NodeInfo) -> NftContext {
+        let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
+        let node_ip = node.addresses.iter().copied().find(of_family);
+        let addresses = &self.addresses;
+        let local = || {
+            addresses
+                .addresses()
+                .into_iter()
+                .filter(of_family)
+                .collect()
+        };
+        let node_port_addresses =
+            match selected_node_port_ips(&self.settings.node_port_addresses, node_ip, local) {
+                None => NodePortAddresses::All,
+                Some(ips) => NodePortAddresses::Only(ips),
+            };
+        if let NodePortAddresses::Only(ips) = &node_port_addresses
+            && ips.iter().any(IpAddr::is_loopback)
+            && !std::mem::replace(&mut self.logged_localhost, true)
+        {
+            warn!(
+                "NodePorts on localhost addresses are not served in nftables mode (as upstream); nodePortAddresses' loopback addresses are left out"
+            );
+        }
+        NftContext {
+            family,
+            node_name: node.name.clone(),
+            zone: node.zone().map(str::to_string),
+            node_ip,
+            masquerade_mark: self.settings.masquerade_mark,
+            masquerade_all: self.settings.masquerade_all,
+            local_detector: self.settings.local_traffic.detector(family, node),
+            node_port_addresses,
+            service_cidrs: Vec::new(),
+        }
+    }
+
+    /// Runs one transaction, recording it when asked; a failure counts.
+    fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), NftError> {
+        if self.record_transactions {
+            self.last_transactions.push((family, text.to_string()));
+        }
+        self.nft.apply(text).inspect_err(|_| {
+            self.known.remove(&family);
+            self.sync_failures += 1;
+        })
+    }
+
+    /// Deletes the chains flushed at least `stale_chain_delay` ago, in one transaction of its
+    /// own; if the kernel refuses it (one still in use), one by one, a few per sync. A chain
+    /// that cannot go yet is tried again next sync; it is empty meanwhile.
+    fn delete_stale_chains(&mut self, family: IpFamily) {
+        let now = Instant::now();
+        let wanted: BTreeSet<&String> = self
+            .programmed
+            .get(&family)
+            .map(|p| p.services.values().flat_map(|s| s.chains.keys()).collect())
+            .unwrap_or_default();
+        let due: Vec<String> = self
+            .stale_chains
+            .get(&family)
+            .map(|stale| {
+                stale
+                    .iter()
+                    .filter(|(name, at)| {
+                        now.duration_since(**at) >= self.stale_chain_delay && !wanted.contains(name)
+                    })
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if due.is_empty() {
+            return;
+        }
+        let keyword = family_keyword(family);
+        let all: Vec<&String> = due.iter().collect();
+        let deleted: Vec<&String> = if self
+            .nft
+            .apply(&transaction::delete_chains(keyword, &all))
+            .is_ok()
+        {
+            all
+        } else {
+            all.into_iter()
+                    .take(SINGLE_DELETIONS_PER_SYNC)
+                    .filter(|name| {
+                        self.nft
+                            .apply(&transaction::delete_chains(keyword, &[name]))
+                            .inspect_err(|err| debug!(chain = %name, error = %err, "Stale chain not deleted yet"))
+                            .is_ok()
+                    })
+                    .collect()
+        };
+        debug!(?family, chains = deleted.len(), "Deleted stale chains");
+        if let Some(stale) = self.stale_chains.get_mut(&family) {
+            for name in deleted {
+                stale.remove(name);
+            }
+        }
+    }
+
+    fn remember_stale(&mut self, family: IpFamily, chains: Vec<String>) {
+        let now = Instant::now();
+        let stale = self.stale_chains.entry(family).or_default();
+        for chain in chains {
+            stale.entry(chain).or_insert(now);
+        }
+    }
+
+    fn full_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: NftContext,
+        state: &ProxyState,
+    ) -> Result<Stats, Failure> {
+        let base = render_base(&ctx);
+        // A quarantined service keeps what the kernel last accepted for it.
+        let previous = self.programmed.get(&family);
+        let services: BTreeMap<NamespacedName, Objects> = state
+            .services
+            .iter()
+            .filter_map(|(key, ports)| {
+                let objects = if self.quarantine.contains(key) {
+                    previous?.services.get(key)?.clone()
+                } else {
+                    render_service(ports, state.endpoints.get(key), &ctx)
+                };
+                (!objects.is_empty()).then(|| (key.clone(), objects))
+            })
+            .collect();
+        // What the table holds: from memory when it is exact, else read (names only, our
+        // table only): at start (an earlier run's objects) and after a failure.
+        let existing = match self.programmed.get(&family) {
+            Some(programmed) if self.known.contains(&family) => {
+                let mut existing = Existing::default();
+                for objects in std::iter::once(&programmed.base).chain(programmed.services.values())
+                {
+                    existing.chains.extend(objects.chains.keys().cloned());
+                    existing.sets.extend(objects.sets.keys().cloned());
+                }
+                existing.chains.extend(
+                    self.stale_chains
+                        .get(&family)
+                        .into_iter()
+                        .flat_map(|s| s.keys().cloned()),
+                );
+                existing
+            }
+            _ => {
+                let names = self
+                    .nft
+                    .names(family, TABLE)
+                    .map_err(Failure::unattributed)?;
+                Existing {
+                    chains: names.chains,
+                    sets: names.sets,
+                }
+            }
+        };
+        let recreate = std::mem::take(&mut self.recreate);
+        let (text, stats, removed) = transaction::full(
+            family_keyword(family),
+            &base,
+            &services,
+            &existing,
+            recreate,
+        );
+        if let Err(err) = self.apply(family, &text) {
+            let failure = Failure::of(err, &text, &services);
+            if failure.culprit.is_none() {
+                self.recreate = true;
+            }
+            return Err(failure);
+        }
+        if recreate {
+            self.stale_chains.remove(&family);
+        }
+        self.remember_stale(family, removed.chains);
+        self.programmed.insert(
+            family,
+            FamilyState {
+                ctx,
+                base,
+                services,
+            },
+        );
+        self.known.insert(family);
+        Ok(stats)
+    }
+
+    fn partial_sync(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<Stats, Failure> {
+        let Some(current) = self.programmed.get(&family) else {
+            return Err(Failure::unattributed("no full sync yet"));
+        };
+        let rendered: Vec<(NamespacedName, Option<Objects>)> = changes
+            .changed_services
+            .iter()
+            .map(|key| {
+                let objects = state
+                    .services
+                    .get(key)
+                    .map(|ports| render_service(ports, state.endpoints.get(key), &current.ctx))
+                    .filter(|objects| !objects.is_empty());
+                (key.clone(), objects)
+            })
+            .collect();
+        let deltas: Vec<Delta<'_>> = rendered
+            .iter()
+            .map(|(key, new)| Delta {
+                old: current.services.get(key),
+                new: new.as_ref(),
+            })
+            .collect();
+        let Some((text, stats, removed)) = transaction::partial(family_keyword(family), &deltas)
+        else {
+            return Ok(Stats::default());
+        };
+        let involved: BTreeMap<NamespacedName, Objects> = rendered
+            .iter()
+            .filter_map(|(key, new)| {
+                let objects = new.as_ref().or_else(|| current.services.get(key))?;
+                Some((key.clone(), objects.clone()))
+            })
+            .collect();
+        self.apply(family, &text)
+            .map_err(|err| Failure::of(err, &text, &involved))?;
+        self.remember_stale(family, removed.chains);
+        if let Some(current) = self.programmed.get_mut(&family) {
+            for (key, objects) in rendered {
+                match objects {
+                    Some(objects) => current.services.insert(key, objects),
+                    None => current.services.remove(&key),
+                };
+            }
+        }
+        Ok(stats)
+    }
+
+    fn sync_all(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
+        self.last_transactions.clear();
+        if self.families.is_empty() {
+            self.families = state.node.families();
+            info!(families = ?self.families, "nftables proxier serving IP families");
+        }
+        let now = Instant::now();
+        let hourly = self
+            .last_full_sync
+            .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        let full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
+        self.quarantine.release_changed(changes);
+        if hourly {
+            self.quarantine.release_all();
+        }
+        let mut report = SyncReport {
+            full,
+            ..SyncReport::default()
+        };
+        for family in self.families.clone() {
+            self.delete_stale_chains(family);
+            let ctx = self.context(family, &state.node);
+            let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
+            let mut result = if full || ctx_changed {
+                report.full = true;
+                self.full_sync(family, ctx.clone(), state)
+            } else {
+                self.partial_sync(family, state, changes)
+            };
+            // The kernel refused one service's objects: skip it, and program the rest now.
+            let mut skipped = 0;
+            while let Err(Failure {
+                culprit: Some(service),
+                error,
+            }) = &result
+            {
+                if skipped == quarantine::MAX_PER_SYNC
+                    || !self.quarantine.add(service.clone(), error.to_string())
+                {
+                    break;
+                }
+                skipped += 1;
+                report.full = true;
+                result = self.full_sync(family, ctx.clone(), state);
+            }
+            match result {
+                Ok(stats) => {
+                    debug!(
+                        ?family,
+                        full = report.full,
+                        lines = stats.lines,
+                        chains = stats.chains_written,
+                        elements = stats.elements_changed,
+                        "Applied nftables transaction"
+                    );
+                    report.restore_lines += stats.lines;
+                }
+                Err(failure) => {
+                    self.needs_full_sync = true;
+                    return Err(failure.error);
+                }
+            }
+        }
+        if report.full {
+            self.needs_full_sync = false;
+            self.last_full_sync = Some(now);
+        }
+        report.skipped_services = self.quarantine.len();
+        report.service_ports = state.services.values().map(|ports| ports.len()).sum();
+        report.services_written = if report.full {
+            state.services.len()
+        } else {
+            changes.changed_services.len()
+        };
+        for programmed in self.programmed.values() {
+            for service in programmed.services.values() {
+                report.no_local_endpoints.0 += service.no_local_endpoints.0;
+                report.no_local_endpoints.1 += service.no_local_endpoints.1;
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl<N: Nftables> Proxier for NftablesProxier<N> {
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Result<SyncReport, SyncError> {
+        self.sync_all(state, changes)
+    }
+}
+
+/// A sync that failed, and the service whose objects the kernel refused, when the line it
+/// named belongs to one.
+struct Failure {
+    error: SyncError,
+    culprit: Option<NamespacedName>,
+}
+
+impl Failure {
+    fn unattributed(error: impl std::fmt::Display) -> Failure {
+        Failure {
+            error: SyncError::Apply(error.to_string()),
+            culprit: None,
+        }
+    }
+
+    fn of(error: NftError, input: &str, services: &BTreeMap<NamespacedName, Objects>) -> Failure {
+        let culprit = match &error {
+            NftError::Transaction {
+                line: Some(line), ..
+            } => input
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|text| owner_of_line(text, services)),
+            _ => None,
+        };
+        let error = match &culprit {
+            Some(service) => SyncError::Apply(format!("{error} (objects of Service {service})")),
+            None => SyncError::Apply(error.to_string()),
+        };
+        Failure { error, culprit }
+    }
+}
+
+/// The service a transaction line belongs to: the one whose chain or set it names (the
+/// command's object, or an element's verdict), or the one its comment names.
+fn owner_of_line(
+    line: &str,
+    services: &BTreeMap<NamespacedName, Objects>,
+) -> Option<NamespacedName> {
+    let owns = |name: &str| {
+        services
+            .iter()
+            .find(|(_, o)| o.chains.contains_key(name) || o.sets.contains_key(name))
+            .map(|(key, _)| key.clone())
+    };
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let named = words.get(4).and_then(|name| owns(name));
+    let by_verdict = || {
+        words
+            .windows(2)
+            .filter(|w| w[0] == "goto" || w[0] == "jump")
+            .find_map(|w| owns(w[1].trim_end_matches([',', '}'])))
+    };
+    let by_comment = || {
+        let comment = line.split("comment \"").nth(1)?;
+        service_in_comment(comment.split('"').next()?).filter(|s| services.contains_key(s))
+    };
+    named.or_else(by_verdict).or_else(by_comment)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,364 @@
+//! The nftables proxier against the stateful fake: a full sync programs exactly the rendered
+//! table; after any change a partial sync leaves the table equal to a fresh full sync's while
+//! writing only the changed service's objects; stale chains are flushed, then deleted; a
+//! restart finds an earlier run's objects; a refused service is skipped.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::*;
+use crate::proxier::iptables::tests::golden::overall_services;
+use crate::proxier::iptables::tests::{NODE, NODE_IP, ep, svc};
+use crate::proxier::nftables::render::tests::table;
+use crate::sys::net::FixedAddresses;
+use crate::sys::nftables_fake::{FakeNftables, FakeTable};
+
+const V4: IpFamily = IpFamily::V4;
+
+fn settings() -> NftablesSettings {
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    NftablesSettings::from_config(&config)
+}
+
+fn proxier(nft: FakeNftables) -> NftablesProxier<FakeNftables> {
+    let mut p = NftablesProxier::new(nft, settings(), Box::new(FixedAddresses(vec![])));
+    p.record_transactions = true;
+    p.stale_chain_delay = Duration::ZERO;
+    p
+}
+
+fn node() -> NodeInfo {
+    NodeInfo {
+        name: NODE.into(),
+        addresses: vec![NODE_IP.parse().unwrap()],
+        ..NodeInfo::default()
+    }
+}
+
+/// Upstream's overall test services as a state.
+fn state() -> ProxyState {
+    let mut state = ProxyState {
+        node: node(),
+        ..ProxyState::default()
+    };
+    for s in overall_services() {
+        state.services.insert(s.key.clone(), s.ports);
+        state.endpoints.insert(s.key.clone(), s.endpoints);
+    }
+    state
+}
+
+fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
+    ChangeSummary {
+        changed_services: keys.iter().map(|k| (*k).clone()).collect(),
+        ..ChangeSummary::default()
+    }
+}
+
+/// The fake's table in the renderer's terms.
+fn as_objects(table: &FakeTable) -> Objects {
+    let mut objects = Objects::default();
+    for (name, (spec, rules)) in &table.chains {
+        objects.chains.insert(
+            name.clone(),
+            crate::proxier::nftables::render::Chain {
+                spec: spec.clone(),
+                rules: rules.clone(),
+            },
+        );
+    }
+    for (name, set) in &table.sets {
+        objects.sets.insert(
+            name.clone(),
+            crate::proxier::nftables::render::SetDef {
+                kind: if set.kind == "map" { "map" } else { "set" },
+                spec: set.spec.clone(),
+            },
+        );
+        if !set.elements.is_empty() {
+            objects.elements.insert(name.clone(), set.elements.clone());
+        }
+    }
+    objects
+}
+
+/// What the table must hold for `state`: the renderer's objects, every service merged in.
+fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Objects {
+    let ctx = p.context(V4, &state.node);
+    let mut all = render_base(&ctx);
+    for (key, ports) in &state.services {
+        let rendered = render_service(ports, state.endpoints.get(key), &ctx);
+        all.chains.extend(rendered.chains);
+        all.sets.extend(rendered.sets);
+        for (set, elements) in rendered.elements {
+            all.elements.entry(set).or_default().extend(elements);
+        }
+    }
+    all.no_local_endpoints = (0, 0);
+    all
+}
+
+fn programmed(p: &NftablesProxier<FakeNftables>) -> Objects {
+    as_objects(p.nft.table(V4, TABLE).expect("table exists"))
+}
+
+fn assert_table(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) {
+    let want = expected(p, state);
+    let got = programmed(p);
+    let missing: Vec<&String> = want
+        .chains
+        .keys()
+        .filter(|c| !got.chains.contains_key(*c))
+        .collect();
+    let extra: Vec<&String> = got
+        .chains
+        .keys()
+        .filter(|c| !want.chains.contains_key(*c))
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "chains missing {missing:?}, extra {extra:?}"
+    );
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_full_sync_programs_the_rendered_table_and_its_golden() {
+    let state = state();
+    let mut p = proxier(FakeNftables::default());
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_table(&mut p, &state);
+    // The same objects as upstream's TestOverallNFTablesRules (whose context adds a ServiceCIDR).
+    let golden_ctx = crate::proxier::nftables::render::tests::context();
+    let mut golden = table(&overall_services(), &golden_ctx);
+    golden
+        .chains
+        .get_mut("cluster-ips-check")
+        .unwrap()
+        .rules
+        .pop();
+    golden.no_local_endpoints = (0, 0);
+    assert_eq!(programmed(&p), golden);
+    assert_eq!(
+        report.no_local_endpoints,
+        (0, 1),
+        "svc2: external Local, none local"
+    );
+}
+
+#[test]
+fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
+    let mut state = state();
+    let mut p = proxier(FakeNftables::default());
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let svc4 = NamespacedName::new("ns4", "svc4");
+    let port4 = state.services[&svc4].keys().next().unwrap().clone();
+
+    // One more endpoint: the service chain is rewritten, one endpoint chain added, nothing else.
+    state
+        .endpoints
+        .get_mut(&svc4)
+        .unwrap()
+        .get_mut(&port4)
+        .unwrap()
+        .push(ep("10.180.0.9", 80, ""));
+    let report = p.sync(&state, &changed(&[&svc4])).unwrap();
+    assert!(!report.full);
+    assert_table(&mut p, &state);
+    let text = &p.last_transactions[0].1;
+    assert!(text.lines().all(|l| l.contains("ns4/svc4")), "{text}");
+    assert_eq!(text.matches("add chain").count(), 1, "{text}");
+    assert_eq!(text.matches("flush chain").count(), 1, "{text}");
+    assert!(!text.contains("element"), "{text}");
+
+    // Endpoints go: chains flushed now, deleted at the next sync.
+    state
+        .endpoints
+        .get_mut(&svc4)
+        .unwrap()
+        .get_mut(&port4)
+        .unwrap()
+        .truncate(1);
+    p.sync(&state, &changed(&[&svc4])).unwrap();
+    let leftover: Vec<String> = programmed(&p)
+        .chains
+        .iter()
+        .filter(|(name, chain)| name.contains("10.180.0.9") && chain.rules.is_empty())
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(leftover.len(), 1, "flushed, not yet deleted");
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+
+    // No endpoints at all: the service-ips element becomes a reject.
+    state
+        .endpoints
+        .get_mut(&svc4)
+        .unwrap()
+        .get_mut(&port4)
+        .unwrap()
+        .clear();
+    p.sync(&state, &changed(&[&svc4])).unwrap();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+    let text = &p
+        .last_transactions
+        .iter()
+        .map(|t| t.1.clone())
+        .collect::<String>();
+    assert!(text.is_empty() || !text.contains("add rule"), "{text}");
+
+    // Affinity on, a new service, a removed service.
+    let svc1 = NamespacedName::new("ns1", "svc1");
+    for port in state.services.get_mut(&svc1).unwrap().values_mut() {
+        port.session_affinity_seconds = Some(60);
+    }
+    let new = svc("ns9", "svc9", "172.30.0.99", |s| s.node_port = Some(3099))
+        .with_endpoints(vec![ep("10.180.9.1", 80, NODE), ep("10.180.9.2", 80, "")]);
+    state.services.insert(new.key.clone(), new.ports);
+    state.endpoints.insert(new.key.clone(), new.endpoints);
+    let svc3 = NamespacedName::new("ns3", "svc3");
+    state.services.remove(&svc3);
+    state.endpoints.remove(&svc3);
+    p.sync(&state, &changed(&[&svc1, &new.key, &svc3])).unwrap();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+
+    // Affinity off again: the affinity sets go.
+    for port in state.services.get_mut(&svc1).unwrap().values_mut() {
+        port.session_affinity_seconds = None;
+    }
+    p.sync(&state, &changed(&[&svc1])).unwrap();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+    assert!(
+        !programmed(&p)
+            .sets
+            .keys()
+            .any(|s| s.starts_with("affinity-") && s.contains("ns1/svc1"))
+    );
+}
+
+#[test]
+fn a_restart_finds_an_earlier_runs_objects_and_removes_what_is_gone() {
+    let mut state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut kernel = first.nft.clone();
+    kernel.name_reads = 0;
+
+    // While no daemon ran, svc5 (with affinity sets) and svc4 went.
+    for gone in [
+        NamespacedName::new("ns5", "svc5"),
+        NamespacedName::new("ns4", "svc4"),
+    ] {
+        state.services.remove(&gone);
+        state.endpoints.remove(&gone);
+    }
+    let mut second = proxier(kernel);
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(
+        second.nft.name_reads, 1,
+        "names read once, at the first full sync"
+    );
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut second, &state);
+    assert!(
+        !programmed(&second)
+            .sets
+            .keys()
+            .any(|s| s.starts_with("affinity-"))
+    );
+    assert_eq!(second.nft.name_reads, 1);
+}
+
+#[test]
+fn a_service_the_kernel_refuses_is_skipped_and_the_rest_programmed() {
+    let mut state = state();
+    let nft = FakeNftables {
+        refuse_containing: vec!["ns3/svc3".into()],
+        ..FakeNftables::default()
+    };
+    let mut p = proxier(nft);
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.skipped_services, 1);
+    let table = programmed(&p);
+    assert!(table.chains.keys().any(|c| c.contains("ns1/svc1")));
+    assert!(!table.chains.keys().any(|c| c.contains("ns3/svc3")));
+
+    // It changes, the kernel takes it now: programmed.
+    p.nft.refuse_containing.clear();
+    let svc3 = NamespacedName::new("ns3", "svc3");
+    for port in state.services.get_mut(&svc3).unwrap().values_mut() {
+        port.port = 81;
+    }
+    let report = p.sync(&state, &changed(&[&svc3])).unwrap();
+    assert_eq!(report.skipped_services, 0);
+    assert_table(&mut p, &state);
+}
+
+#[test]
+fn a_table_of_another_layout_is_recreated_after_one_failure() {
+    let state = state();
+    let mut nft = FakeNftables::default();
+    nft.apply(
+        "add table ip kube-proxy\nadd map ip kube-proxy service-ips { typeof ip daddr : verdict ; }\n",
+    )
+    .unwrap();
+    let mut p = proxier(nft);
+    assert!(p.sync(&state, &ChangeSummary::default()).is_err());
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+}
+
+#[test]
+fn lines_name_their_service() {
+    let state = state();
+    let ctx = crate::proxier::nftables::render::tests::context();
+    let services: BTreeMap<NamespacedName, Objects> = state
+        .services
+        .iter()
+        .map(|(k, ports)| {
+            (
+                k.clone(),
+                render_service(ports, state.endpoints.get(k), &ctx),
+            )
+        })
+        .collect();
+    let svc2 = Some(NamespacedName::new("ns2", "svc2"));
+    let chain = services[&NamespacedName::new("ns2", "svc2")]
+        .chains
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        owner_of_line(&format!("add rule ip kube-proxy {chain} drop"), &services),
+        svc2
+    );
+    assert_eq!(
+        owner_of_line(
+            &format!(
+                "add element ip kube-proxy service-ips {{ 1.2.3.4 . tcp . 80 : goto {chain} }}"
+            ),
+            &services
+        ),
+        svc2
+    );
+    assert_eq!(
+        owner_of_line(
+            "add element ip kube-proxy no-endpoint-services { 1.2.3.4 . tcp . 80 comment \"ns2/svc2:p80\" : drop }",
+            &services
+        ),
+        svc2
+    );
+    assert_eq!(
+        owner_of_line("add rule ip kube-proxy services jump x", &services),
+        None
+    );
+}

@@ -1,0 +1,299 @@
+//! The text of one sync's nft transaction, from rendered objects: a full sync (everything
+//! declared, our chains and top-level maps rewritten, stale objects flushed) or a partial one
+//! (only what differs between a service's old and new objects). Pure; the proxier runs it.
+//!
+//! Order inside a transaction: objects are declared before anything refers to them, chains
+//! are flushed before rules are added, element deletions come before additions (a key may move
+//! between services), and sets are deleted last, when nothing refers to them any more.
+//! Chains are never deleted here: a chain a map element referred to may still be held by the
+//! kernel for a moment after the element goes (before 6.2), so stale chains are flushed now
+//! and deleted by a later, separate transaction (see [`delete_chains`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use super::render::{Chain, Elements, Objects, SetDef, TABLE};
+use crate::model::NamespacedName;
+
+/// What a transaction removed that must be deleted later.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Chains flushed because nothing wants them any more.
+    pub chains: Vec<String>,
+}
+
+/// Counts for logs and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub lines: usize,
+    pub chains_written: usize,
+    pub elements_changed: usize,
+}
+
+/// A transaction being written for one family.
+struct Writer<'a> {
+    family: &'a str,
+    text: String,
+    stats: Stats,
+}
+
+impl<'a> Writer<'a> {
+    fn new(family: &'a str) -> Self {
+        Writer {
+            family,
+            text: String::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// One command: `<verb> <object> <family> kube-proxy <name>[ <rest>]`.
+    fn line(&mut self, verb: &str, object: &str, name: &str, rest: &str) {
+        let _ = write!(self.text, "{verb} {object} {} {TABLE} {name}", self.family);
+        if !rest.is_empty() {
+            self.text.push(' ');
+            self.text.push_str(rest);
+        }
+        self.text.push('\n');
+        self.stats.lines += 1;
+    }
+
+    fn declare_chain(&mut self, name: &str, chain: &Chain) {
+        self.line("add", "chain", name, &chain.spec);
+    }
+
+    fn declare_set(&mut self, name: &str, set: &SetDef) {
+        self.line("add", set.kind, name, &set.spec);
+    }
+
+    fn rules(&mut self, name: &str, chain: &Chain) {
+        self.stats.chains_written += 1;
+        for rule in &chain.rules {
+            self.line("add", "rule", name, rule);
+        }
+    }
+
+    fn element(&mut self, verb: &str, set: &str, key: &str, rest: &str) {
+        self.stats.elements_changed += 1;
+        let rest = if verb == "delete" { "" } else { rest };
+        self.line(verb, "element", set, &format!("{{ {key}{rest} }}"));
+    }
+
+    fn finish(self) -> (String, Stats) {
+        (self.text, self.stats)
+    }
+}
+
+/// The kind (`set` or `map`) of a set the table holds, for commands that name it.
+fn kind_of<'o>(sets: &'o BTreeMap<String, SetDef>, name: &str) -> &'o str {
+    sets.get(name).map_or("set", |s| s.kind)
+}
+
+/// What is in the table before a full sync, besides what memory says (a restart, a failure).
+#[derive(Clone, Debug, Default)]
+pub struct Existing {
+    pub chains: BTreeSet<String>,
+    pub sets: BTreeSet<String>,
+}
+
+/// The full sync: the table and every object declared, every wanted chain flushed and written,
+/// the top-level sets and maps flushed and refilled, chains nothing wants flushed (returned in
+/// [`Removed`] for deletion later) and sets nothing wants deleted. Affinity sets that stay are
+/// not flushed: they hold the clients' affinity. With `recreate`, the table is deleted and made
+/// again first (after a failure whose cause the text cannot name, such as a set of another
+/// layout with the same name).
+pub fn full(
+    family: &str,
+    base: &Objects,
+    services: &BTreeMap<NamespacedName, Objects>,
+    existing: &Existing,
+    recreate: bool,
+) -> (String, Stats, Removed) {
+    let mut out = Writer::new(family);
+    let table_spec = "{ comment \"rules for kube-proxy\" ; }";
+    if recreate {
+        out.text.push_str(&format!(
+            "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
+        ));
+    }
+    let _ = writeln!(out.text, "add table {family} {TABLE} {table_spec}");
+    let all = || std::iter::once(base).chain(services.values());
+    let mut sets: BTreeMap<&String, &SetDef> = BTreeMap::new();
+    let mut chains: BTreeMap<&String, &Chain> = BTreeMap::new();
+    for objects in all() {
+        sets.extend(&objects.sets);
+        chains.extend(&objects.chains);
+    }
+    for (name, set) in &sets {
+        out.declare_set(name, set);
+    }
+    for (name, chain) in &chains {
+        out.declare_chain(name, chain);
+    }
+    let existing_chains: BTreeSet<&String> = if recreate {
+        BTreeSet::new()
+    } else {
+        existing.chains.iter().collect()
+    };
+    // Chains that exist hold their old rules; new ones are empty.
+    for name in chains.keys().filter(|n| existing_chains.contains(*n)) {
+        out.line("flush", "chain", name, "");
+    }
+    let stale_chains: Vec<String> = existing_chains
+        .iter()
+        .filter(|name| !chains.contains_key(*name))
+        .map(|name| name.to_string())
+        .collect();
+    for name in &stale_chains {
+        out.line("flush", "chain", name, "");
+    }
+    // The top-level sets and maps (the base's) are refilled whole.
+    for name in base.sets.keys() {
+        if !recreate {
+            out.line("flush", kind_of(&base.sets, name), name, "");
+        }
+    }
+    for (name, chain) in &chains {
+        out.rules(name, chain);
+    }
+    for objects in all() {
+        for (set, elements) in &objects.elements {
+            for (key, rest) in elements {
+                out.element("add", set, key, rest);
+            }
+        }
+    }
+    if !recreate {
+        for name in existing.sets.iter().filter(|n| !sets.contains_key(n)) {
+            // A stale set's kind is unknown here; nft deletes a map with `delete map` only.
+            out.line(
+                "delete",
+                if is_map_name(name) { "map" } else { "set" },
+                name,
+                "",
+            );
+        }
+    }
+    let (text, stats) = out.finish();
+    (
+        text,
+        stats,
+        Removed {
+            chains: stale_chains,
+        },
+    )
+}
+
+/// Whether a set of our table with this name is a map (upstream's maps; every other set of
+/// ours, affinity sets included, is a set).
+fn is_map_name(name: &str) -> bool {
+    use super::render::{
+        FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
+    };
+    [
+        FIREWALL_IPS,
+        NO_ENDPOINT_NODEPORTS,
+        NO_ENDPOINT_SERVICES,
+        SERVICE_IPS,
+        SERVICE_NODEPORTS,
+    ]
+    .contains(&name)
+}
+
+/// One service's objects before and after a change (`None`: not programmed / gone).
+pub struct Delta<'a> {
+    pub old: Option<&'a Objects>,
+    pub new: Option<&'a Objects>,
+}
+
+/// The partial sync: for each changed service, only the chains whose rules differ, the
+/// elements that differ and the affinity sets that come or go. `None` when nothing differs.
+pub fn partial(family: &str, deltas: &[Delta<'_>]) -> Option<(String, Stats, Removed)> {
+    let empty = Objects::default();
+    let pairs: Vec<(&Objects, &Objects)> = deltas
+        .iter()
+        .map(|d| (d.old.unwrap_or(&empty), d.new.unwrap_or(&empty)))
+        .filter(|(old, new)| old != new)
+        .collect();
+    if pairs.is_empty() {
+        return None;
+    }
+    let mut out = Writer::new(family);
+    let mut removed = Removed::default();
+    // Declarations of new sets and chains.
+    for (old, new) in &pairs {
+        for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
+            out.declare_set(name, set);
+        }
+        for (name, chain) in new
+            .chains
+            .iter()
+            .filter(|(n, _)| !old.chains.contains_key(*n))
+        {
+            out.declare_chain(name, chain);
+        }
+    }
+    // Flushes: chains whose rules change, and chains no longer wanted.
+    for (old, new) in &pairs {
+        for (name, chain) in &old.chains {
+            match new.chains.get(name) {
+                Some(now) if now.rules == chain.rules => {}
+                Some(_) => out.line("flush", "chain", name, ""),
+                None => {
+                    out.line("flush", "chain", name, "");
+                    removed.chains.push(name.clone());
+                }
+            }
+        }
+    }
+    for (old, new) in &pairs {
+        for (name, chain) in &new.chains {
+            if old
+                .chains
+                .get(name)
+                .is_none_or(|was| was.rules != chain.rules)
+            {
+                out.rules(name, chain);
+            }
+        }
+    }
+    // Elements: deletions first, then additions.
+    for (old, new) in &pairs {
+        for (set, elements) in &old.elements {
+            let now = new.elements.get(set);
+            for (key, rest) in elements {
+                if now.and_then(|e| e.get(key)) != Some(rest) {
+                    out.element("delete", set, key, rest);
+                }
+            }
+        }
+    }
+    for (old, new) in &pairs {
+        for (set, elements) in &new.elements {
+            let was: Option<&Elements> = old.elements.get(set);
+            for (key, rest) in elements {
+                if was.and_then(|e| e.get(key)) != Some(rest) {
+                    out.element("add", set, key, rest);
+                }
+            }
+        }
+    }
+    for (old, new) in &pairs {
+        for (name, set) in old.sets.iter().filter(|(n, _)| !new.sets.contains_key(*n)) {
+            out.line("delete", set.kind, name, "");
+        }
+    }
+    let (text, stats) = out.finish();
+    Some((text, stats, removed))
+}
+
+/// The transaction that deletes `chains` (flushed by an earlier sync, unreferenced since).
+pub fn delete_chains(family: &str, chains: &[&String]) -> String {
+    let mut out = Writer::new(family);
+    for name in chains {
+        out.line("delete", "chain", name, "");
+    }
+    out.finish().0
+}
+
+#[cfg(test)]
+mod tests;

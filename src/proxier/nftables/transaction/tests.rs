@@ -1,0 +1,111 @@
+//! The transaction texts: declarations before references, deletions before additions, sets
+//! deleted last, and nothing for a service whose objects did not change.
+
+use super::*;
+use crate::proxier::iptables::tests::golden::overall_services;
+use crate::proxier::nftables::render::tests::context;
+use crate::proxier::nftables::render::{render_base, render_service};
+
+fn rendered() -> BTreeMap<NamespacedName, Objects> {
+    let ctx = context();
+    overall_services()
+        .into_iter()
+        .map(|s| {
+            (
+                s.key.clone(),
+                render_service(&s.ports, Some(&s.endpoints), &ctx),
+            )
+        })
+        .collect()
+}
+
+fn position(text: &str, needle: &str) -> usize {
+    text.find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in\n{text}"))
+}
+
+#[test]
+fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
+    let base = render_base(&context());
+    let services = rendered();
+    let existing = Existing {
+        chains: [
+            "services".to_string(),
+            "service-OLD00000-ns/gone/tcp/p80".to_string(),
+        ]
+        .into(),
+        sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
+    };
+    let (text, stats, removed) = full("ip", &base, &services, &existing, false);
+    assert_eq!(
+        removed.chains,
+        vec!["service-OLD00000-ns/gone/tcp/p80".to_string()]
+    );
+    let first_rule = position(&text, "add rule ");
+    assert!(position(&text, "add chain ip kube-proxy services") < first_rule);
+    assert!(position(&text, "flush chain ip kube-proxy services\n") < first_rule);
+    assert!(
+        position(&text, "flush map ip kube-proxy service-ips") < position(&text, "add element")
+    );
+    assert!(
+        !text.contains("flush chain ip kube-proxy nat-prerouting"),
+        "new chains need no flush"
+    );
+    assert!(
+        text.ends_with("delete set ip kube-proxy affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80\n")
+    );
+    assert_eq!(
+        stats.lines + 1,
+        text.lines().count(),
+        "the table line is not counted"
+    );
+}
+
+#[test]
+fn a_partial_sync_writes_only_differences() {
+    let services = rendered();
+    let svc1 = &services[&NamespacedName::new("ns1", "svc1")];
+    assert!(
+        partial(
+            "ip",
+            &[Delta {
+                old: Some(svc1),
+                new: Some(svc1)
+            }]
+        )
+        .is_none()
+    );
+
+    let (text, _, removed) = partial(
+        "ip",
+        &[Delta {
+            old: Some(svc1),
+            new: None,
+        }],
+    )
+    .unwrap();
+    assert_eq!(removed.chains.len(), svc1.chains.len());
+    assert!(!text.contains("add "), "{text}");
+    assert!(position(&text, "flush chain") < position(&text, "delete element"));
+
+    let svc5 = &services[&NamespacedName::new("ns5", "svc5")];
+    let (text, _, _) = partial(
+        "ip",
+        &[Delta {
+            old: None,
+            new: Some(svc5),
+        }],
+    )
+    .unwrap();
+    assert!(position(&text, "add set ip kube-proxy affinity-") < position(&text, "add rule"));
+    assert!(position(&text, "add chain") < position(&text, "add element"));
+    let (text, _, _) = partial(
+        "ip",
+        &[Delta {
+            old: Some(svc5),
+            new: None,
+        }],
+    )
+    .unwrap();
+    assert!(position(&text, "flush chain") < position(&text, "delete set ip kube-proxy affinity-"));
+}

@@ -1,0 +1,194 @@
+//! nftables: transactions written with one `nft -f -` each (atomic: all of it or nothing), and
+//! the names of our own table's chains and sets read over netlink. Nothing here lists a rule,
+//! an element or another table: `nft list` reads (and older nft binaries crash on) whatever
+//! other programs keep in the ruleset.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::iptables::input_context;
+use super::netlink::NetlinkError;
+use super::nf_tables;
+use super::process::{Tool, ToolError};
+use crate::model::IpFamily;
+
+/// The `nft` binary.
+pub const NFT: &str = "nft";
+/// Reading names and probing may take this long.
+const READ_LIMIT: Duration = Duration::from_secs(60);
+
+/// Why an nftables operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    /// nft refused the transaction; `line` is the input line it named, if it did.
+    #[error("{reason}{}", at_line(*.line, .context))]
+    Transaction {
+        reason: String,
+        line: Option<usize>,
+        /// The failing line and its neighbours, numbered.
+        context: String,
+    },
+    /// nft could not run, or a probe failed.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The table's chains or sets could not be read over netlink.
+    #[error("reading the {what} of table {family} {table} over netlink: {source}")]
+    Netlink {
+        what: &'static str,
+        table: String,
+        family: &'static str,
+        #[source]
+        source: NetlinkError,
+    },
+}
+
+fn at_line(line: Option<usize>, context: &str) -> String {
+    match line {
+        Some(line) if !context.is_empty() => format!(" (input line {line}: {context})"),
+        Some(line) => format!(" (input line {line})"),
+        None => String::new(),
+    }
+}
+
+/// The names of one table's objects.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableNames {
+    pub chains: BTreeSet<String>,
+    /// Named sets and maps.
+    pub sets: BTreeSet<String>,
+}
+
+/// The `nft` family keyword of an IP family.
+pub fn family_keyword(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+/// The kernel's nftables, as this program uses it.
+pub trait Nftables: Send {
+    /// Applies `commands` (nft's command language, one command per line) as one transaction.
+    fn apply(&mut self, commands: &str) -> Result<(), NftError>;
+    /// The names of `table`'s chains and sets in `family` (none when there is no such table).
+    fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError>;
+}
+
+/// The real thing: `nft -f -` for writes, netlink dumps of one table for names.
+#[derive(Clone, Debug, Default)]
+pub struct SystemNftables;
+
+impl Nftables for SystemNftables {
+    fn apply(&mut self, commands: &str) -> Result<(), NftError> {
+        Tool::new(NFT, &["-f", "-"])
+            .input(commands.as_bytes())
+            .limit(apply_limit(commands))
+            .run()
+            .map(drop)
+            .map_err(|failure| {
+                let line = failure.stderr().and_then(failed_line);
+                NftError::Transaction {
+                    reason: failure.to_string(),
+                    line,
+                    context: line.map(|l| input_context(commands, l)).unwrap_or_default(),
+                }
+            })
+    }
+
+    fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError> {
+        let failed = |what: &'static str| {
+            move |source| NftError::Netlink {
+                what,
+                table: table.to_string(),
+                family: family_keyword(family),
+                source,
+            }
+        };
+        let chains = nf_tables::chain_names(family, table).map_err(failed("chains"))?;
+        let sets = nf_tables::set_names(family, table).map_err(failed("sets"))?;
+        Ok(TableNames { chains, sets })
+    }
+}
+
+/// The commands that remove `table` of `family` whether or not it exists (adding an existing
+/// table is no error, so the pair always applies).
+pub fn remove_table_commands(family: IpFamily, table: &str) -> String {
+    let family = family_keyword(family);
+    format!("add table {family} {table}\ndelete table {family} {table}\n")
+}
+
+/// A large transaction may take a while: a minute, and a second more per 100 kB.
+fn apply_limit(commands: &str) -> Duration {
+    Duration::from_secs(60 + (commands.len() / 100_000) as u64)
+}
+
+/// nft names the failing input as `/dev/stdin:LINE:COLUMNS: Error: ...`.
+fn failed_line(stderr: &str) -> Option<usize> {
+    stderr.lines().find_map(|line| {
+        let rest = line.strip_prefix("/dev/stdin:")?;
+        rest.split(':').next()?.parse().ok()
+    })
+}
+
+/// The `nft` binary's version (`nftables v1.0.6 (Lester Gooch #5)` -> (1, 0, 6)).
+pub fn nft_version() -> Result<(u32, u32, u32), ToolError> {
+    let output = Tool::new(NFT, &["--version"]).limit(READ_LIMIT).run()?;
+    let text = String::from_utf8_lossy(&output);
+    Ok(parse_version(&text).unwrap_or((0, 0, 0)))
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let word = text.split_whitespace().find(|w| w.starts_with('v'))?;
+    let mut numbers = word[1..].split('.').map(|n| {
+        n.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+    });
+    let major = numbers.next()?.ok()?;
+    let minor = numbers.next().and_then(Result::ok).unwrap_or(0);
+    let patch = numbers.next().and_then(Result::ok).unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// Checks `commands` with the kernel without applying them (`nft --check`): nf_tables works and
+/// knows every expression they use.
+pub fn check(commands: &str) -> Result<(), NftError> {
+    Tool::new(NFT, &["--check", "-f", "-"])
+        .input(commands.as_bytes())
+        .limit(READ_LIMIT)
+        .run()
+        .map(drop)
+        .map_err(|failure| NftError::Transaction {
+            reason: failure.to_string(),
+            line: failure.stderr().and_then(failed_line),
+            context: String::new(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_failing_line_is_the_one_nft_names() {
+        let stderr = "/dev/stdin:7:63-73: Error: Could not process rule: No such file or directory\n\
+                      add rule ip kube-proxy x goto nonexistent\n";
+        assert_eq!(failed_line(stderr), Some(7));
+        assert_eq!(failed_line("Error: No such file or directory"), None);
+    }
+
+    #[test]
+    fn versions_parse_as_nft_prints_them() {
+        assert_eq!(
+            parse_version("nftables v1.0.6 (Lester Gooch #5)"),
+            Some((1, 0, 6))
+        );
+        assert_eq!(
+            parse_version("nftables v1.1.1 (Commodore Bullmoose #2)"),
+            Some((1, 1, 1))
+        );
+        assert_eq!(parse_version("nftables v0.9.8 (E.D.S.)"), Some((0, 9, 8)));
+        assert_eq!(parse_version("garbage"), None);
+    }
+}

@@ -1,0 +1,393 @@
+//! A stateful fake of nftables for tests: it interprets the part of nft's command language this
+//! program writes (tables, chains, rules, sets, maps, elements), checks what the kernel checks
+//! (objects exist, references resolve, a chain or set in use is not deleted, a map key is not
+//! added twice with other data) and applies a transaction all or nothing.
+
+use std::collections::BTreeMap;
+
+use super::nftables::{NftError, Nftables, TableNames, family_keyword};
+use crate::model::IpFamily;
+
+/// A set or map: its spec and elements (key -> the text after it, as written).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeSet {
+    pub kind: String,
+    pub spec: String,
+    pub elements: BTreeMap<String, String>,
+}
+
+/// One table's contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeTable {
+    /// Chain -> (spec, rules as written after the chain's name).
+    pub chains: BTreeMap<String, (String, Vec<String>)>,
+    pub sets: BTreeMap<String, FakeSet>,
+}
+
+/// The fake ruleset: tables by (family keyword, name).
+#[derive(Clone, Debug, Default)]
+pub struct FakeNftables {
+    pub tables: BTreeMap<(String, String), FakeTable>,
+    /// Every transaction applied (or refused), in order.
+    pub transactions: Vec<String>,
+    /// A line holding one of these is refused, as the kernel refuses what it cannot take.
+    pub refuse_containing: Vec<String>,
+    /// How many `names` reads were made.
+    pub name_reads: usize,
+}
+
+impl FakeNftables {
+    /// `table` of `family`, if it exists.
+    pub fn table(&self, family: IpFamily, table: &str) -> Option<&FakeTable> {
+        self.tables
+            .get(&(family_keyword(family).to_string(), table.to_string()))
+    }
+
+    /// Lines of the transactions applied so far.
+    pub fn lines_written(&self) -> usize {
+        self.transactions.iter().map(|t| t.lines().count()).sum()
+    }
+}
+
+impl Nftables for FakeNftables {
+    fn apply(&mut self, commands: &str) -> Result<(), NftError> {
+        self.transactions.push(commands.to_string());
+        let mut tables = self.tables.clone();
+        for (index, line) in commands.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let refused = self
+                .refuse_containing
+                .iter()
+                .any(|needle| line.contains(needle.as_str()));
+            let result = if refused {
+                Err("Operation not supported".to_string())
+            } else {
+                command(&mut tables, line)
+            };
+            if let Err(reason) = result {
+                return Err(NftError::Transaction {
+                    reason: format!(
+                        "nft -f - exited with status 1: /dev/stdin:{}: Error: {reason}",
+                        index + 1
+                    ),
+                    line: Some(index + 1),
+                    context: line.to_string(),
+                });
+            }
+        }
+        self.tables = tables;
+        Ok(())
+    }
+
+    fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError> {
+        self.name_reads += 1;
+        Ok(self
+            .table(family, table)
+            .map(|t| TableNames {
+                chains: t.chains.keys().cloned().collect(),
+                sets: t.sets.keys().cloned().collect(),
+            })
+            .unwrap_or_default())
+    }
+}
+
+type Tables = BTreeMap<(String, String), FakeTable>;
+
+/// Applies one command line to `tables`.
+fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
+    let words: Vec<&str> = line.splitn(6, ' ').collect();
+    let (verb, object) = match words.as_slice() {
+        [verb, object, ..] => (*verb, *object),
+        _ => return Err(format!("syntax error: {line}")),
+    };
+    let family = words.get(2).copied().unwrap_or_default();
+    let table_name = words
+        .get(3)
+        .copied()
+        .unwrap_or_default()
+        .trim_end_matches(';');
+    let key = (family.to_string(), table_name.to_string());
+    if object == "table" {
+        return match verb {
+            "add" => {
+                tables.entry(key).or_default();
+                Ok(())
+            }
+            "delete" => tables
+                .remove(&key)
+                .map(drop)
+                .ok_or_else(|| "No such file or directory".to_string()),
+            "flush" => {
+                let table = tables.get_mut(&key).ok_or("No such file or directory")?;
+                table
+                    .chains
+                    .values_mut()
+                    .for_each(|(_, rules)| rules.clear());
+                table.sets.values_mut().for_each(|s| s.elements.clear());
+                Ok(())
+            }
+            _ => Err(format!("syntax error: {line}")),
+        };
+    }
+    let table = tables
+        .get_mut(&key)
+        .ok_or_else(|| "No such file or directory (table)".to_string())?;
+    let name = words.get(4).copied().unwrap_or_default().to_string();
+    let rest = words.get(5).copied().unwrap_or_default();
+    match (verb, object) {
+        ("add", "chain") => {
+            let spec = rest.to_string();
+            match table.chains.get(&name) {
+                Some((existing, _)) if !spec.is_empty() && *existing != spec => {
+                    Err("File exists (chain with another spec)".into())
+                }
+                Some(_) => Ok(()),
+                None => {
+                    table.chains.insert(name, (spec, Vec::new()));
+                    Ok(())
+                }
+            }
+        }
+        ("flush", "chain") => {
+            let (_, rules) = table
+                .chains
+                .get_mut(&name)
+                .ok_or("No such file or directory")?;
+            rules.clear();
+            Ok(())
+        }
+        ("delete", "chain") => {
+            if !table.chains.contains_key(&name) {
+                return Err("No such file or directory".into());
+            }
+            if chain_in_use(table, &name) {
+                return Err("Device or resource busy".into());
+            }
+            table.chains.remove(&name);
+            Ok(())
+        }
+        ("add", "rule") => {
+            check_references(table, rest)?;
+            let (_, rules) = table
+                .chains
+                .get_mut(&name)
+                .ok_or("No such file or directory")?;
+            rules.push(rest.to_string());
+            Ok(())
+        }
+        ("add", "set" | "map") => {
+            let spec = rest.to_string();
+            match table.sets.get(&name) {
+                Some(existing) if existing.spec != spec || existing.kind != object => {
+                    Err("File exists (set with another spec)".into())
+                }
+                Some(_) => Ok(()),
+                None => {
+                    table.sets.insert(
+                        name,
+                        FakeSet {
+                            kind: object.to_string(),
+                            spec,
+                            elements: BTreeMap::new(),
+                        },
+                    );
+                    Ok(())
+                }
+            }
+        }
+        ("flush", "set" | "map") => {
+            let set = table
+                .sets
+                .get_mut(&name)
+                .ok_or("No such file or directory")?;
+            set.elements.clear();
+            Ok(())
+        }
+        ("delete", "set" | "map") => {
+            if !table.sets.contains_key(&name) {
+                return Err("No such file or directory".into());
+            }
+            let reference = format!("@{name}");
+            let used = table.chains.values().any(|(_, rules)| {
+                rules
+                    .iter()
+                    .any(|rule| rule.split(' ').any(|w| w == reference))
+            });
+            if used {
+                return Err("Device or resource busy".into());
+            }
+            table.sets.remove(&name);
+            Ok(())
+        }
+        ("add" | "delete", "element") => {
+            let inner = rest
+                .trim()
+                .strip_prefix('{')
+                .and_then(|r| r.strip_suffix('}'))
+                .ok_or_else(|| format!("syntax error: {line}"))?;
+            for element in split_elements(inner) {
+                let (key, data) = split_element(element.trim());
+                if verb == "add" {
+                    check_references(table, &data)?;
+                }
+                let set = table
+                    .sets
+                    .get_mut(&name)
+                    .ok_or("No such file or directory")?;
+                if verb == "delete" {
+                    set.elements
+                        .remove(&key)
+                        .ok_or("No such file or directory (element)")?;
+                    continue;
+                }
+                match set.elements.get(&key) {
+                    Some(existing) if verdict(existing) != verdict(&data) => {
+                        return Err("File exists (element)".into());
+                    }
+                    Some(_) => {}
+                    None => {
+                        set.elements.insert(key, data);
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Err(format!("syntax error: {line}")),
+    }
+}
+
+/// Elements separated by `,` outside quotes.
+fn split_elements(inner: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (index, c) in inner.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                parts.push(&inner[start..index]);
+                start = index + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts.into_iter().filter(|p| !p.trim().is_empty()).collect()
+}
+
+/// An element's key and the rest (` comment "..." : verdict`, or empty), as the renderer keeps them.
+fn split_element(element: &str) -> (String, String) {
+    let cut = [" comment ", " : "]
+        .iter()
+        .filter_map(|marker| element.find(marker))
+        .min();
+    match cut {
+        Some(at) => (element[..at].to_string(), element[at..].to_string()),
+        None => (element.to_string(), String::new()),
+    }
+}
+
+/// The verdict part of an element's data (` : goto x`), which the kernel compares.
+fn verdict(data: &str) -> &str {
+    data.rsplit_once(" : ").map_or("", |(_, v)| v)
+}
+
+/// The chains a rule or element jumps or goes to, and the sets it names.
+fn references(text: &str) -> (Vec<String>, Vec<String>) {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let chains = words
+        .windows(2)
+        .filter(|w| w[0] == "jump" || w[0] == "goto")
+        .map(|w| w[1].trim_end_matches([',', '}']).to_string())
+        .collect();
+    let sets = words
+        .iter()
+        .filter_map(|w| w.strip_prefix('@'))
+        .map(|s| s.trim_end_matches([',', '}']).to_string())
+        .collect();
+    (chains, sets)
+}
+
+fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
+    let (chains, sets) = references(text);
+    if let Some(missing) = chains.iter().find(|c| !table.chains.contains_key(*c)) {
+        return Err(format!("No such file or directory (chain {missing})"));
+    }
+    if let Some(missing) = sets.iter().find(|s| !table.sets.contains_key(*s)) {
+        return Err(format!("No such file or directory (set {missing})"));
+    }
+    Ok(())
+}
+
+/// Whether a rule or a map element refers to `chain`.
+fn chain_in_use(table: &FakeTable, chain: &str) -> bool {
+    let refers = |text: &str| references(text).0.iter().any(|c| c == chain);
+    table
+        .chains
+        .values()
+        .any(|(_, rules)| rules.iter().any(|r| refers(r)))
+        || table
+            .sets
+            .values()
+            .any(|set| set.elements.values().any(|data| refers(data)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V4: IpFamily = IpFamily::V4;
+
+    fn applied(nft: &mut FakeNftables, text: &str) -> Result<(), NftError> {
+        nft.apply(text)
+    }
+
+    #[test]
+    fn transactions_apply_whole_or_not_at_all() {
+        let mut nft = FakeNftables::default();
+        applied(
+            &mut nft,
+            "add table ip t\nadd chain ip t a\nadd chain ip t b\nadd rule ip t b jump a\n\
+             add map ip t m { type ipv4_addr : verdict ; }\nadd element ip t m { 1.2.3.4 : goto a }\n",
+        )
+        .unwrap();
+        let err =
+            applied(&mut nft, "add chain ip t c\nadd rule ip t c goto missing\n").unwrap_err();
+        assert!(
+            matches!(err, NftError::Transaction { line: Some(2), .. }),
+            "{err}"
+        );
+        assert!(!nft.table(V4, "t").unwrap().chains.contains_key("c"));
+        // In use by a rule, then by an element.
+        assert!(applied(&mut nft, "delete chain ip t a\n").is_err());
+        assert!(applied(&mut nft, "flush chain ip t b\ndelete chain ip t a\n").is_err());
+        applied(
+            &mut nft,
+            "flush chain ip t b\ndelete element ip t m { 1.2.3.4 }\ndelete chain ip t a\n",
+        )
+        .unwrap();
+        assert_eq!(nft.names(V4, "t").unwrap().chains.len(), 1);
+    }
+
+    #[test]
+    fn map_keys_are_not_added_twice_with_other_data() {
+        let mut nft = FakeNftables::default();
+        applied(
+            &mut nft,
+            "add table ip t\nadd map ip t m { type ipv4_addr : verdict ; }\n\
+             add element ip t m { 1.2.3.4 comment \"a, b\" : drop }\n",
+        )
+        .unwrap();
+        applied(
+            &mut nft,
+            "add element ip t m { 1.2.3.4 comment \"a, b\" : drop }\n",
+        )
+        .unwrap();
+        assert!(applied(&mut nft, "add element ip t m { 1.2.3.4 : accept }\n").is_err());
+        assert!(applied(&mut nft, "delete element ip t m { 1.2.3.5 }\n").is_err());
+        let set = &nft.table(V4, "t").unwrap().sets["m"];
+        assert_eq!(set.elements["1.2.3.4"], " comment \"a, b\" : drop");
+    }
+}

@@ -1,0 +1,236 @@
+//! nftables mode with real packets, as root, in network namespaces this test creates and
+//! removes: the real daemon in a node namespace against the test API server, pods on veth pairs
+//! running TCP/UDP echo servers, and an external client routed to the node.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+
+use serde_json::json;
+use support::cluster::{
+    CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed, service, slice, web_ports,
+};
+use support::netns::{http_get, require_netns, tcp_request, udp_request};
+use support::{WAIT, eventually};
+use test_apiserver::Resource;
+
+const NFT_CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
+
+/// What `nft <args>` prints in the node namespace (nothing when it fails: a missing table).
+fn nft(cluster: &Cluster, args: &[&str]) -> String {
+    let command = format!("nft {} 2>/dev/null; true", args.join(" "));
+    String::from_utf8_lossy(&cluster.node.exec(&["sh", "-c", &command]).stdout).into_owned()
+}
+
+fn our_table(cluster: &Cluster) -> String {
+    nft(cluster, &["list", "table", "ip", "kube-proxy"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_packets_through_the_nftables_proxier() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    // Another program's table, and chains an earlier iptables-mode run left behind.
+    let other = "add table ip other\nadd chain ip other post { type nat hook postrouting priority 50 ; }\n\
+                 add rule ip other post ip saddr 10.99.0.0/16 counter\n";
+    let added = cluster
+        .node
+        .exec(&["sh", "-c", &format!("printf '{other}' | nft -f -")]);
+    assert!(added.status.success(), "{added:?}");
+    cluster.ipt(&["-t", "nat", "-N", "KUBE-SERVICES"]);
+    cluster.ipt(&["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
+    cluster.ipt(&["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
+
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
+    daemon.wait_for("\"Using nftables Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let client = &cluster.client;
+    let mode = http_get(node, addr("127.0.0.1:10249"), "/proxyMode").unwrap();
+    assert_eq!(mode.1.trim(), "nftables");
+    let table = our_table(&cluster);
+    assert!(table.contains("chain nat-prerouting"), "{table}");
+    assert!(table.contains("service-ips"), "{table}");
+
+    // ClusterIP and NodePort (nodePortAddresses defaults to the node's primary address) reach
+    // the pods and spread over them; UDP too.
+    let all: BTreeSet<String> = PODS.iter().map(|p| p.0.to_string()).collect();
+    let answers = many(40, || tcp_request(node, addr("10.96.0.10:80")));
+    assert!(
+        names(&answers).len() >= 2 && names(&answers).is_subset(&all),
+        "{answers:?}"
+    );
+    let answers = many(40, || {
+        tcp_request(client, addr(&format!("{NODE_IP}:30080")))
+    });
+    assert!(names(&answers).len() >= 2, "{answers:?}");
+    let answers = many(30, || udp_request(node, addr("10.96.0.10:53")));
+    assert!(names(&answers).len() >= 2, "UDP spreads: {answers:?}");
+    let answers = many(10, || {
+        udp_request(client, addr(&format!("{NODE_IP}:30053")))
+    });
+    assert!(
+        answers.iter().all(Result::is_ok),
+        "UDP NodePort: {answers:?}"
+    );
+
+    // ClientIP affinity sticks to one pod.
+    let answers = many(15, || tcp_request(node, addr("10.96.0.11:80")));
+    assert_eq!(names(&answers).len(), 1, "{answers:?}");
+
+    // externalTrafficPolicy Local: only this node's pods, and they see the real client address.
+    let answers = many(30, || {
+        tcp_request(client, addr(&format!("{NODE_IP}:30081")))
+    });
+    let local: BTreeSet<String> = ["pod-a1", "pod-a2"].iter().map(|s| s.to_string()).collect();
+    assert!(
+        names(&answers).is_subset(&local) && !names(&answers).is_empty(),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|a| a
+            .as_ref()
+            .is_ok_and(|t| t.contains(&format!(" {CLIENT_IP}:")))),
+        "{answers:?}"
+    );
+    let masked = tcp_request(client, addr(&format!("{NODE_IP}:30080"))).unwrap();
+    assert!(!masked.contains(CLIENT_IP), "{masked}");
+
+    // No endpoints, and a port an active ClusterIP does not serve: refused at once.
+    assert_eq!(
+        tcp_request(node, addr("10.96.0.13:80")),
+        Err(ErrorKind::ConnectionRefused)
+    );
+    assert_eq!(
+        tcp_request(node, addr("10.96.0.10:81")),
+        Err(ErrorKind::ConnectionRefused)
+    );
+
+    // The other modes' leftovers went; the other program's table stayed.
+    assert!(
+        eventually(WAIT, || !cluster
+            .ipt(&["-t", "nat", "-S"])
+            .contains("KUBE-"))
+        .await,
+        "{}",
+        cluster.ipt(&["-t", "nat", "-S"])
+    );
+    assert!(nft(&cluster, &["list", "table", "ip", "other"]).contains("10.99.0.0/16"));
+
+    // Scale down, then up: traffic follows.
+    let (_, slice_ports) = web_ports();
+    cluster
+        .api
+        .apply(slice("web", slice_ports.clone(), &["pod-b2"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || names(&many(8, || tcp_request(
+            node,
+            addr("10.96.0.10:80")
+        ))) == ["pod-b2".to_string()].into())
+        .await
+    );
+    cluster
+        .api
+        .apply(slice("web", slice_ports, &["pod-a1", "pod-b2"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || names(&many(20, || tcp_request(
+            node,
+            addr("10.96.0.10:80")
+        )))
+        .len()
+            == 2)
+        .await
+    );
+    // A new Service is served.
+    let tcp = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(service(
+            "late",
+            "10.96.0.30",
+            json!([{"name": "http", "port": 80, "protocol": "TCP"}]),
+            json!({}),
+        ))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice("late", tcp.clone(), &["pod-b1"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || names(&many(3, || tcp_request(
+            node,
+            addr("10.96.0.30:80")
+        ))) == ["pod-b1".to_string()].into())
+        .await
+    );
+
+    // Service deleted: its chains are flushed, then deleted; nothing answers for it.
+    cluster
+        .api
+        .delete(Resource::Services, "default", "web")
+        .unwrap();
+    assert!(
+        eventually(WAIT, || !our_table(&cluster).contains("default/web")).await,
+        "{}",
+        our_table(&cluster)
+    );
+    assert!(tcp_request(node, addr("10.96.0.10:80")).is_err());
+
+    // Restart: traffic keeps flowing while the daemon is down and while it starts, and it
+    // converges on what changed meanwhile.
+    daemon.stop().await;
+    assert!(tcp_request(node, addr("10.96.0.11:80")).is_ok());
+    cluster
+        .api
+        .apply(slice("sticky", tcp, &["pod-a2"]))
+        .unwrap();
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
+    assert!(tcp_request(node, addr("10.96.0.11:80")).is_ok());
+    assert!(
+        eventually(WAIT, || names(&many(5, || tcp_request(
+            node,
+            addr("10.96.0.11:80")
+        ))) == ["pod-a2".to_string()].into())
+        .await
+    );
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon.stop().await;
+
+    // Switching to iptables mode: served by iptables, and our nftables tables go.
+    let daemon = cluster.daemon(&cluster.config(""));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    assert!(
+        eventually(WAIT, || our_table(&cluster).is_empty()).await,
+        "{}",
+        our_table(&cluster)
+    );
+    assert!(tcp_request(node, addr("10.96.0.30:80")).is_ok());
+    assert!(nft(&cluster, &["list", "table", "ip", "other"]).contains("10.99.0.0/16"));
+    daemon.stop().await;
+}
+
+/// A node that cannot run nftables mode exits non-zero, saying what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nftables_mode_without_nft_exits_naming_it() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    let config = cluster.config_with_mode("nftables", NFT_CONFIG);
+    let empty = tempfile::tempdir().unwrap();
+    let path = format!("{}:/usr/bin:/bin", empty.path().display());
+    let mut daemon = support::cluster::Daemon::spawn_with_env(
+        &cluster.node,
+        &config,
+        &[],
+        &[("PATH", path.as_str())],
+    );
+    let status = tokio::time::timeout(WAIT, daemon.child.wait())
+        .await
+        .expect("exits")
+        .unwrap();
+    assert!(!status.success());
+    daemon.wait_for("the nft binary is missing").await;
+}
