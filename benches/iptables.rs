@@ -153,8 +153,11 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
         // Drift (nft: the kernel's change events): another program flushes a service chain and
         // puts a DROP first in filter KUBE-SERVICES; one sync repairs both.
         let repair = (backend == Backend::Nft).then(|| {
-            let events = kube_proxy_rs::sys::nf_events::NfEvents::start(Box::new(|| {}))
-                .expect("nf_tables events");
+            let events = kube_proxy_rs::sys::nf_events::NfEvents::start(
+                kube_proxy_rs::sys::nf_events::Scope::IptablesTables,
+                Box::new(|| {}),
+            )
+            .expect("nf_tables events");
             let mut p = p.with_change_events(Box::new(events));
             let chain = kube_proxy_rs::proxier::iptables::names::cluster_policy_chain(
                 &kube_proxy_rs::model::ServicePortName::new(

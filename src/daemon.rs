@@ -17,6 +17,7 @@ use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
+use crate::proxier::nftables::render::TABLE;
 use crate::proxier::nftables::support::{self as nftables, NftablesUnsupported};
 use crate::proxier::nftables::{NftablesProxier, NftablesSettings};
 use crate::proxier::{LoggingProxier, Proxier};
@@ -29,7 +30,7 @@ use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
-use crate::sys::nf_events::NfEvents;
+use crate::sys::nf_events::{NfEvents, Scope};
 use crate::sys::nftables::SystemNftables;
 
 /// Why the daemon stopped with an error.
@@ -230,11 +231,23 @@ fn choose_proxier(
         nftables::check_support(&nftables::kernel_release(), skip_kernel_check)
             .map_err(DaemonError::Nftables)?;
         info!("Using nftables Proxier");
-        return Ok(Box::new(NftablesProxier::new(
+        let proxier = NftablesProxier::new(
             SystemNftables,
             NftablesSettings::from_config(config),
             Box::new(SystemAddresses),
-        )));
+        );
+        // The kernel says when another program changes our table: each change asks for a
+        // sync, which rewrites what changed.
+        let wake = requester.clone();
+        return Ok(
+            match NfEvents::start(Scope::NftTable(TABLE), Box::new(move || wake.request())) {
+                Ok(events) => Box::new(proxier.with_change_events(Box::new(events))),
+                Err(err) => {
+                    warn!(error = %err, "Cannot listen for nf_tables changes; drift in our table is repaired only by full syncs");
+                    Box::new(proxier)
+                }
+            },
+        );
     }
     let backend = Backend::detect();
     if mode == ProxyMode::Ipvs {
@@ -272,7 +285,7 @@ fn choose_proxier(
     // sync, which repairs it. (Legacy has no such events: see the README.)
     if backend == Backend::Nft {
         let wake = requester.clone();
-        match NfEvents::start(Box::new(move || wake.request())) {
+        match NfEvents::start(Scope::IptablesTables, Box::new(move || wake.request())) {
             Ok(events) => return Ok(Box::new(proxier.with_change_events(Box::new(events)))),
             Err(err) => {
                 warn!(error = %err, "Cannot listen for nf_tables changes; drift in our rules is repaired only by full syncs")

@@ -234,3 +234,77 @@ async fn nftables_mode_without_nft_exits_naming_it() {
     assert!(!status.success());
     daemon.wait_for("the nft binary is missing").await;
 }
+
+/// The name of our chain whose name ends with `suffix` (`default/web/tcp/http`).
+fn chain_ending(cluster: &Cluster, prefix: &str, suffix: &str) -> String {
+    our_table(cluster)
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("chain "))
+        .map(|rest| rest.trim_end_matches(" {").to_string())
+        .find(|name| name.starts_with(prefix) && name.ends_with(suffix))
+        .unwrap_or_else(|| panic!("no chain {prefix}...{suffix} in\n{}", our_table(cluster)))
+}
+
+/// Another program changing our table: each change is seen in the kernel's events and exactly
+/// what changed is rewritten, well within a syncPeriod (the config's is 30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_in_our_table_is_repaired() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let config = cluster.config_with_mode(
+        "nftables",
+        "nftables:\n  syncPeriod: 30s\n  minSyncPeriod: 0s\n",
+    );
+    let daemon = cluster.daemon(&config);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let works = |ip: &str| tcp_request(node, addr(ip)).is_ok();
+    assert!(works("10.96.0.10:80") && works("10.96.0.11:80"));
+    let run = |commands: &str| {
+        let out = node.exec(&["sh", "-c", &format!("printf '{commands}\\n' | nft -f -")]);
+        assert!(out.status.success(), "{commands}: {out:?}");
+    };
+
+    // A service chain emptied.
+    let chain = chain_ending(&cluster, "service-", "default/web/tcp/http");
+    run(&format!("flush chain ip kube-proxy {chain}"));
+    assert!(
+        eventually(WAIT, || works("10.96.0.10:80")).await,
+        "flushed chain repaired"
+    );
+    // A map element deleted.
+    run("delete element ip kube-proxy service-ips { 10.96.0.11 . tcp . 80 }");
+    assert!(
+        eventually(WAIT, || works("10.96.0.11:80")).await,
+        "element repaired"
+    );
+    // A rule inserted at the top of a chain of ours.
+    run("insert rule ip kube-proxy services ip daddr 10.96.0.10 drop");
+    assert!(
+        eventually(WAIT, || !our_table(&cluster)
+            .contains("ip daddr 10.96.0.10 drop"))
+        .await,
+        "inserted rule removed"
+    );
+    assert!(works("10.96.0.10:80"));
+    // A base chain deleted.
+    run("delete chain ip kube-proxy nat-output");
+    assert!(eventually(WAIT, || our_table(&cluster).contains("chain nat-output")).await);
+    assert!(eventually(WAIT, || works("10.96.0.10:80")).await);
+    // The whole table deleted.
+    run("delete table ip kube-proxy");
+    assert!(
+        eventually(WAIT, || works("10.96.0.10:80") && works("10.96.0.11:80")).await,
+        "table recreated"
+    );
+    daemon
+        .wait_for("Rewrote our nftables objects another program changed")
+        .await;
+    assert!(
+        daemon.count("Failed to sync") == 0,
+        "{:?}",
+        daemon.lines.lock().unwrap()
+    );
+    daemon.stop().await;
+}

@@ -1,8 +1,9 @@
-//! Which of the iptables nft back end's chains other programs change. The kernel reports every
+//! Which of our chains (and, in nftables mode, sets) other programs change. The kernel reports every
 //! nf_tables change to listeners of the NFNLGRP_NFTABLES group, each event carrying the port id
 //! of the netlink socket that made it, which for a tool is its pid. A thread listens, drops the
-//! events of the tools this process ran (its own restores) and of tables that are not
-//! iptables', and keeps the rest: drift is then known the moment it happens, at no cost while
+//! events of the tools this process ran (its own restores and transactions) and of tables that
+//! are not watched (iptables' for the iptables-based modes, `kube-proxy` for nftables mode), and
+//! keeps the rest: drift is then known the moment it happens, at no cost while
 //! nothing changes, whatever the size of the ruleset. Reading every chain back each period
 //! would cost seconds at 10,000 services.
 
@@ -27,6 +28,12 @@ const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+/// NFTA_SET_NAME and NFTA_SET_ELEM_LIST_SET are both 2.
+const ATTR_SET: u16 = 2;
 /// NFTA_TABLE_NAME, NFTA_CHAIN_TABLE and NFTA_RULE_TABLE are all 1.
 const ATTR_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
@@ -39,8 +46,18 @@ const IPTABLES_TABLES: [&str; 4] = ["nat", "filter", "mangle", "raw"];
 /// A full restore at 10,000 services commits a few MB of events per transaction.
 const RECEIVE_BUFFER: usize = 64 << 20;
 
-/// A chain changed by someone else: family, table, chain (empty for a whole table).
+/// A chain changed by someone else: family, table, chain (empty for a whole table; `@name` for
+/// a set or map of an nftables table, its elements included).
 pub type ChainKey = (IpFamily, String, String);
+
+/// Which tables' changes count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The iptables tools' tables (`nat`, `filter`, ...): our chains and the built-in ones.
+    IptablesTables,
+    /// One nftables table of ours, every object in it.
+    NftTable(&'static str),
+}
 
 /// What changed since the last look.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -73,7 +90,7 @@ pub struct NfEvents {
 impl NfEvents {
     /// Starts listening in this thread's network namespace; `changed` is called (from the
     /// listening thread) whenever something of interest changed.
-    pub fn start(changed: Box<dyn Fn() + Send>) -> Result<NfEvents, NetlinkError> {
+    pub fn start(scope: Scope, changed: Box<dyn Fn() + Send>) -> Result<NfEvents, NetlinkError> {
         let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
         socket.bind_auto().map_err(NetlinkError::Socket)?;
         socket
@@ -95,7 +112,7 @@ impl NfEvents {
         let (shared, stopping) = (drift.clone(), stop.clone());
         std::thread::Builder::new()
             .name("nf-events".into())
-            .spawn(move || listen(socket, &shared, &stopping, changed.as_ref()))
+            .spawn(move || listen(scope, socket, &shared, &stopping, changed.as_ref()))
             .map_err(NetlinkError::Socket)?;
         Ok(NfEvents { drift, stop })
     }
@@ -113,7 +130,13 @@ impl Drop for NfEvents {
     }
 }
 
-fn listen(socket: Socket, drift: &Mutex<Drift>, stop: &AtomicBool, changed: &dyn Fn()) {
+fn listen(
+    scope: Scope,
+    socket: Socket,
+    drift: &Mutex<Drift>,
+    stop: &AtomicBool,
+    changed: &dyn Fn(),
+) {
     let mut buffer = Vec::with_capacity(256 * 1024);
     while !stop.load(Ordering::Relaxed) {
         buffer.clear();
@@ -121,8 +144,10 @@ fn listen(socket: Socket, drift: &Mutex<Drift>, stop: &AtomicBool, changed: &dyn
             socket.recv_from(&mut buffer, 0);
         let news = match received {
             Ok(_) => {
-                let mut news = foreign_changes(&buffer);
-                news.retain(|(_, table, chain)| may_be_ours(table, chain));
+                let mut news = foreign_changes(scope, &buffer);
+                if scope == Scope::IptablesTables {
+                    news.retain(|(_, table, chain)| may_be_ours(table, chain));
+                }
                 news
             }
             Err(err) if err.raw_os_error() == Some(ENOBUFS) => {
@@ -152,8 +177,9 @@ fn may_be_ours(table: &str, chain: &str) -> bool {
         || super::iptables::builtin_chains(table).contains(&chain)
 }
 
-/// The chains of iptables' tables that a datagram of events says another program changed.
-pub fn foreign_changes(datagram: &[u8]) -> Vec<ChainKey> {
+/// The chains (and sets) of the watched tables that a datagram of events says another program
+/// changed.
+pub fn foreign_changes(scope: Scope, datagram: &[u8]) -> Vec<ChainKey> {
     let mut changes = Vec::new();
     let mut offset = 0;
     while let Some(header) = datagram.get(offset..offset + 16) {
@@ -164,7 +190,7 @@ pub fn foreign_changes(datagram: &[u8]) -> Vec<ChainKey> {
         let message_type = u16::from_ne_bytes([header[4], header[5]]);
         let port = u32::from_ne_bytes([header[12], header[13], header[14], header[15]]);
         let payload = &datagram[offset + 16..offset + length];
-        if let Some(change) = change_of(message_type, payload)
+        if let Some(change) = change_of(scope, message_type, payload)
             && !made_by_us(port)
         {
             changes.push(change);
@@ -183,15 +209,19 @@ fn made_by_us(port: u32) -> bool {
     is_our_tool(port) || ((port as i32) < 0 && tool_active_within(Duration::from_secs(2)))
 }
 
-/// The chain one event changed, if it is a change to an iptables table.
-fn change_of(message_type: u16, payload: &[u8]) -> Option<ChainKey> {
+/// The chain (or set) one event changed, if it is a change to a watched table.
+fn change_of(scope: Scope, message_type: u16, payload: &[u8]) -> Option<ChainKey> {
     if message_type >> 8 != NFNL_SUBSYS_NFTABLES {
         return None;
     }
-    let chain_attribute = match message_type & 0xff {
-        NFT_MSG_NEWRULE | NFT_MSG_DELRULE => Some(NFTA_RULE_CHAIN),
-        NFT_MSG_NEWCHAIN | NFT_MSG_DELCHAIN => Some(NFTA_CHAIN_NAME),
-        NFT_MSG_NEWTABLE | NFT_MSG_DELTABLE => None,
+    let sets = matches!(scope, Scope::NftTable(_));
+    let (name_attribute, prefix) = match message_type & 0xff {
+        NFT_MSG_NEWRULE | NFT_MSG_DELRULE => (Some(NFTA_RULE_CHAIN), ""),
+        NFT_MSG_NEWCHAIN | NFT_MSG_DELCHAIN => (Some(NFTA_CHAIN_NAME), ""),
+        NFT_MSG_NEWTABLE | NFT_MSG_DELTABLE => (None, ""),
+        NFT_MSG_NEWSET | NFT_MSG_DELSET | NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM if sets => {
+            (Some(ATTR_SET), "@")
+        }
         _ => return None,
     };
     let (nfgenmsg, attributes) = payload.split_first_chunk::<4>()?;
@@ -211,11 +241,18 @@ fn change_of(message_type: u16, payload: &[u8]) -> Option<ChainKey> {
         };
         if attribute.kind() == ATTR_TABLE {
             table = Some(text());
-        } else if Some(attribute.kind()) == chain_attribute {
-            chain = text();
+        } else if Some(attribute.kind()) == name_attribute {
+            chain = format!("{prefix}{}", text());
         }
     }
-    let table = table.filter(|t| IPTABLES_TABLES.contains(&t.as_str()))?;
+    let table = table.filter(|t| match scope {
+        Scope::IptablesTables => IPTABLES_TABLES.contains(&t.as_str()),
+        Scope::NftTable(ours) => t == ours,
+    })?;
+    // Anonymous sets belong to rules (a rule's change is reported as such).
+    if chain.starts_with("@__") {
+        return None;
+    }
     Some((family, table, chain))
 }
 
@@ -292,12 +329,58 @@ mod tests {
         datagram.extend(event(0x0100, foreign, NFPROTO_IPV4, &[(1, "nat")]));
         datagram.extend(event(0x0a02, foreign, NFPROTO_IPV4, &[(1, "nat")]));
         assert_eq!(
-            foreign_changes(&datagram),
+            foreign_changes(Scope::IptablesTables, &datagram),
             vec![
                 (IpFamily::V4, "nat".to_string(), "KUBE-SVC-AAAA".to_string()),
                 (IpFamily::V6, "filter".to_string(), "INPUT".to_string()),
                 (IpFamily::V4, "nat".to_string(), "KUBE-SEP-B".to_string()),
                 (IpFamily::V4, "nat".to_string(), String::new()),
+            ]
+        );
+    }
+
+    #[test]
+    fn in_nftables_scope_only_our_table_counts_sets_included() {
+        let foreign = 3_000_000;
+        let mut datagram = event(
+            0x0a06,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "kube-proxy"), (2, "services")],
+        );
+        datagram.extend(event(
+            0x0a0e,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "kube-proxy"), (2, "service-ips")],
+        ));
+        datagram.extend(event(
+            0x0a0c,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "kube-proxy"), (2, "__map3")],
+        ));
+        datagram.extend(event(
+            0x0a06,
+            foreign,
+            NFPROTO_IPV4,
+            &[(1, "nat"), (2, "KUBE-SERVICES")],
+        ));
+        datagram.extend(event(0x0a02, foreign, NFPROTO_IPV6, &[(1, "kube-proxy")]));
+        assert_eq!(
+            foreign_changes(Scope::NftTable("kube-proxy"), &datagram),
+            vec![
+                (
+                    IpFamily::V4,
+                    "kube-proxy".to_string(),
+                    "services".to_string()
+                ),
+                (
+                    IpFamily::V4,
+                    "kube-proxy".to_string(),
+                    "@service-ips".to_string()
+                ),
+                (IpFamily::V6, "kube-proxy".to_string(), String::new()),
             ]
         );
     }
@@ -315,13 +398,13 @@ mod tests {
             NFPROTO_IPV4,
             &[(1, "nat"), (2, "KUBE-SERVICES")],
         );
-        assert!(foreign_changes(&datagram).is_empty());
+        assert!(foreign_changes(Scope::IptablesTables, &datagram).is_empty());
         let other = event(
             0x0a06,
             pid + 1_000_000,
             NFPROTO_IPV4,
             &[(1, "nat"), (2, "KUBE-SERVICES")],
         );
-        assert_eq!(foreign_changes(&other).len(), 1);
+        assert_eq!(foreign_changes(Scope::IptablesTables, &other).len(), 1);
     }
 }

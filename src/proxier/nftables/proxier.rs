@@ -3,6 +3,8 @@
 //! writes only what changed. Full syncs happen at start, after a failure, when the node changes
 //! and hourly (as upstream); a partial sync writes the changed services' differing chains and
 //! map elements only. Chains nothing wants are flushed at once and deleted a second later.
+//! What other programs change in our table is known from the kernel's change events, and
+//! exactly those chains and sets are rewritten at the next sync (see `repair`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -18,6 +20,7 @@ use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_
 use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
+use crate::sys::nf_events::ChangeEvents;
 use crate::sys::nftables::{NftError, Nftables, family_keyword};
 
 /// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
@@ -75,6 +78,8 @@ pub struct NftablesProxier<N: Nftables> {
     /// Chains flushed because nothing wants them, with when; deleted a moment later.
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
     quarantine: Quarantine,
+    /// What other programs change in our table, when the kernel can tell.
+    events: Option<Box<dyn ChangeEvents>>,
     needs_full_sync: bool,
     /// The next full sync deletes and recreates the table (a full sync failed for no reason
     /// a line of ours could name).
@@ -103,6 +108,7 @@ impl<N: Nftables> NftablesProxier<N> {
             known: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
+            events: None,
             needs_full_sync: true,
             recreate: false,
             last_full_sync: None,
@@ -112,6 +118,12 @@ impl<N: Nftables> NftablesProxier<N> {
             record_transactions: false,
             last_transactions: Vec::new(),
         }
+    }
+
+    /// Repairs what other programs change in our table as they change it.
+    pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// The kernel interface (for tests).
@@ -367,6 +379,64 @@ impl<N: Nftables> NftablesProxier<N> {
         Ok(stats)
     }
 
+    /// Rewrites the chains and sets of ours that another program changed, from memory: a
+    /// chain is declared, flushed and its rules added; a set or map is declared, flushed and
+    /// refilled (an affinity set is only declared again: its elements are the clients'). A
+    /// name memory does not know (someone added it to our table) makes the next sync full,
+    /// which removes it. Returns how many objects were rewritten.
+    fn repair(&mut self, family: IpFamily, names: &BTreeSet<String>) -> Result<usize, Failure> {
+        let Some(current) = self.programmed.get(&family) else {
+            return Ok(0);
+        };
+        let objects: Vec<&Objects> = std::iter::once(&current.base)
+            .chain(current.services.values())
+            .collect();
+        let pending = self.stale_chains.get(&family);
+        let mut repairs = transaction::Repairs::default();
+        let mut unknown = Vec::new();
+        for name in names {
+            if let Some(set) = name.strip_prefix('@') {
+                match objects
+                    .iter()
+                    .find_map(|o| Some((o.sets.get(set)?, o.elements.get(set))))
+                {
+                    Some((def, _)) if set.starts_with("affinity-") => {
+                        repairs.sets.push((set, def, None))
+                    }
+                    Some((def, _)) => {
+                        let elements = objects.iter().filter_map(|o| o.elements.get(set)).collect();
+                        repairs.sets.push((set, def, Some(elements)));
+                    }
+                    None => unknown.push(name.clone()),
+                }
+            } else if let Some(chain) = objects.iter().find_map(|o| o.chains.get(name)) {
+                repairs.chains.push((name, chain));
+            } else if !pending.is_some_and(|p| p.contains_key(name)) {
+                unknown.push(name.clone());
+            }
+        }
+        if !unknown.is_empty() {
+            warn!(?family, objects = ?unknown, "Objects another program added to our nftables table; the next sync is a full one");
+            self.needs_full_sync = true;
+            // ... reading the table's names, since memory does not hold them.
+            self.known.remove(&family);
+        }
+        let count = repairs.chains.len() + repairs.sets.len();
+        if count == 0 {
+            return Ok(0);
+        }
+        let text = transaction::repair(family_keyword(family), &repairs);
+        let names: Vec<String> = repairs
+            .chains
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .chain(repairs.sets.iter().map(|(n, _, _)| format!("@{n}")))
+            .collect();
+        self.apply(family, &text).map_err(Failure::unattributed)?;
+        info!(?family, objects = ?names, "Rewrote our nftables objects another program changed");
+        Ok(count)
+    }
+
     fn sync_all(
         &mut self,
         state: &ProxyState,
@@ -381,7 +451,24 @@ impl<N: Nftables> NftablesProxier<N> {
         let hourly = self
             .last_full_sync
             .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        let full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
+        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
+        let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
+        let mut drifted: BTreeMap<IpFamily, BTreeSet<String>> = BTreeMap::new();
+        for (family, _, name) in drift.chains {
+            if name.is_empty() {
+                warn!(
+                    ?family,
+                    "Another program deleted or replaced our nftables table; doing a full sync"
+                );
+                full = true;
+            } else {
+                drifted.entry(family).or_default().insert(name);
+            }
+        }
+        if drift.lost {
+            warn!("nftables change events were lost; doing a full sync");
+            full = true;
+        }
         self.quarantine.release_changed(changes);
         if hourly {
             self.quarantine.release_all();
@@ -415,6 +502,15 @@ impl<N: Nftables> NftablesProxier<N> {
                 skipped += 1;
                 report.full = true;
                 result = self.full_sync(family, ctx.clone(), state);
+            }
+            if result.is_ok()
+                && !report.full
+                && let Some(names) = drifted.remove(&family)
+            {
+                result = self.repair(family, &names).map(|repaired| {
+                    report.repaired_chains += repaired;
+                    Stats::default()
+                });
             }
             match result {
                 Ok(stats) => {

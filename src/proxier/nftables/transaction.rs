@@ -286,6 +286,37 @@ pub fn partial(family: &str, deltas: &[Delta<'_>]) -> Option<(String, Stats, Rem
     Some((text, stats, removed))
 }
 
+/// Objects to rewrite because another program changed them.
+#[derive(Default)]
+pub struct Repairs<'a> {
+    pub chains: Vec<(&'a str, &'a Chain)>,
+    /// A set or map, and its elements (from every service) unless the kernel keeps them
+    /// (affinity sets).
+    pub sets: Vec<(&'a str, &'a SetDef, Option<Vec<&'a Elements>>)>,
+}
+
+/// The transaction that rewrites `repairs`: sets first (rules refer to them), then chains.
+pub fn repair(family: &str, repairs: &Repairs<'_>) -> String {
+    let mut out = Writer::new(family);
+    for (name, def, elements) in &repairs.sets {
+        out.declare_set(name, def);
+        if let Some(elements) = elements {
+            out.line("flush", def.kind, name, "");
+            for (key, rest) in elements.iter().flat_map(|e| e.iter()) {
+                out.element("add", name, key, rest);
+            }
+        }
+    }
+    for (name, chain) in &repairs.chains {
+        out.declare_chain(name, chain);
+        out.line("flush", "chain", name, "");
+    }
+    for (name, chain) in &repairs.chains {
+        out.rules(name, chain);
+    }
+    out.finish().0
+}
+
 /// The transaction that deletes `chains` (flushed by an earlier sync, unreferenced since).
 pub fn delete_chains(family: &str, chains: &[&String]) -> String {
     let mut out = Writer::new(family);

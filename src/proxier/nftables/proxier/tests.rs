@@ -362,3 +362,42 @@ fn lines_name_their_service() {
         None
     );
 }
+
+#[test]
+fn what_another_program_changes_is_rewritten_from_memory() {
+    use crate::sys::nf_events::{Drift, FakeEvents};
+    let state = state();
+    let events = FakeEvents::default();
+    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let chain = programmed(&p)
+        .chains
+        .keys()
+        .find(|c| c.starts_with("service-") && c.contains("ns4/svc4"))
+        .unwrap()
+        .clone();
+    p.nft
+        .apply(&format!(
+            "flush chain ip kube-proxy {chain}\nflush map ip kube-proxy service-ips\n\
+             add chain ip kube-proxy intruder\n"
+        ))
+        .unwrap();
+    let key = |name: &str| (V4, TABLE.to_string(), name.to_string());
+    *events.pending.lock().unwrap() = Drift {
+        chains: [key(&chain), key("@service-ips"), key("intruder")].into(),
+        lost: false,
+    };
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.repaired_chains, 2);
+    let text = &p.last_transactions.last().unwrap().1;
+    assert_eq!(
+        text.matches("flush chain").count(),
+        1,
+        "only what changed: {text}"
+    );
+    assert!(!text.contains("intruder"), "{text}");
+    // The unknown chain makes the next sync full, which flushes it, and then deletes it.
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+}
