@@ -1,7 +1,8 @@
 //! Property tests of what comes from outside: the config loader and the conversion of API objects
 //! never panic, whatever they are given; and every Service and EndpointSlice the conversion
-//! accepts renders rules that the stateful fake and then the real kernel (iptables-nft-restore
-//! in a namespace) accept, in one full sync of everything accepted. Bounded: a few thousand
+//! accepts renders rules that the stateful fakes and then the real kernel (iptables-nft-restore
+//! and nft in a namespace) accept, in one full sync of everything accepted, in iptables and in
+//! nftables mode. Bounded: a few thousand
 //! cases, seconds.
 
 mod support;
@@ -15,9 +16,12 @@ use kube_proxy_rs::k8s::convert::{endpoint_slice, object_key, service_ports};
 use kube_proxy_rs::model::{ChangeSummary, ChangeTracker, NodeInfo, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
+use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::iptables_fake::FakeIptables;
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::nftables::{Nftables, SystemNftables};
+use kube_proxy_rs::sys::nftables_fake::FakeNftables;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -318,6 +322,7 @@ fn every_accepted_object_programs_and_none_panics() {
     assert_eq!(report.skipped_services, 0);
     let node = Netns::new("fuzz");
     let services: BTreeMap<_, _> = state.services.clone();
+    let nft_state = state.clone();
     let skipped = node.run(move || {
         let report = proxier(SystemIptables::new(Backend::Nft))
             .sync(&state, &ChangeSummary::default())
@@ -325,4 +330,30 @@ fn every_accepted_object_programs_and_none_panics() {
         report.skipped_services
     });
     assert_eq!(skipped, 0, "of {} services", services.len());
+
+    // nftables mode: the same objects as nft text, accepted by nft and the kernel.
+    let report = nftables_proxier(FakeNftables::default())
+        .sync(&nft_state, &ChangeSummary::default())
+        .expect("the fake accepts every accepted object's nftables objects");
+    assert_eq!(report.skipped_services, 0);
+    let skipped = node.run(move || {
+        let report = nftables_proxier(SystemNftables)
+            .sync(&nft_state, &ChangeSummary::default())
+            .expect("nft and the kernel accept every accepted object's nftables objects");
+        report.skipped_services
+    });
+    assert_eq!(skipped, 0, "of {} services", services.len());
+}
+
+fn nftables_proxier<N: Nftables>(nft: N) -> NftablesProxier<N> {
+    let mut config = kube_proxy_rs::config::KubeProxyConfiguration {
+        cluster_cidr: "10.244.0.0/16".into(),
+        ..Default::default()
+    };
+    config.apply_defaults();
+    NftablesProxier::new(
+        nft,
+        NftablesSettings::from_config(&config),
+        Box::new(FixedAddresses(vec!["192.168.0.2".parse().unwrap()])),
+    )
 }
