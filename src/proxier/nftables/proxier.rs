@@ -266,6 +266,12 @@ impl<N: Nftables> NftablesProxier<N> {
                 (!objects.is_empty()).then(|| (key.clone(), objects))
             })
             .collect();
+        // Memory is exact and the kernel reports every change other programs make: a full
+        // sync (the hourly one, a Node change) writes only what differs from what is
+        // programmed, as a partial sync over every service and the base.
+        if self.events.is_some() && self.known.contains(&family) && !self.recreate {
+            return self.diff_sync(family, ctx, base, services);
+        }
         // What the table holds: from memory when it is exact, else read (names only, our
         // table only): at start (an earlier run's objects) and after a failure.
         let existing = match self.programmed.get(&family) {
@@ -296,19 +302,21 @@ impl<N: Nftables> NftablesProxier<N> {
             }
         };
         let recreate = std::mem::take(&mut self.recreate);
-        let (text, stats, removed) = transaction::full(
+        let (transactions, stats, removed) = transaction::full(
             family_keyword(family),
             &base,
             &services,
             &existing,
             recreate,
         );
-        if let Err(err) = self.apply(family, &text) {
-            let failure = Failure::of(err, &text, &services);
-            if failure.culprit.is_none() {
-                self.recreate = true;
+        for text in &transactions {
+            if let Err(err) = self.apply(family, text) {
+                let failure = Failure::of(err, text, &services);
+                if failure.culprit.is_none() {
+                    self.recreate = true;
+                }
+                return Err(failure);
             }
-            return Err(failure);
         }
         if recreate {
             self.stale_chains.remove(&family);
@@ -323,6 +331,49 @@ impl<N: Nftables> NftablesProxier<N> {
             },
         );
         self.known.insert(family);
+        Ok(stats)
+    }
+
+    /// Brings the table from what memory says it holds to `base` and `services`, writing only
+    /// the differences.
+    fn diff_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: NftContext,
+        base: Objects,
+        services: BTreeMap<NamespacedName, Objects>,
+    ) -> Result<Stats, Failure> {
+        let Some(current) = self.programmed.get(&family) else {
+            return Err(Failure::unattributed("no full sync yet"));
+        };
+        let keys: BTreeSet<&NamespacedName> =
+            current.services.keys().chain(services.keys()).collect();
+        let deltas: Vec<Delta<'_>> = std::iter::once(Delta {
+            old: Some(&current.base),
+            new: Some(&base),
+        })
+        .chain(keys.into_iter().map(|key| Delta {
+            old: current.services.get(key),
+            new: services.get(key),
+        }))
+        .collect();
+        let mut stats = Stats::default();
+        if let Some((text, written, removed)) =
+            transaction::partial(family_keyword(family), &deltas)
+        {
+            self.apply(family, &text)
+                .map_err(|err| Failure::of(err, &text, &services))?;
+            self.remember_stale(family, removed.chains);
+            stats = written;
+        }
+        self.programmed.insert(
+            family,
+            FamilyState {
+                ctx,
+                base,
+                services,
+            },
+        );
         Ok(stats)
     }
 

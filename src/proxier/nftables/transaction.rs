@@ -95,87 +95,136 @@ pub struct Existing {
     pub sets: BTreeSet<String>,
 }
 
-/// The full sync: the table and every object declared, every wanted chain flushed and written,
-/// the top-level sets and maps flushed and refilled, chains nothing wants flushed (returned in
-/// [`Removed`] for deletion later) and sets nothing wants deleted. Affinity sets that stay are
-/// not flushed: they hold the clients' affinity. With `recreate`, the table is deleted and made
-/// again first (after a failure whose cause the text cannot name, such as a set of another
-/// layout with the same name).
+/// How many chains one transaction of a full sync's service part holds. Each `numgen ... vmap`
+/// rule binds an anonymous map, and the kernel walks the whole transaction for each binding:
+/// one transaction's cost grows with the square of its size (at 5,000 services x 10 endpoints,
+/// 36 s for one `nft -f`). Whole services per transaction keep each service atomic.
+pub const CHAINS_PER_TRANSACTION: usize = 5_000;
+
+/// The full sync, as transactions to apply in order:
+/// 1. the table, the top-level sets and maps and the fixed and base chains declared (nothing
+///    written: what serves traffic is unchanged);
+/// 2. whole services at a time: their affinity sets and chains declared, existing chains
+///    flushed, their rules written (nothing refers to a new chain yet; an existing one is
+///    rewritten atomically);
+/// 3. the base chains flushed and written, stale chains flushed (returned in [`Removed`] for
+///    deletion later), the top-level sets and maps flushed and refilled, stale sets deleted.
+///
+/// Affinity sets that stay are not flushed: they hold the clients' affinity. With `recreate`,
+/// the table is deleted and made again first (after a failure whose cause the text cannot
+/// name, such as a set of another layout with the same name).
 pub fn full(
     family: &str,
     base: &Objects,
     services: &BTreeMap<NamespacedName, Objects>,
     existing: &Existing,
     recreate: bool,
-) -> (String, Stats, Removed) {
-    let mut out = Writer::new(family);
-    let table_spec = "{ comment \"rules for kube-proxy\" ; }";
-    if recreate {
-        out.text.push_str(&format!(
-            "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
-        ));
-    }
-    let _ = writeln!(out.text, "add table {family} {TABLE} {table_spec}");
-    let all = || std::iter::once(base).chain(services.values());
-    let mut sets: BTreeMap<&String, &SetDef> = BTreeMap::new();
-    let mut chains: BTreeMap<&String, &Chain> = BTreeMap::new();
-    for objects in all() {
-        sets.extend(&objects.sets);
-        chains.extend(&objects.chains);
-    }
-    for (name, set) in &sets {
-        out.declare_set(name, set);
-    }
-    for (name, chain) in &chains {
-        out.declare_chain(name, chain);
-    }
+) -> (Vec<String>, Stats, Removed) {
+    let mut stats = Stats::default();
+    let mut transactions = Vec::new();
+    let mut finish = |out: Writer<'_>, transactions: &mut Vec<String>| {
+        let (text, written) = out.finish();
+        stats.lines += written.lines;
+        stats.chains_written += written.chains_written;
+        stats.elements_changed += written.elements_changed;
+        if !text.is_empty() {
+            transactions.push(text);
+        }
+    };
     let existing_chains: BTreeSet<&String> = if recreate {
         BTreeSet::new()
     } else {
         existing.chains.iter().collect()
     };
-    // Chains that exist hold their old rules; new ones are empty.
-    for name in chains.keys().filter(|n| existing_chains.contains(*n)) {
+
+    // 1. Declarations.
+    let mut out = Writer::new(family);
+    if recreate {
+        out.text.push_str(&format!(
+            "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
+        ));
+    }
+    let _ = writeln!(
+        out.text,
+        "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
+    );
+    for (name, set) in &base.sets {
+        out.declare_set(name, set);
+    }
+    for (name, chain) in &base.chains {
+        out.declare_chain(name, chain);
+    }
+    finish(out, &mut transactions);
+
+    // 2. Services, whole ones per transaction.
+    let mut out = Writer::new(family);
+    let mut chains_in_transaction = 0;
+    for objects in services.values() {
+        if chains_in_transaction >= CHAINS_PER_TRANSACTION {
+            finish(std::mem::replace(&mut out, Writer::new(family)), &mut transactions);
+            chains_in_transaction = 0;
+        }
+        chains_in_transaction += objects.chains.len();
+        for (name, set) in &objects.sets {
+            out.declare_set(name, set);
+        }
+        for (name, chain) in &objects.chains {
+            out.declare_chain(name, chain);
+        }
+        for name in objects.chains.keys().filter(|n| existing_chains.contains(n)) {
+            out.line("flush", "chain", name, "");
+        }
+        for (name, chain) in &objects.chains {
+            out.rules(name, chain);
+        }
+    }
+    finish(out, &mut transactions);
+
+    // 3. The base, the top-level maps, what is stale.
+    let mut out = Writer::new(family);
+    for name in base.chains.keys().filter(|n| existing_chains.contains(n)) {
         out.line("flush", "chain", name, "");
     }
+    let all = || std::iter::once(base).chain(services.values());
+    let wanted: BTreeSet<&String> = all().flat_map(|o| o.chains.keys()).collect();
     let stale_chains: Vec<String> = existing_chains
         .iter()
-        .filter(|name| !chains.contains_key(*name))
+        .filter(|name| !wanted.contains(*name))
         .map(|name| name.to_string())
         .collect();
     for name in &stale_chains {
         out.line("flush", "chain", name, "");
     }
-    // The top-level sets and maps (the base's) are refilled whole.
-    for name in base.sets.keys() {
-        if !recreate {
-            out.line("flush", kind_of(&base.sets, name), name, "");
+    if !recreate {
+        for (name, set) in &base.sets {
+            out.line("flush", set.kind, name, "");
         }
     }
-    for (name, chain) in &chains {
+    for (name, chain) in &base.chains {
         out.rules(name, chain);
     }
+    // A key two services claim (a NodePort or an IP given twice, which the API server never
+    // allows) goes to the first: adding it again with other data would fail the transaction.
+    let mut added: BTreeSet<(&String, &String)> = BTreeSet::new();
     for objects in all() {
         for (set, elements) in &objects.elements {
             for (key, rest) in elements {
-                out.element("add", set, key, rest);
+                if added.insert((set, key)) {
+                    out.element("add", set, key, rest);
+                }
             }
         }
     }
     if !recreate {
-        for name in existing.sets.iter().filter(|n| !sets.contains_key(n)) {
+        let wanted_sets: BTreeSet<&String> = all().flat_map(|o| o.sets.keys()).collect();
+        for name in existing.sets.iter().filter(|n| !wanted_sets.contains(n)) {
             // A stale set's kind is unknown here; nft deletes a map with `delete map` only.
-            out.line(
-                "delete",
-                if is_map_name(name) { "map" } else { "set" },
-                name,
-                "",
-            );
+            out.line("delete", if is_map_name(name) { "map" } else { "set" }, name, "");
         }
     }
-    let (text, stats) = out.finish();
+    finish(out, &mut transactions);
     (
-        text,
+        transactions,
         stats,
         Removed {
             chains: stale_chains,

@@ -401,3 +401,22 @@ fn what_another_program_changes_is_rewritten_from_memory() {
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_table(&mut p, &state);
 }
+
+#[test]
+fn with_change_events_a_full_sync_writes_only_what_differs() {
+    use crate::sys::nf_events::FakeEvents;
+    let mut state = state();
+    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(FakeEvents::default()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.force_full_sync();
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert!(p.last_transactions.is_empty(), "{:?}", p.last_transactions);
+    // The node's addresses change (NodePorts move): the base's set and nothing else is rewritten.
+    state.node.addresses = vec!["192.168.0.3".parse().unwrap()];
+    p.sync(&state, &ChangeSummary { node_changed: true, ..ChangeSummary::default() }).unwrap();
+    let text = &p.last_transactions[0].1;
+    assert!(!text.contains("add rule"), "{text}");
+    assert!(text.contains("192.168.0.3"), "{text}");
+    assert_table(&mut p, &state);
+}

@@ -36,14 +36,19 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         .into(),
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
     };
-    let (text, stats, removed) = full("ip", &base, &services, &existing, false);
+    let (transactions, stats, removed) = full("ip", &base, &services, &existing, false);
+    assert_eq!(transactions.len(), 3, "declarations, services, base and maps");
+    let text = transactions.concat();
     assert_eq!(
         removed.chains,
         vec!["service-OLD00000-ns/gone/tcp/p80".to_string()]
     );
     let first_rule = position(&text, "add rule ");
     assert!(position(&text, "add chain ip kube-proxy services") < first_rule);
-    assert!(position(&text, "flush chain ip kube-proxy services\n") < first_rule);
+    assert!(
+        position(&text, "flush chain ip kube-proxy services\n")
+            < position(&text, "add rule ip kube-proxy services ")
+    );
     assert!(
         position(&text, "flush map ip kube-proxy service-ips") < position(&text, "add element")
     );
@@ -59,6 +64,11 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         text.lines().count(),
         "the table line is not counted"
     );
+    // The services' chains are written before the base refers to them, and flushed where they
+    // exist.
+    assert!(transactions[1].contains("add rule ip kube-proxy service-"));
+    assert!(!transactions[1].contains("add element"));
+    assert!(transactions[2].contains("flush chain ip kube-proxy service-OLD00000"));
 }
 
 #[test]

@@ -1,0 +1,156 @@
+//! nftables mode benchmark (root; runs in network namespaces it creates and removes): for N
+//! services x 10 endpoints, our first (full) sync into an empty namespace against a bare
+//! `nft -f` of the same transaction into another one, a one-endpoint change against a bare
+//! `nft -f` of the same change and against a forced full sync on the same node (what a
+//! whole-table rewrite costs, as upstream's hourly sync does), the same forced full sync as the
+//! daemon runs it (with the kernel's change events: only differences written), and a restart (a new proxier's first sync on the programmed node).
+//!
+//! `cargo bench --bench nftables` runs 1k and 5k services; `-- --sizes 1000,10000` picks sizes.
+//! Under `cargo test` it runs once at 50 services as a smoke test.
+
+#[path = "../tests/support/netns.rs"]
+mod netns;
+#[path = "../tests/support/scale.rs"]
+mod scale;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_proxy_rs::config::KubeProxyConfiguration;
+use kube_proxy_rs::model::{ChangeSummary, Endpoint, NamespacedName, ProxyState};
+use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::nftables::render::TABLE;
+use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
+use kube_proxy_rs::sys::net::FixedAddresses;
+use kube_proxy_rs::sys::nf_events::{NfEvents, Scope};
+use kube_proxy_rs::sys::nftables::SystemNftables;
+use netns::Netns;
+use scale::{NODE_IP, secs};
+
+fn proxier() -> NftablesProxier<SystemNftables> {
+    let mut config = KubeProxyConfiguration {
+        cluster_cidr: "10.0.0.0/8".into(),
+        ..KubeProxyConfiguration::default()
+    };
+    config.apply_defaults();
+    let mut p = NftablesProxier::new(
+        SystemNftables,
+        NftablesSettings::from_config(&config),
+        Box::new(FixedAddresses(vec![NODE_IP.parse().unwrap()])),
+    );
+    p.record_transactions = true;
+    p
+}
+
+/// `nft -f -` of `text` in `ns`, timed.
+fn bare_nft(ns: &Netns, text: &str) -> Duration {
+    let started = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("nft");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "bare nft failed");
+    started.elapsed()
+}
+
+/// A sync in `ns`, timed, with the transactions it wrote.
+fn timed_sync(
+    ns: &Netns,
+    mut p: NftablesProxier<SystemNftables>,
+    state: ProxyState,
+    changes: ChangeSummary,
+) -> (NftablesProxier<SystemNftables>, Duration, String) {
+    ns.run(move || {
+        let started = Instant::now();
+        p.sync(&state, &changes).expect("sync");
+        let elapsed = started.elapsed();
+        let text: String = p.last_transactions.iter().map(|t| t.1.clone()).collect();
+        (p, elapsed, text)
+    })
+}
+
+fn run(count: usize) {
+    let mut state = scale::state(count);
+    let node = Netns::new("nftbench");
+    let (p, full, full_text) = timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
+    let bare_ns = Netns::new("nftbare");
+    let bare_full = bare_nft(&bare_ns, &full_text);
+
+    // One more endpoint for one service.
+    let key = NamespacedName::new("bench", format!("svc-{}", count / 2));
+    let port = state.endpoints[&key].keys().next().unwrap().clone();
+    state.endpoints.get_mut(&key).unwrap().get_mut(&port).unwrap().push(Endpoint::ready(
+        "10.250.0.1".parse().unwrap(),
+        8080,
+        Some("node-b"),
+    ));
+    let changes = ChangeSummary {
+        changed_services: [key].into(),
+        ..ChangeSummary::default()
+    };
+    let (mut p, change, change_text) = timed_sync(&node, p, state.clone(), changes);
+    let bare_change = bare_nft(&bare_ns, &change_text);
+    p.force_full_sync();
+    let (p, forced, _) = timed_sync(&node, p, state.clone(), ChangeSummary::default());
+    // As the daemon runs it: the kernel's change events known, a full sync writes only what
+    // differs from memory (nothing here).
+    let events = node.run(|| {
+        NfEvents::start(Scope::NftTable(TABLE), Box::new(|| {})).expect("nf_tables events")
+    });
+    let mut p = p.with_change_events(Box::new(events));
+    p.force_full_sync();
+    let (_, diffed, diffed_text) = timed_sync(&node, p, state.clone(), ChangeSummary::default());
+    assert!(diffed_text.is_empty(), "{diffed_text}");
+    let (_, restart, _) = timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
+
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    println!(
+        "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f {} ({:.2}x); \
+         one-endpoint change {} ({} lines) vs bare nft -f {} ({:.2}x) vs forced full sync {} ({:.3}x of it); \
+         forced full sync with change events {} ({:.3}x the rewrite); \
+         restart {} ({:.2}x the first sync); {} lines in the first sync",
+        secs(full),
+        secs(bare_full),
+        ratio(full, bare_full),
+        secs(change),
+        change_text.lines().count(),
+        secs(bare_change),
+        ratio(change, bare_change),
+        secs(forced),
+        ratio(change, forced),
+        secs(diffed),
+        ratio(diffed, forced),
+        secs(restart),
+        ratio(restart, full),
+        full_text.lines().count(),
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("the nftables benchmark needs root (network namespaces)");
+        std::process::exit(1);
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        run(50);
+        return;
+    }
+    let sizes: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--sizes")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1000, 5000]);
+    for count in sizes {
+        run(count);
+    }
+}
