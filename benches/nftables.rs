@@ -80,18 +80,25 @@ fn timed_sync(
 fn run(count: usize) {
     let mut state = scale::state(count);
     let node = Netns::new("nftbench");
-    let (p, full, full_text) = timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
+    let (p, full, full_text) =
+        timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
     let bare_ns = Netns::new("nftbare");
     let bare_full = bare_nft(&bare_ns, &full_text);
 
     // One more endpoint for one service.
     let key = NamespacedName::new("bench", format!("svc-{}", count / 2));
     let port = state.endpoints[&key].keys().next().unwrap().clone();
-    state.endpoints.get_mut(&key).unwrap().get_mut(&port).unwrap().push(Endpoint::ready(
-        "10.250.0.1".parse().unwrap(),
-        8080,
-        Some("node-b"),
-    ));
+    state
+        .endpoints
+        .get_mut(&key)
+        .unwrap()
+        .get_mut(&port)
+        .unwrap()
+        .push(Endpoint::ready(
+            "10.250.0.1".parse().unwrap(),
+            8080,
+            Some("node-b"),
+        ));
     let changes = ChangeSummary {
         changed_services: [key].into(),
         ..ChangeSummary::default()

@@ -152,7 +152,9 @@ pub async fn run(
         on_invalid,
         synced: synced_tx,
     };
-    let _watches = k8s::spawn_watches(client, &settings.node_name, sink);
+    // Only nftables mode uses the ServiceCIDRs (the drop rule for unallocated ClusterIPs).
+    let watch_service_cidrs = mode == ProxyMode::Nftables;
+    let _watches = k8s::spawn_watches(client, &settings.node_name, watch_service_cidrs, sink);
 
     info!("Waiting for caches to sync");
     tokio::select! {

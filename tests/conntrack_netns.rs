@@ -89,6 +89,7 @@ fn state_served_by(pods: &[&str]) -> ProxyState {
             addresses: vec![NODE_IP.parse().unwrap()],
             ..NodeInfo::default()
         },
+        ..ProxyState::default()
     }
 }
 

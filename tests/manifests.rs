@@ -54,7 +54,7 @@ fn kustomization_lists_every_manifest() {
 }
 
 #[test]
-fn rbac_grants_reads_of_services_slices_nodes_and_events_only() {
+fn rbac_grants_reads_of_services_slices_nodes_service_cidrs_and_events_only() {
     let role: ClusterRole = parse("clusterrole.yaml");
     let mut granted = BTreeSet::new();
     for rule in role.rules.unwrap() {
@@ -72,6 +72,7 @@ fn rbac_grants_reads_of_services_slices_nodes_and_events_only() {
         ("", "services"),
         ("", "nodes"),
         ("discovery.k8s.io", "endpointslices"),
+        ("networking.k8s.io", "servicecidrs"),
     ] {
         for verb in ["get", "list", "watch"] {
             expected.insert(format!("{group}/{resource}:{verb}"));

@@ -9,7 +9,8 @@ use std::io::ErrorKind;
 
 use serde_json::json;
 use support::cluster::{
-    CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed, service, slice, web_ports,
+    CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, many, names, seed, service, slice, slice6,
+    web_ports,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -42,6 +43,13 @@ async fn real_packets_through_the_nftables_proxier() {
     cluster.ipt(&["-t", "nat", "-N", "KUBE-SERVICES"]);
     cluster.ipt(&["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
     cluster.ipt(&["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
+    cluster
+        .api
+        .apply(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
+        )
+        .unwrap();
 
     let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
     daemon.wait_for("\"Using nftables Proxier\"").await;
@@ -53,6 +61,15 @@ async fn real_packets_through_the_nftables_proxier() {
     let table = our_table(&cluster);
     assert!(table.contains("chain nat-prerouting"), "{table}");
     assert!(table.contains("service-ips"), "{table}");
+    // ServiceCIDRs are not waited for (an RBAC without them must not stop the services).
+    assert!(
+        eventually(WAIT, || our_table(&cluster).contains(
+            "ip daddr 10.96.0.0/16 drop comment \"Drop traffic to unallocated ClusterIPs\""
+        ))
+        .await,
+        "{}",
+        our_table(&cluster)
+    );
 
     // ClusterIP and NodePort (nodePortAddresses defaults to the node's primary address) reach
     // the pods and spread over them; UDP too.
@@ -106,6 +123,27 @@ async fn real_packets_through_the_nftables_proxier() {
     assert_eq!(
         tcp_request(node, addr("10.96.0.10:81")),
         Err(ErrorKind::ConnectionRefused)
+    );
+
+    // An unallocated address in the ServiceCIDR: dropped (no answer at all).
+    assert_eq!(
+        tcp_request(node, addr("10.96.0.99:80")),
+        Err(ErrorKind::TimedOut)
+    );
+    // A second ServiceCIDR is followed.
+    cluster
+        .api
+        .apply(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": "extra"}, "spec": {"cidrs": ["10.100.0.0/16"]}}),
+        )
+        .unwrap();
+    assert!(
+        eventually(WAIT, || our_table(&cluster)
+            .contains("{ 10.96.0.0/16, 10.100.0.0/16 } drop"))
+        .await,
+        "{}",
+        our_table(&cluster)
     );
 
     // The other modes' leftovers went; the other program's table stayed.
@@ -305,6 +343,65 @@ async fn drift_in_our_table_is_repaired() {
         daemon.count("Failed to sync") == 0,
         "{:?}",
         daemon.lines.lock().unwrap()
+    );
+    daemon.stop().await;
+}
+
+/// Dual stack: `table ip6 kube-proxy` next to `table ip kube-proxy`, real IPv6 packets through
+/// a ClusterIP and a NodePort, and a refused IPv6 service without endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_through_the_nftables_proxier() {
+    require_netns();
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30090}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let mut web = service(
+        "web",
+        "10.96.0.10",
+        ports,
+        json!({"type": "NodePort", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
+    );
+    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
+    cluster.api.apply(web).unwrap();
+    let pods = ["pod-a1", "pod-b2"];
+    cluster
+        .api
+        .apply(slice("web", slice_ports.clone(), &pods))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice6("web", slice_ports, &pods))
+        .unwrap();
+    let mut empty = service(
+        "empty6",
+        "fd00:10:96::13",
+        json!([{"name": "http", "port": 80, "protocol": "TCP"}]),
+        json!({"ipFamilies": ["IPv6"]}),
+    );
+    empty["spec"]["clusterIPs"] = json!(["fd00:10:96::13"]);
+    cluster.api.apply(empty).unwrap();
+
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let client = &cluster.client;
+    let table6 = nft(&cluster, &["list", "table", "ip6", "kube-proxy"]);
+    assert!(table6.contains("fd00:10:96::10"), "{table6}");
+    let want: BTreeSet<String> = pods.iter().map(|p| p.to_string()).collect();
+    let answers = many(30, || tcp_request(node, addr("[fd00:10:96::10]:80")));
+    assert_eq!(names(&answers), want, "{answers:?}");
+    let answers = many(30, || {
+        tcp_request(client, addr(&format!("[{NODE_IP6}]:30090")))
+    });
+    assert_eq!(names(&answers), want, "{answers:?}");
+    let answers = many(10, || {
+        tcp_request(client, addr(&format!("{NODE_IP}:30090")))
+    });
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(
+        tcp_request(node, addr("[fd00:10:96::13]:80")),
+        Err(ErrorKind::ConnectionRefused)
     );
     daemon.stop().await;
 }

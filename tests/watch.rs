@@ -41,7 +41,7 @@ impl Follower {
             on_invalid: Arc::new(|_, _| {}),
             synced: synced_tx,
         };
-        let tasks = spawn_watches(client, "node-a", sink);
+        let tasks = spawn_watches(client, "node-a", true, sink);
         Follower {
             tracker,
             state: ProxyState::default(),

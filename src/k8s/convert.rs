@@ -5,8 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::rules;
@@ -389,6 +391,27 @@ fn trigger_time(slice: &ApiEndpointSlice) -> Option<std::time::SystemTime> {
         .get("endpoints.kubernetes.io/last-change-trigger-time")?;
     let time = chrono::DateTime::parse_from_rfc3339(text).ok()?;
     Some(time.with_timezone(&chrono::Utc).into())
+}
+
+/// A ServiceCIDR's ranges (`spec.cidrs`); an entry that does not parse is ignored with a warning.
+pub fn service_cidr(object: &ServiceCIDR) -> Converted<Vec<IpNet>> {
+    let mut warnings = Vec::new();
+    let mut cidrs = Vec::new();
+    let listed = object
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.clone())
+        .unwrap_or_default();
+    for text in listed {
+        match rules::parse_cidr(&text) {
+            Some(cidr) => cidrs.push(cidr.trunc()),
+            None => warnings.push(format!("spec.cidrs: {text:?} is not a CIDR")),
+        }
+    }
+    Converted {
+        value: cidrs,
+        warnings,
+    }
 }
 
 /// This node's addresses, labels and pod CIDRs.

@@ -1,4 +1,5 @@
-//! The watches: Services, EndpointSlices and this node's Node, each a kube-runtime watcher with
+//! The watches: Services, EndpointSlices, this node's Node and (for nftables mode) the
+//! ServiceCIDRs, each a kube-runtime watcher with
 //! backoff, feeding the change tracker. A relist (at start, after 410 Gone, after a reconnect)
 //! is buffered and applied as one diff when complete, so the state is never cleared while the API
 //! server is away and nothing is reported until every kind has finished its first list.
@@ -11,6 +12,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -22,6 +24,7 @@ use super::backoff::WatchBackoff;
 use super::convert::{self, ConvertError, Converted, PROXY_EXCLUDING_LABELS};
 use super::lenient::Lenient;
 use crate::model::{ChangeTracker, EndpointSlice, NamespacedName, NodeInfo, ServicePortMap};
+use ipnet::IpNet;
 
 /// The label selector upstream watches Services and EndpointSlices with (objects another proxy
 /// owns, and headless services, are not ours):
@@ -40,10 +43,13 @@ pub struct Synced {
     pub services: bool,
     pub endpoint_slices: bool,
     pub node: bool,
+    /// Not waited for: without them only the drop rule for unallocated ClusterIPs is missing,
+    /// and a cluster whose RBAC predates them must still get its services.
+    pub service_cidrs: bool,
 }
 
 impl Synced {
-    /// Every kind has been listed once.
+    /// Every kind the first sync needs has been listed once.
     pub fn all(&self) -> bool {
         self.services && self.endpoint_slices && self.node
     }
@@ -93,8 +99,24 @@ impl WatchSink {
 }
 
 /// Starts the three watches; they run until the returned set is dropped.
-pub fn spawn_watches(client: Client, node_name: &str, sink: WatchSink) -> JoinSet<()> {
+pub fn spawn_watches(
+    client: Client,
+    node_name: &str,
+    service_cidrs: bool,
+    sink: WatchSink,
+) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
+    if service_cidrs {
+        let client = client.clone();
+        let cidrs = move || {
+            watcher(
+                Api::<Lenient<ServiceCIDR>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .backoff(WatchBackoff::new())
+        };
+        tasks.spawn(follow(cidrs, ServiceCidrKind, sink.clone()));
+    }
     let selector = watcher::Config::default().labels(&proxy_label_selector());
     let services = {
         let (client, selector) = (client.clone(), selector.clone());
@@ -445,5 +467,39 @@ impl Kind for NodeKind {
 
     fn mark_synced(&self, synced: &mut Synced) {
         synced.node = true;
+    }
+}
+
+struct ServiceCidrKind;
+
+impl Kind for ServiceCidrKind {
+    type Object = ServiceCIDR;
+    type Value = Vec<IpNet>;
+    const NAME: &'static str = "ServiceCIDR";
+
+    fn convert(&self, object: &ServiceCIDR) -> Result<Converted<Vec<IpNet>>, ConvertError> {
+        Ok(convert::service_cidr(object))
+    }
+
+    fn apply(
+        &self,
+        tracker: &mut ChangeTracker,
+        key: &NamespacedName,
+        value: Option<Vec<IpNet>>,
+    ) -> bool {
+        tracker.service_cidr_updated(key, value)
+    }
+
+    fn replace(
+        &self,
+        tracker: &mut ChangeTracker,
+        listing: BTreeMap<NamespacedName, Vec<IpNet>>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        tracker.replace_service_cidrs(listing, keep)
+    }
+
+    fn mark_synced(&self, synced: &mut Synced) {
+        synced.service_cidrs = true;
     }
 }

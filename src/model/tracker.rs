@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ipnet::IpNet;
+
 use super::endpoints::merge_slices;
 use super::types::{EndpointSlice, EndpointsMap, NamespacedName, NodeInfo, ServicePortMap};
 
@@ -71,6 +73,8 @@ pub struct Changes {
     pub services: BTreeMap<NamespacedName, Change<ServicePortMap>>,
     pub endpoints: BTreeMap<NamespacedName, Change<EndpointsMap>>,
     pub node: Option<Option<NodeInfo>>,
+    /// Every ServiceCIDR's ranges, merged, when they changed.
+    pub service_cidrs: Option<Vec<IpNet>>,
     /// When the pending endpoint changes were triggered (earliest per service).
     pub trigger_times: Vec<std::time::SystemTime>,
 }
@@ -84,6 +88,9 @@ pub struct ChangeTracker {
     /// For each slice (its own namespace/name), the service it was filed under.
     slice_owner: BTreeMap<NamespacedName, NamespacedName>,
     node: Option<NodeInfo>,
+    /// The ranges of each ServiceCIDR object.
+    service_cidrs: BTreeMap<NamespacedName, Vec<IpNet>>,
+    pending_service_cidrs: bool,
     pending_services: PendingChanges<ServicePortMap>,
     pending_endpoints: PendingChanges<EndpointsMap>,
     pending_node: Option<Option<NodeInfo>>,
@@ -160,6 +167,35 @@ impl ChangeTracker {
         true
     }
 
+    /// A ServiceCIDR was added, changed (`Some`) or deleted (`None`).
+    pub fn service_cidr_updated(
+        &mut self,
+        key: &NamespacedName,
+        cidrs: Option<Vec<IpNet>>,
+    ) -> bool {
+        let changed = match cidrs {
+            Some(cidrs) => self.service_cidrs.insert(key.clone(), cidrs.clone()) != Some(cidrs),
+            None => self.service_cidrs.remove(key).is_some(),
+        };
+        self.pending_service_cidrs |= changed;
+        self.pending_service_cidrs
+    }
+
+    /// Replaces every ServiceCIDR with a complete listing.
+    pub fn replace_service_cidrs(
+        &mut self,
+        listing: BTreeMap<NamespacedName, Vec<IpNet>>,
+        keep: &BTreeSet<NamespacedName>,
+    ) -> bool {
+        for key in stale_keys(self.service_cidrs.keys(), &listing, keep) {
+            self.service_cidr_updated(&key, None);
+        }
+        for (key, cidrs) in listing {
+            self.service_cidr_updated(&key, Some(cidrs));
+        }
+        self.pending_service_cidrs
+    }
+
     /// Replaces every Service with a complete listing (after a relist), as updates and deletes.
     /// Services named in `keep` were listed but could not be read: they keep their last state.
     pub fn replace_services(
@@ -207,6 +243,7 @@ impl ChangeTracker {
         !self.pending_services.is_empty()
             || !self.pending_endpoints.is_empty()
             || self.pending_node.is_some()
+            || self.pending_service_cidrs
     }
 
     /// Takes every pending change, for one sync.
@@ -215,6 +252,12 @@ impl ChangeTracker {
             services: self.pending_services.take(),
             endpoints: self.pending_endpoints.take(),
             node: self.pending_node.take(),
+            service_cidrs: std::mem::take(&mut self.pending_service_cidrs).then(|| {
+                let mut all: Vec<IpNet> = self.service_cidrs.values().flatten().copied().collect();
+                all.sort();
+                all.dedup();
+                all
+            }),
             trigger_times: std::mem::take(&mut self.pending_triggers)
                 .into_values()
                 .collect(),
@@ -269,6 +312,8 @@ pub struct ProxyState {
     pub services: BTreeMap<NamespacedName, ServicePortMap>,
     pub endpoints: BTreeMap<NamespacedName, EndpointsMap>,
     pub node: NodeInfo,
+    /// The cluster's ServiceCIDRs (nftables mode drops traffic to unallocated addresses in them).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl ProxyState {
@@ -291,6 +336,9 @@ impl ProxyState {
         if let Some(node) = changes.node {
             self.node = node.unwrap_or_default();
             summary.node_changed = true;
+        }
+        if let Some(cidrs) = changes.service_cidrs {
+            self.service_cidrs = cidrs;
         }
         summary
     }

@@ -38,7 +38,7 @@ enum Target {
     Version,
     CoreVersions,
     Groups,
-    Group,
+    Group(&'static str),
     Resources(&'static str),
     Collection {
         resource: Resource,
@@ -128,9 +128,9 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         ),
         (Method::GET, Target::Groups) => json_response(
             200,
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group()]}),
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": GROUPS.iter().map(|g| group(g)).collect::<Vec<_>>()}),
         ),
-        (Method::GET, Target::Group) => json_response(200, group()),
+        (Method::GET, Target::Group(name)) => json_response(200, group(name)),
         (Method::GET, Target::Resources(api_version)) => {
             json_response(200, resource_list(api_version))
         }
@@ -210,13 +210,18 @@ fn route(path: &str) -> Option<Target> {
         ["version"] => return Some(Target::Version),
         ["api"] => return Some(Target::CoreVersions),
         ["apis"] => return Some(Target::Groups),
-        ["apis", "discovery.k8s.io"] => return Some(Target::Group),
+        ["apis", "discovery.k8s.io"] => return Some(Target::Group("discovery.k8s.io")),
+        ["apis", "networking.k8s.io"] => return Some(Target::Group("networking.k8s.io")),
         ["api", "v1"] => return Some(Target::Resources("v1")),
         ["apis", "discovery.k8s.io", "v1"] => {
             return Some(Target::Resources("discovery.k8s.io/v1"));
         }
+        ["apis", "networking.k8s.io", "v1"] => {
+            return Some(Target::Resources("networking.k8s.io/v1"));
+        }
         ["api", "v1", rest @ ..] => ("v1", rest),
         ["apis", "discovery.k8s.io", "v1", rest @ ..] => ("discovery.k8s.io/v1", rest),
+        ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io/v1", rest),
         _ => return None,
     };
     let found = |plural: &str| Resource::from_path(api_version, plural);
@@ -571,11 +576,15 @@ fn json_response(code: u16, value: Value) -> Response<Body> {
     response
 }
 
-fn group() -> Value {
+/// The API groups served besides the core group.
+const GROUPS: [&str; 2] = ["discovery.k8s.io", "networking.k8s.io"];
+
+fn group(name: &str) -> Value {
+    let version = format!("{name}/v1");
     json!({
-        "kind": "APIGroup", "apiVersion": "v1", "name": "discovery.k8s.io",
-        "versions": [{"groupVersion": "discovery.k8s.io/v1", "version": "v1"}],
-        "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"}
+        "kind": "APIGroup", "apiVersion": "v1", "name": name,
+        "versions": [{"groupVersion": version, "version": "v1"}],
+        "preferredVersion": {"groupVersion": version, "version": "v1"}
     })
 }
 

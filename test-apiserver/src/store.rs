@@ -13,16 +13,18 @@ pub enum Resource {
     Nodes,
     ConfigMaps,
     Events,
+    ServiceCidrs,
 }
 
 impl Resource {
     /// Every served resource.
-    pub const ALL: [Resource; 5] = [
+    pub const ALL: [Resource; 6] = [
         Resource::Services,
         Resource::EndpointSlices,
         Resource::Nodes,
         Resource::ConfigMaps,
         Resource::Events,
+        Resource::ServiceCidrs,
     ];
 
     /// The URL plural.
@@ -33,6 +35,7 @@ impl Resource {
             Resource::Nodes => "nodes",
             Resource::ConfigMaps => "configmaps",
             Resource::Events => "events",
+            Resource::ServiceCidrs => "servicecidrs",
         }
     }
 
@@ -44,6 +47,7 @@ impl Resource {
             Resource::Nodes => "Node",
             Resource::ConfigMaps => "ConfigMap",
             Resource::Events => "Event",
+            Resource::ServiceCidrs => "ServiceCIDR",
         }
     }
 
@@ -51,13 +55,14 @@ impl Resource {
     pub fn api_version(self) -> &'static str {
         match self {
             Resource::EndpointSlices => "discovery.k8s.io/v1",
+            Resource::ServiceCidrs => "networking.k8s.io/v1",
             _ => "v1",
         }
     }
 
     /// Whether objects live in namespaces.
     pub fn namespaced(self) -> bool {
-        self != Resource::Nodes
+        !matches!(self, Resource::Nodes | Resource::ServiceCidrs)
     }
 
     /// The resource for a kind name.

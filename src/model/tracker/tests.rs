@@ -195,3 +195,24 @@ fn relist_keeps_malformed_objects_as_they_were() {
     assert!(!tracker.replace_slices(BTreeMap::new(), &keep));
     assert_eq!(tracker.counts(), (1, 1));
 }
+
+#[test]
+fn service_cidrs_merge_and_only_changes_are_pending() {
+    let mut tracker = ChangeTracker::default();
+    let a = NamespacedName::new("", "kubernetes");
+    let b = NamespacedName::new("", "extra");
+    let net = |s: &str| -> ipnet::IpNet { s.parse().unwrap() };
+    assert!(tracker.service_cidr_updated(&a, Some(vec![net("10.96.0.0/16")])));
+    assert!(tracker.service_cidr_updated(&b, Some(vec![net("fd00::/108"), net("10.96.0.0/16")])));
+    let mut state = ProxyState::default();
+    state.apply(tracker.take_changes());
+    assert_eq!(
+        state.service_cidrs,
+        vec![net("10.96.0.0/16"), net("fd00::/108")]
+    );
+    assert!(!tracker.service_cidr_updated(&a, Some(vec![net("10.96.0.0/16")])));
+    assert!(!tracker.has_pending());
+    assert!(tracker.service_cidr_updated(&b, None));
+    state.apply(tracker.take_changes());
+    assert_eq!(state.service_cidrs, vec![net("10.96.0.0/16")]);
+}

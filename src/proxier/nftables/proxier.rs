@@ -8,6 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+
+use ipnet::IpNet;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
@@ -136,7 +138,7 @@ impl<N: Nftables> NftablesProxier<N> {
         self.needs_full_sync = true;
     }
 
-    fn context(&mut self, family: IpFamily, node: &NodeInfo) -> NftContext {
+    fn context(&mut self, family: IpFamily, node: &NodeInfo, state_cidrs: &[IpNet]) -> NftContext {
         let of_family = |ip: &IpAddr| IpFamily::of(ip) == family;
         let node_ip = node.addresses.iter().copied().find(of_family);
         let addresses = &self.addresses;
@@ -169,7 +171,11 @@ impl<N: Nftables> NftablesProxier<N> {
             masquerade_all: self.settings.masquerade_all,
             local_detector: self.settings.local_traffic.detector(family, node),
             node_port_addresses,
-            service_cidrs: Vec::new(),
+            service_cidrs: state_cidrs
+                .iter()
+                .filter(|c| IpFamily::of(&c.addr()) == family)
+                .copied()
+                .collect(),
         }
     }
 
@@ -512,6 +518,8 @@ impl<N: Nftables> NftablesProxier<N> {
                     "Another program deleted or replaced our nftables table; doing a full sync"
                 );
                 full = true;
+                // Memory no longer says what the table holds: read it and rewrite everything.
+                self.known.remove(&family);
             } else {
                 drifted.entry(family).or_default().insert(name);
             }
@@ -519,6 +527,7 @@ impl<N: Nftables> NftablesProxier<N> {
         if drift.lost {
             warn!("nftables change events were lost; doing a full sync");
             full = true;
+            self.known.clear();
         }
         self.quarantine.release_changed(changes);
         if hourly {
@@ -530,7 +539,7 @@ impl<N: Nftables> NftablesProxier<N> {
         };
         for family in self.families.clone() {
             self.delete_stale_chains(family);
-            let ctx = self.context(family, &state.node);
+            let ctx = self.context(family, &state.node, &state.service_cidrs);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
             let mut result = if full || ctx_changed {
                 report.full = true;

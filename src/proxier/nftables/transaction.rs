@@ -83,11 +83,6 @@ impl<'a> Writer<'a> {
     }
 }
 
-/// The kind (`set` or `map`) of a set the table holds, for commands that name it.
-fn kind_of<'o>(sets: &'o BTreeMap<String, SetDef>, name: &str) -> &'o str {
-    sets.get(name).map_or("set", |s| s.kind)
-}
-
 /// What is in the table before a full sync, besides what memory says (a restart, a failure).
 #[derive(Clone, Debug, Default)]
 pub struct Existing {
@@ -161,7 +156,10 @@ pub fn full(
     let mut chains_in_transaction = 0;
     for objects in services.values() {
         if chains_in_transaction >= CHAINS_PER_TRANSACTION {
-            finish(std::mem::replace(&mut out, Writer::new(family)), &mut transactions);
+            finish(
+                std::mem::replace(&mut out, Writer::new(family)),
+                &mut transactions,
+            );
             chains_in_transaction = 0;
         }
         chains_in_transaction += objects.chains.len();
@@ -171,7 +169,11 @@ pub fn full(
         for (name, chain) in &objects.chains {
             out.declare_chain(name, chain);
         }
-        for name in objects.chains.keys().filter(|n| existing_chains.contains(n)) {
+        for name in objects
+            .chains
+            .keys()
+            .filter(|n| existing_chains.contains(n))
+        {
             out.line("flush", "chain", name, "");
         }
         for (name, chain) in &objects.chains {
@@ -219,7 +221,12 @@ pub fn full(
         let wanted_sets: BTreeSet<&String> = all().flat_map(|o| o.sets.keys()).collect();
         for name in existing.sets.iter().filter(|n| !wanted_sets.contains(n)) {
             // A stale set's kind is unknown here; nft deletes a map with `delete map` only.
-            out.line("delete", if is_map_name(name) { "map" } else { "set" }, name, "");
+            out.line(
+                "delete",
+                if is_map_name(name) { "map" } else { "set" },
+                name,
+                "",
+            );
         }
     }
     finish(out, &mut transactions);

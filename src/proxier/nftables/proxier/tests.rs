@@ -88,7 +88,7 @@ fn as_objects(table: &FakeTable) -> Objects {
 
 /// What the table must hold for `state`: the renderer's objects, every service merged in.
 fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Objects {
-    let ctx = p.context(V4, &state.node);
+    let ctx = p.context(V4, &state.node, &state.service_cidrs);
     let mut all = render_base(&ctx);
     for (key, ports) in &state.services {
         let rendered = render_service(ports, state.endpoints.get(key), &ctx);
@@ -406,7 +406,8 @@ fn what_another_program_changes_is_rewritten_from_memory() {
 fn with_change_events_a_full_sync_writes_only_what_differs() {
     use crate::sys::nf_events::FakeEvents;
     let mut state = state();
-    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(FakeEvents::default()));
+    let mut p =
+        proxier(FakeNftables::default()).with_change_events(Box::new(FakeEvents::default()));
     p.sync(&state, &ChangeSummary::default()).unwrap();
     p.force_full_sync();
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
@@ -414,7 +415,14 @@ fn with_change_events_a_full_sync_writes_only_what_differs() {
     assert!(p.last_transactions.is_empty(), "{:?}", p.last_transactions);
     // The node's addresses change (NodePorts move): the base's set and nothing else is rewritten.
     state.node.addresses = vec!["192.168.0.3".parse().unwrap()];
-    p.sync(&state, &ChangeSummary { node_changed: true, ..ChangeSummary::default() }).unwrap();
+    p.sync(
+        &state,
+        &ChangeSummary {
+            node_changed: true,
+            ..ChangeSummary::default()
+        },
+    )
+    .unwrap();
     let text = &p.last_transactions[0].1;
     assert!(!text.contains("add rule"), "{text}");
     assert!(text.contains("192.168.0.3"), "{text}");

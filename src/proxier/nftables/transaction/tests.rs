@@ -37,7 +37,11 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
     };
     let (transactions, stats, removed) = full("ip", &base, &services, &existing, false);
-    assert_eq!(transactions.len(), 3, "declarations, services, base and maps");
+    assert_eq!(
+        transactions.len(),
+        3,
+        "declarations, services, base and maps"
+    );
     let text = transactions.concat();
     assert_eq!(
         removed.chains,
