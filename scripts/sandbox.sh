@@ -8,6 +8,7 @@
 #
 #   sudo bash scripts/sandbox.sh                     # iptables mode
 #   sudo SANDBOX_MODE=ipvs bash scripts/sandbox.sh   # IPVS (falls back to iptables without it)
+#   sudo SANDBOX_MODE=nftables bash scripts/sandbox.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,9 +19,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 mode=${SANDBOX_MODE:-iptables}
 
-# Tools: iproute2 (namespaces), iptables, busybox (the pods' web servers), curl (the client).
+# Tools: iproute2 (namespaces), iptables, nft, busybox (the pods' web servers), curl (the client).
 missing=()
-for tool in ip:iproute2 iptables:iptables busybox:busybox-static curl:curl ipset:ipset; do
+for tool in ip:iproute2 iptables:iptables nft:nftables busybox:busybox-static curl:curl ipset:ipset; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -130,6 +131,10 @@ show_traffic() {
   done
 }
 save() {
+  if [ "$mode" = nftables ]; then
+    in_ns "$node" nft list table ip kube-proxy 2>/dev/null || true
+    return
+  fi
   # The daemon uses whichever iptables back end the node's rules are in.
   local text
   text=$(in_ns "$node" iptables-nft-save -t nat 2>/dev/null || true)
@@ -139,6 +144,8 @@ save() {
 show_rules() {
   if grep -q 'Using ipvs Proxier' "$work/proxy.log"; then
     in_ns "$node" ipvsadm -Ln | sed 's/^/   /'
+  elif [ "$mode" = nftables ]; then
+    save | grep -E 'chain (service|endpoint|external)-|goto (service|external)-|dnat to|numgen' | sed 's/^/   /'
   else
     save | grep -E '^-A KUBE-(SERVICES|NODEPORTS|EXT|SVC|SEP)' | sed 's/^/   /'
   fi

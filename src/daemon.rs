@@ -233,11 +233,13 @@ fn choose_proxier(
         nftables::check_support(&nftables::kernel_release(), skip_kernel_check)
             .map_err(DaemonError::Nftables)?;
         info!("Using nftables Proxier");
+        let wake = requester.clone();
         let proxier = NftablesProxier::new(
             SystemNftables,
             NftablesSettings::from_config(config),
             Box::new(SystemAddresses),
-        );
+        )
+        .with_wake(Arc::new(move || wake.request()));
         // The kernel says when another program changes our table: each change asks for a
         // sync, which rewrites what changed.
         let wake = requester.clone();

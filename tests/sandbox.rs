@@ -52,15 +52,42 @@ fn prefix_of(output: &str) -> String {
 
 #[test]
 fn sandbox_shows_traffic_follows_changes_and_cleans_up() {
+    let rules = sandbox_run(None);
+    assert!(
+        rules.contains("-j KUBE-SVC-XRY76EGRC3BSCIIJ"),
+        "upstream's chain for demo/web:http: {rules}"
+    );
+}
+
+#[test]
+fn the_sandbox_runs_nftables_mode_too() {
+    let rules = sandbox_run(Some("nftables"));
+    assert!(
+        rules.contains("chain service-") && rules.contains("demo/web/tcp/http"),
+        "upstream's chains for demo/web:http: {rules}"
+    );
+}
+
+/// Runs the sandbox (in `mode`, or its default), checks what every mode shows, and returns the
+/// section listing what was programmed.
+fn sandbox_run(mode: Option<&str>) -> String {
     require_netns();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let output = Command::new("bash").arg(script()).output().unwrap();
+    let mut command = Command::new("bash");
+    command.arg(script());
+    if let Some(mode) = mode {
+        command.env("SANDBOX_MODE", mode);
+    }
+    let output = command.output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{text}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    if let Some(mode) = mode {
+        assert!(text.contains(&format!("Using {mode} Proxier")), "{text}");
+    }
     let section = |from: &str, to: &str| -> String {
         let start = text
             .find(from)
@@ -86,10 +113,6 @@ fn sandbox_shows_traffic_follows_changes_and_cleans_up() {
         "{before}"
     );
     let rules = section("== what kube-proxy-rs programmed", "== scaling");
-    assert!(
-        rules.contains("-j KUBE-SVC-XRY76EGRC3BSCIIJ"),
-        "upstream's chain for demo/web:http: {rules}"
-    );
     let scaled = section("== scaling", "== deleting");
     assert_eq!(
         pods_in(&scaled, "10.96.0.10:80"),
@@ -106,6 +129,7 @@ fn sandbox_shows_traffic_follows_changes_and_cleans_up() {
     );
     assert!(text.contains("== cleaned up"), "{text}");
     assert_eq!(leftovers(&prefix_of(&text)), Vec::<String>::new());
+    rules
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use std::time::{Duration, Instant};
@@ -82,6 +83,9 @@ pub struct NftablesProxier<N: Nftables> {
     quarantine: Quarantine,
     /// What other programs change in our table, when the kernel can tell.
     events: Option<Box<dyn ChangeEvents>>,
+    /// Asks for a sync; called a moment after chains were flushed, so that they are deleted
+    /// then rather than at the next periodic sync.
+    wake: Option<Arc<dyn Fn() + Send + Sync>>,
     needs_full_sync: bool,
     /// The next full sync deletes and recreates the table (a full sync failed for no reason
     /// a line of ours could name).
@@ -111,6 +115,7 @@ impl<N: Nftables> NftablesProxier<N> {
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
             events: None,
+            wake: None,
             needs_full_sync: true,
             recreate: false,
             last_full_sync: None,
@@ -125,6 +130,12 @@ impl<N: Nftables> NftablesProxier<N> {
     /// Repairs what other programs change in our table as they change it.
     pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
         self.events = Some(events);
+        self
+    }
+
+    /// Asks for a sync with `wake` once flushed chains can be deleted.
+    pub fn with_wake(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
+        self.wake = Some(wake);
         self
     }
 
@@ -244,6 +255,21 @@ impl<N: Nftables> NftablesProxier<N> {
     }
 
     fn remember_stale(&mut self, family: IpFamily, chains: Vec<String>) {
+        if let (Some(wake), false) = (&self.wake, chains.is_empty()) {
+            let (wake, delay) = (
+                wake.clone(),
+                self.stale_chain_delay + Duration::from_millis(100),
+            );
+            let spawned = std::thread::Builder::new()
+                .name("stale-chains".into())
+                .spawn(move || {
+                    std::thread::sleep(delay);
+                    wake();
+                });
+            if let Err(err) = spawned {
+                debug!(error = %err, "Stale chains will be deleted at the next sync");
+            }
+        }
         let now = Instant::now();
         let stale = self.stale_chains.entry(family).or_default();
         for chain in chains {
