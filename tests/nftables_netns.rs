@@ -236,6 +236,10 @@ async fn real_packets_through_the_nftables_proxier() {
         .await
     );
     daemon.wait_for("\"Synced proxy rules\"").await;
+    // What the earlier run wrote and nothing changed is read back and kept as it is.
+    daemon
+        .wait_for("Kept chains an earlier run programmed as they are")
+        .await;
     daemon.stop().await;
 
     // Switching to iptables mode: served by iptables, and our nftables tables go.

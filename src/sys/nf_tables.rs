@@ -4,7 +4,7 @@
 //! how stale chains of ours are found on a node whose tables hold hundreds of thousands of rules:
 //! `iptables-nft-save` would read (and, at that size, crash on) every rule.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use netlink_packet_core::{
     DecodeError, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable, NlaBuffer, NlasIterator,
@@ -17,6 +17,12 @@ use crate::model::IpFamily;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_GETRULE: u16 = 7;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_USERDATA: u16 = 7;
+/// In a rule's user data (libnftnl's TLVs), the comment.
+const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_GETSET: u16 = 10;
 /// The table attribute of chain and set messages alike.
@@ -35,6 +41,8 @@ pub struct ChainMessage {
     pub family: u8,
     pub table: Option<String>,
     pub name: Option<String>,
+    /// A rule's comment (rule messages only).
+    pub comment: Option<String>,
 }
 
 impl ChainMessage {
@@ -45,6 +53,15 @@ impl ChainMessage {
             family: nfproto(family),
             table: Some(table.to_string()),
             name: None,
+            comment: None,
+        }
+    }
+
+    /// The request for every rule of `table` in `family` (their chains and comments are read).
+    pub fn rule_dump_request(family: IpFamily, table: &str) -> Self {
+        ChainMessage {
+            message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETRULE,
+            ..Self::dump_request(family, table)
         }
     }
 
@@ -60,6 +77,7 @@ impl ChainMessage {
     fn name_attribute(&self) -> u16 {
         match self.message_type & 0xff {
             NFT_MSG_NEWSET | NFT_MSG_GETSET => NFTA_SET_NAME,
+            NFT_MSG_NEWRULE | NFT_MSG_GETRULE => NFTA_RULE_CHAIN,
             _ => NFTA_CHAIN_NAME,
         }
     }
@@ -125,7 +143,9 @@ impl NetlinkDeserializable for ChainMessage {
             family: nfgenmsg[0],
             table: None,
             name: None,
+            comment: None,
         };
+        let is_rule = message.message_type & 0xff == NFT_MSG_NEWRULE;
         let name_attribute = message.name_attribute();
         for attribute in NlasIterator::new(attributes) {
             let attribute: NlaBuffer<&[u8]> = attribute?;
@@ -137,6 +157,7 @@ impl NetlinkDeserializable for ChainMessage {
             match attribute.kind() {
                 NFTA_TABLE => message.table = Some(text()),
                 kind if kind == name_attribute => message.name = Some(text()),
+                NFTA_RULE_USERDATA if is_rule => message.comment = rule_comment(attribute.value()),
                 _ => {}
             }
         }
@@ -158,6 +179,50 @@ pub fn set_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, Netl
     )?;
     names.retain(|name| !name.starts_with("__"));
     Ok(names)
+}
+
+/// Per chain of `table` in `family`: how many rules it holds, and the comments they carry. One
+/// dump of our table's rules, of which only the chain and the user data are decoded.
+pub fn rule_comments(
+    family: IpFamily,
+    table: &str,
+) -> Result<BTreeMap<String, (usize, Vec<String>)>, NetlinkError> {
+    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    let mut attempt = 1;
+    let replies = loop {
+        match connection.request(ChainMessage::rule_dump_request(family, table), true) {
+            Ok(replies) => break replies,
+            Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
+            Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeMap::new()),
+            Err(err) => return Err(err),
+        }
+    };
+    let mut chains: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
+    for reply in replies {
+        if reply.message_type & 0xff != NFT_MSG_NEWRULE || reply.table.as_deref() != Some(table) {
+            continue;
+        }
+        let Some(chain) = reply.name else { continue };
+        let entry = chains.entry(chain).or_default();
+        entry.0 += 1;
+        entry.1.extend(reply.comment);
+    }
+    Ok(chains)
+}
+
+/// The comment in a rule's user data: type-length-value records, type and length a byte each.
+fn rule_comment(userdata: &[u8]) -> Option<String> {
+    let mut rest = userdata;
+    while let [kind, length, tail @ ..] = rest {
+        let length = usize::from(*length);
+        let value = tail.get(..length)?;
+        if *kind == NFTNL_UDATA_RULE_COMMENT {
+            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+            return Some(String::from_utf8_lossy(&value[..end]).into_owned());
+        }
+        rest = &tail[length..];
+    }
+    None
 }
 
 fn dump_names(request: ChainMessage, reply_type: u16) -> Result<BTreeSet<String>, NetlinkError> {

@@ -3,7 +3,7 @@
 //! an element or another table: `nft list` reads (and older nft binaries crash on) whatever
 //! other programs keep in the ruleset.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::iptables::input_context;
@@ -72,7 +72,12 @@ pub trait Nftables: Send {
     fn apply(&mut self, commands: &str) -> Result<(), NftError>;
     /// The names of `table`'s chains and sets in `family` (none when there is no such table).
     fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError>;
+    /// Per chain of `table` in `family`: how many rules it holds and the comments they carry.
+    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError>;
 }
+
+/// Per chain: its rule count and its rules' comments.
+pub type RuleComments = BTreeMap<String, (usize, Vec<String>)>;
 
 /// The real thing: `nft -f -` for writes, netlink dumps of one table for names.
 #[derive(Clone, Debug, Default)]
@@ -107,6 +112,15 @@ impl Nftables for SystemNftables {
         let chains = nf_tables::chain_names(family, table).map_err(failed("chains"))?;
         let sets = nf_tables::set_names(family, table).map_err(failed("sets"))?;
         Ok(TableNames { chains, sets })
+    }
+
+    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError> {
+        nf_tables::rule_comments(family, table).map_err(|source| NftError::Netlink {
+            what: "rules",
+            table: table.to_string(),
+            family: family_keyword(family),
+            source,
+        })
     }
 }
 

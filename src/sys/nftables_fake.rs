@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::nftables::{NftError, Nftables, TableNames, family_keyword};
+use super::nftables::{NftError, Nftables, RuleComments, TableNames, family_keyword};
 use crate::model::IpFamily;
 
 /// A set or map: its spec and elements (key -> the text after it, as written).
@@ -34,6 +34,8 @@ pub struct FakeNftables {
     pub refuse_containing: Vec<String>,
     /// How many `names` reads were made.
     pub name_reads: usize,
+    /// How many rule reads were made.
+    pub rule_reads: usize,
 }
 
 impl FakeNftables {
@@ -89,6 +91,29 @@ impl Nftables for FakeNftables {
             .map(|t| TableNames {
                 chains: t.chains.keys().cloned().collect(),
                 sets: t.sets.keys().cloned().collect(),
+            })
+            .unwrap_or_default())
+    }
+
+    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError> {
+        self.rule_reads += 1;
+        let comment = |rule: &String| {
+            let after = rule.rsplit_once(" comment \"")?.1;
+            Some(after.strip_suffix('"')?.to_string())
+        };
+        Ok(self
+            .table(family, table)
+            .map(|t| {
+                t.chains
+                    .iter()
+                    .filter(|(_, (_, rules))| !rules.is_empty())
+                    .map(|(name, (_, rules))| {
+                        (
+                            name.clone(),
+                            (rules.len(), rules.iter().filter_map(comment).collect()),
+                        )
+                    })
+                    .collect()
             })
             .unwrap_or_default())
     }

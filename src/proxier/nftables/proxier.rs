@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::render::{NftContext, Objects, TABLE, render_base, render_service};
+use super::render::{
+    NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
+};
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
@@ -24,7 +26,7 @@ use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
 use crate::sys::nf_events::ChangeEvents;
-use crate::sys::nftables::{NftError, Nftables, family_keyword};
+use crate::sys::nftables::{NftError, Nftables, RuleComments, family_keyword};
 
 /// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
 /// chain a just-deleted map element pointed to is still in use for a moment).
@@ -293,7 +295,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 let objects = if self.quarantine.contains(key) {
                     previous?.services.get(key)?.clone()
                 } else {
-                    render_service(ports, state.endpoints.get(key), &ctx)
+                    service_objects(ports, state.endpoints.get(key), &ctx)
                 };
                 (!objects.is_empty()).then(|| (key.clone(), objects))
             })
@@ -327,9 +329,30 @@ impl<N: Nftables> NftablesProxier<N> {
                     .nft
                     .names(family, TABLE)
                     .map_err(Failure::unattributed)?;
+                // A restart: chains an earlier run wrote that are exactly what we would write
+                // (same digest, same rule count) stay as they are.
+                let adopted = if names.chains.is_empty() {
+                    BTreeSet::new()
+                } else {
+                    match self.nft.rule_comments(family, TABLE) {
+                        Ok(comments) => adoptable(&services, &comments),
+                        Err(err) => {
+                            warn!(?family, error = %err, "Cannot read our rules back; rewriting every chain");
+                            BTreeSet::new()
+                        }
+                    }
+                };
+                if !adopted.is_empty() {
+                    info!(
+                        ?family,
+                        chains = adopted.len(),
+                        "Kept chains an earlier run programmed as they are"
+                    );
+                }
                 Existing {
                     chains: names.chains,
                     sets: names.sets,
+                    adopted,
                 }
             }
         };
@@ -425,7 +448,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 let objects = state
                     .services
                     .get(key)
-                    .map(|ports| render_service(ports, state.endpoints.get(key), &current.ctx))
+                    .map(|ports| service_objects(ports, state.endpoints.get(key), &current.ctx))
                     .filter(|objects| !objects.is_empty());
                 (key.clone(), objects)
             })
@@ -649,6 +672,39 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
     ) -> Result<SyncReport, SyncError> {
         self.sync_all(state, changes)
     }
+}
+
+/// One service's objects as this proxier writes them: rendered, each chain stamped with its
+/// digest.
+fn service_objects(
+    ports: &crate::model::ServicePortMap,
+    endpoints: Option<&crate::model::EndpointsMap>,
+    ctx: &NftContext,
+) -> Objects {
+    let mut objects = render_service(ports, endpoints, ctx);
+    stamp_digests(&mut objects);
+    objects
+}
+
+/// The chains of `services` the kernel already holds exactly: the digest they would carry is
+/// among their rules' comments, and they hold as many rules.
+fn adoptable(
+    services: &BTreeMap<NamespacedName, Objects>,
+    kernel: &RuleComments,
+) -> BTreeSet<String> {
+    services
+        .values()
+        .flat_map(|objects| &objects.chains)
+        .filter(|(name, chain)| {
+            let Some(digest) = digest_of(chain) else {
+                return false;
+            };
+            kernel.get(*name).is_some_and(|(count, comments)| {
+                *count == chain.rules.len() && comments.iter().any(|c| c == digest)
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// A sync that failed, and the service whose objects the kernel refused, when the line it

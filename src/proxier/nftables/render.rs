@@ -597,6 +597,42 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
     }
 }
 
+/// What starts the comment that carries a chain's digest.
+pub const DIGEST_PREFIX: &str = "kube-proxy-rs:";
+
+/// Marks each per-service chain with a digest of its rules, as the comment of its last rule that
+/// has none (upstream's text has no comment there): a restarted daemon reads the rules' comments
+/// and counts of our table back and leaves alone every chain whose digest and rule count match
+/// what it would write. A chain whose rules all carry comments gets no digest (it is always
+/// rewritten).
+pub fn stamp_digests(objects: &mut Objects) {
+    for (name, chain) in objects.chains.iter_mut() {
+        if !names::is_service_chain(name) {
+            continue;
+        }
+        let digest = crate::proxier::naming::base32_sha256(
+            &format!("{}\n{}", chain.spec, chain.rules.join("\n")),
+            16,
+        );
+        if let Some(rule) = chain
+            .rules
+            .iter_mut()
+            .rev()
+            .find(|rule| !rule.contains(" comment \""))
+        {
+            let _ = write!(rule, " comment \"{DIGEST_PREFIX}{digest}\"");
+        }
+    }
+}
+
+/// The digest comment a stamped chain carries, if it has one.
+pub fn digest_of(chain: &Chain) -> Option<&str> {
+    chain.rules.iter().find_map(|rule| {
+        let start = rule.find(DIGEST_PREFIX)?;
+        rule[start..].split('"').next()
+    })
+}
+
 /// The rule that picks one of `targets` at random (upstream's form).
 fn endpoint_selection(targets: &[String]) -> String {
     let mut rule = format!("numgen random mod {} vmap {{ ", targets.len());

@@ -88,6 +88,8 @@ impl<'a> Writer<'a> {
 pub struct Existing {
     pub chains: BTreeSet<String>,
     pub sets: BTreeSet<String>,
+    /// Chains that already hold exactly the rules they are to hold: not written.
+    pub adopted: BTreeSet<String>,
 }
 
 /// How many chains one transaction of a full sync's service part holds. Each `numgen ... vmap`
@@ -162,21 +164,26 @@ pub fn full(
             );
             chains_in_transaction = 0;
         }
-        chains_in_transaction += objects.chains.len();
-        for (name, set) in &objects.sets {
+        for (name, set) in objects
+            .sets
+            .iter()
+            .filter(|(n, _)| recreate || !existing.sets.contains(*n))
+        {
             out.declare_set(name, set);
         }
-        for (name, chain) in &objects.chains {
+        let written: Vec<(&String, &Chain)> = objects
+            .chains
+            .iter()
+            .filter(|(name, _)| recreate || !existing.adopted.contains(*name))
+            .collect();
+        chains_in_transaction += written.len();
+        for (name, chain) in &written {
             out.declare_chain(name, chain);
         }
-        for name in objects
-            .chains
-            .keys()
-            .filter(|n| existing_chains.contains(n))
-        {
+        for (name, _) in written.iter().filter(|(n, _)| existing_chains.contains(n)) {
             out.line("flush", "chain", name, "");
         }
-        for (name, chain) in &objects.chains {
+        for (name, chain) in &written {
             out.rules(name, chain);
         }
     }

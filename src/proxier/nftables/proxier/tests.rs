@@ -3,7 +3,7 @@
 //! writing only the changed service's objects; stale chains are flushed, then deleted; a
 //! restart finds an earlier run's objects; a refused service is skipped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
@@ -91,7 +91,7 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
     let ctx = p.context(V4, &state.node, &state.service_cidrs);
     let mut all = render_base(&ctx);
     for (key, ports) in &state.services {
-        let rendered = render_service(ports, state.endpoints.get(key), &ctx);
+        let rendered = service_objects(ports, state.endpoints.get(key), &ctx);
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
@@ -143,6 +143,8 @@ fn a_full_sync_programs_the_rendered_table_and_its_golden() {
         .rules
         .pop();
     golden.no_local_endpoints = (0, 0);
+    // ... plus the digest comments (see `stamp_digests`).
+    stamp_digests(&mut golden);
     assert_eq!(programmed(&p), golden);
     assert_eq!(
         report.no_local_endpoints,
@@ -427,4 +429,75 @@ fn with_change_events_a_full_sync_writes_only_what_differs() {
     assert!(!text.contains("add rule"), "{text}");
     assert!(text.contains("192.168.0.3"), "{text}");
     assert_table(&mut p, &state);
+}
+
+#[test]
+fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
+    let mut state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut kernel = first.nft.clone();
+    kernel.transactions.clear();
+
+    // Chains whose every rule has a comment of upstream's carry no digest: always rewritten.
+    let undigested: BTreeSet<String> = programmed(&first)
+        .chains
+        .iter()
+        .filter(|(name, chain)| name.contains('/') && digest_of(chain).is_none())
+        .map(|(name, _)| name.clone())
+        .collect();
+    let rewritten = |nft: &FakeNftables| -> BTreeSet<String> {
+        nft.transactions
+            .concat()
+            .lines()
+            .filter(|l| l.starts_with("add rule") && l.contains('/'))
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|c| !undigested.contains(*c))
+            .map(str::to_string)
+            .collect()
+    };
+
+    // Nothing changed while no daemon ran: no per-service chain is written.
+    let mut second = proxier(kernel.clone());
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(second.nft.rule_reads, 1);
+    assert_eq!(rewritten(&second.nft), BTreeSet::new());
+    assert_table(&mut second, &state);
+
+    // svc4 gained an endpoint and someone inserted a rule into svc1's chain: exactly those are
+    // rewritten.
+    let svc4 = NamespacedName::new("ns4", "svc4");
+    let port4 = state.services[&svc4].keys().next().unwrap().clone();
+    state
+        .endpoints
+        .get_mut(&svc4)
+        .unwrap()
+        .get_mut(&port4)
+        .unwrap()
+        .push(ep("10.180.0.9", 80, ""));
+    let svc1_chain = programmed(&first)
+        .chains
+        .keys()
+        .find(|c| c.starts_with("service-") && c.contains("ns1/svc1"))
+        .unwrap()
+        .clone();
+    kernel
+        .apply(&format!("add rule ip kube-proxy {svc1_chain} drop\n"))
+        .unwrap();
+    kernel.transactions.clear();
+    let mut third = proxier(kernel);
+    third.sync(&state, &ChangeSummary::default()).unwrap();
+    let rewritten = rewritten(&third.nft);
+    assert!(rewritten.contains(&svc1_chain), "{rewritten:?}");
+    assert!(
+        rewritten
+            .iter()
+            .all(|c| c.contains("ns4/svc4") || *c == svc1_chain),
+        "{rewritten:?}"
+    );
+    assert!(
+        rewritten.iter().any(|c| c.contains("10.180.0.9")),
+        "{rewritten:?}"
+    );
+    assert_table(&mut third, &state);
 }

@@ -35,6 +35,7 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         ]
         .into(),
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
+        adopted: Default::default(),
     };
     let (transactions, stats, removed) = full("ip", &base, &services, &existing, false);
     assert_eq!(
