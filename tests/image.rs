@@ -100,6 +100,7 @@ fn runtime_packages_are_installed_idempotently_and_every_tool_is_there() {
     for tool in [
         "iptables-legacy-restore",
         "ip6tables-nft-save",
+        "nft",
         "ipset",
         "conntrack",
         "modprobe",

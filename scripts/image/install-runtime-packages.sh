@@ -1,10 +1,10 @@
 #!/bin/sh
 # The runtime image's packages: both iptables back ends (the daemon picks the one the node's
-# rules are in), ipset (IPVS mode), conntrack and kmod (modprobe for IPVS modules), CA
-# certificates (the API server's TLS). The Dockerfile runs this on debian:bookworm-slim;
+# rules are in), nftables (nft, for nftables mode), ipset (IPVS mode), conntrack and kmod
+# (modprobe for IPVS modules), CA certificates (the API server's TLS). The Dockerfile runs this on debian:bookworm-slim;
 # it is idempotent and does nothing when everything is installed.
 set -eu
-packages="iptables ipset conntrack kmod ca-certificates"
+packages="iptables nftables ipset conntrack kmod ca-certificates"
 missing=""
 for package in $packages; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
