@@ -409,3 +409,134 @@ async fn dual_stack_through_the_nftables_proxier() {
     );
     daemon.stop().await;
 }
+
+/// LoadBalancer IPs with loadBalancerSourceRanges (`firewall-ips`): a source in range gets in, one
+/// out of range is dropped, and a LoadBalancer without ranges is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancer_source_ranges_in_nftables_mode() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    let http = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    let backend = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    for (name, cluster_ip, lb, ranges) in [
+        (
+            "allowed",
+            "10.96.0.71",
+            "192.168.200.1",
+            json!([format!("{CLIENT_IP}/32")]),
+        ),
+        (
+            "elsewhere",
+            "10.96.0.72",
+            "192.168.200.2",
+            json!(["10.99.0.0/16"]),
+        ),
+        ("open", "10.96.0.73", "192.168.200.3", json!([])),
+    ] {
+        let mut lb_service = service(
+            name,
+            cluster_ip,
+            http.clone(),
+            json!({"type": "LoadBalancer", "loadBalancerSourceRanges": ranges}),
+        );
+        lb_service["status"] = json!({"loadBalancer": {"ingress": [{"ip": lb}]}});
+        cluster.api.apply(lb_service).unwrap();
+        cluster
+            .api
+            .apply(slice(name, backend.clone(), &["pod-a1"]))
+            .unwrap();
+    }
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let client = &cluster.client;
+    assert!(
+        eventually(WAIT, || tcp_request(client, addr("192.168.200.1:80"))
+            .is_ok())
+        .await,
+        "in range"
+    );
+    assert_eq!(
+        tcp_request(client, addr("192.168.200.2:80")),
+        Err(ErrorKind::TimedOut),
+        "out of range: dropped"
+    );
+    assert!(
+        tcp_request(client, addr("192.168.200.3:80")).is_ok(),
+        "no ranges: open"
+    );
+    assert!(our_table(&cluster).contains("firewall-ips"));
+    daemon.stop().await;
+}
+
+/// A PATH whose `nft` refuses any transaction that mentions `default/refused` (naming its line,
+/// as nft does when the kernel refuses a command) and runs the real nft otherwise.
+fn refusing_nft(cluster: &Cluster) -> String {
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v nft"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let bin = cluster.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join("nft");
+    let script = format!(
+        "#!/bin/sh\nREAL={}\ninput=$(mktemp)\ncat > \"$input\"\n\
+         line=$(grep -n 'default/refused' \"$input\" | head -1 | cut -d: -f1)\n\
+         if [ -n \"$line\" ]; then echo \"/dev/stdin:$line:1-3: Error: Could not process rule: Operation not supported\" >&2; rm -f \"$input\"; exit 1; fi\n\
+         \"$REAL\" \"$@\" < \"$input\"; status=$?; rm -f \"$input\"; exit $status\n",
+        real.trim()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// A transaction nft refuses for one Service's objects fails no sync: that Service is skipped
+/// with a warning, every other one is programmed, and the node keeps following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_service_nft_refuses_does_not_fail_the_node() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    let backend = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(service("refused", "10.96.0.66", ports.clone(), json!({})))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice("refused", backend.clone(), &["pod-a1"]))
+        .unwrap();
+    let path = refusing_nft(&cluster);
+    let config = cluster.config_with_mode("nftables", NFT_CONFIG);
+    let daemon =
+        support::cluster::Daemon::spawn_with_env(&cluster.node, &config, &[], &[("PATH", &path)]);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon.wait_for("service=\"default/refused\"").await;
+    let node = &cluster.node;
+    assert!(tcp_request(node, addr("10.96.0.10:80")).is_ok());
+    assert!(!our_table(&cluster).contains("default/refused"));
+    cluster
+        .api
+        .apply(service("later", "10.96.0.67", ports, json!({})))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice("later", backend, &["pod-a2"]))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || tcp_request(node, addr("10.96.0.67:80")).is_ok()).await,
+        "a later Service is programmed"
+    );
+    assert_eq!(daemon.count("Failed to sync"), 0);
+    daemon.stop().await;
+}

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use crate::model::{ChangeSummary, NamespacedName};
+use crate::proxier::SyncError;
 
 /// How many services one sync may quarantine before it gives up and fails.
 pub const MAX_PER_SYNC: usize = 8;
@@ -62,6 +63,42 @@ impl Quarantine {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
+    }
+}
+
+/// A sync that failed, and the service whose input the kernel refused, when the line it named
+/// belongs to one.
+pub struct Failure {
+    pub error: SyncError,
+    pub culprit: Option<NamespacedName>,
+}
+
+impl Failure {
+    /// A failure no service can be blamed for.
+    pub fn unattributed(error: impl std::fmt::Display) -> Failure {
+        Failure {
+            error: SyncError::Apply(error.to_string()),
+            culprit: None,
+        }
+    }
+
+    /// A failed apply of `input`, whose line `line` (1-based, when the tool named one) `owner`
+    /// attributes to a service; `what` says what of the service it was (`rules`, `objects`).
+    pub fn at_line(
+        error: impl std::fmt::Display,
+        input: &str,
+        line: Option<usize>,
+        what: &str,
+        owner: impl Fn(&str) -> Option<NamespacedName>,
+    ) -> Failure {
+        let culprit = line
+            .and_then(|line| input.lines().nth(line.saturating_sub(1)))
+            .and_then(owner);
+        let error = match &culprit {
+            Some(service) => SyncError::Apply(format!("{error} ({what} of Service {service})")),
+            None => SyncError::Apply(error.to_string()),
+        };
+        Failure { error, culprit }
     }
 }
 

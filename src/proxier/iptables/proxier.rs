@@ -18,7 +18,7 @@ use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, p
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
-use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
+use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, IptablesError, jump_target, tokenize};
 use crate::sys::nf_events::ChangeEvents;
@@ -246,7 +246,7 @@ impl<I: Iptables> IptablesProxier<I> {
             },
         );
         self.restore(family, &text)
-            .map_err(|err| Failure::of(err, &text, &services))?;
+            .map_err(|err| restore_failure(err, &text, &services))?;
         self.programmed.insert(
             family,
             FamilyState {
@@ -299,7 +299,7 @@ impl<I: Iptables> IptablesProxier<I> {
             })
             .collect();
         self.restore(family, &text)
-            .map_err(|err| Failure::of(err, &text, &involved))?;
+            .map_err(|err| restore_failure(err, &text, &involved))?;
         if let Some(current) = self.programmed.get_mut(&family) {
             for (key, rules) in rendered {
                 match rules {
@@ -463,42 +463,19 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     }
 }
 
-/// A sync that failed, and the service whose rules the kernel refused, when the line it named
-/// belongs to one.
-struct Failure {
-    error: SyncError,
-    culprit: Option<NamespacedName>,
-}
-
-impl Failure {
-    fn unattributed(error: impl std::fmt::Display) -> Failure {
-        Failure {
-            error: SyncError::Apply(error.to_string()),
-            culprit: None,
-        }
-    }
-
-    /// A failed restore of `input`, whose services' rules are `services`.
-    fn of(
-        error: IptablesError,
-        input: &str,
-        services: &BTreeMap<NamespacedName, ServiceRules>,
-    ) -> Failure {
-        let culprit = match &error {
-            IptablesError::Restore {
-                line: Some(line), ..
-            } => input
-                .lines()
-                .nth(line.saturating_sub(1))
-                .and_then(|text| owner_of_line(text, services)),
-            _ => None,
-        };
-        let error = match &culprit {
-            Some(service) => SyncError::Apply(format!("{error} (rules of Service {service})")),
-            None => SyncError::Apply(error.to_string()),
-        };
-        Failure { error, culprit }
-    }
+/// A failed restore of `input`, whose services' rules are `services`.
+fn restore_failure(
+    error: IptablesError,
+    input: &str,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+) -> Failure {
+    let line = match &error {
+        IptablesError::Restore { line, .. } => *line,
+        _ => None,
+    };
+    Failure::at_line(error, input, line, "rules", |text| {
+        owner_of_line(text, services)
+    })
 }
 
 /// The service a line of restore input belongs to: one whose chain it names, or the one its

@@ -22,7 +22,7 @@ use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
-use crate::proxier::quarantine::{self, Quarantine, service_in_comment};
+use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
 use crate::sys::nf_events::ChangeEvents;
@@ -366,7 +366,7 @@ impl<N: Nftables> NftablesProxier<N> {
         );
         for text in &transactions {
             if let Err(err) = self.apply(family, text) {
-                let failure = Failure::of(err, text, &services);
+                let failure = transaction_failure(err, text, &services);
                 if failure.culprit.is_none() {
                     self.recreate = true;
                 }
@@ -417,7 +417,7 @@ impl<N: Nftables> NftablesProxier<N> {
             transaction::partial(family_keyword(family), &deltas)
         {
             self.apply(family, &text)
-                .map_err(|err| Failure::of(err, &text, &services))?;
+                .map_err(|err| transaction_failure(err, &text, &services))?;
             self.remember_stale(family, removed.chains);
             stats = written;
         }
@@ -472,7 +472,7 @@ impl<N: Nftables> NftablesProxier<N> {
             })
             .collect();
         self.apply(family, &text)
-            .map_err(|err| Failure::of(err, &text, &involved))?;
+            .map_err(|err| transaction_failure(err, &text, &involved))?;
         self.remember_stale(family, removed.chains);
         if let Some(current) = self.programmed.get_mut(&family) {
             for (key, objects) in rendered {
@@ -707,37 +707,19 @@ fn adoptable(
         .collect()
 }
 
-/// A sync that failed, and the service whose objects the kernel refused, when the line it
-/// named belongs to one.
-struct Failure {
-    error: SyncError,
-    culprit: Option<NamespacedName>,
-}
-
-impl Failure {
-    fn unattributed(error: impl std::fmt::Display) -> Failure {
-        Failure {
-            error: SyncError::Apply(error.to_string()),
-            culprit: None,
-        }
-    }
-
-    fn of(error: NftError, input: &str, services: &BTreeMap<NamespacedName, Objects>) -> Failure {
-        let culprit = match &error {
-            NftError::Transaction {
-                line: Some(line), ..
-            } => input
-                .lines()
-                .nth(line.saturating_sub(1))
-                .and_then(|text| owner_of_line(text, services)),
-            _ => None,
-        };
-        let error = match &culprit {
-            Some(service) => SyncError::Apply(format!("{error} (objects of Service {service})")),
-            None => SyncError::Apply(error.to_string()),
-        };
-        Failure { error, culprit }
-    }
+/// A failed transaction `input`, whose services' objects are `services`.
+fn transaction_failure(
+    error: NftError,
+    input: &str,
+    services: &BTreeMap<NamespacedName, Objects>,
+) -> Failure {
+    let line = match &error {
+        NftError::Transaction { line, .. } => *line,
+        _ => None,
+    };
+    Failure::at_line(error, input, line, "objects", |text| {
+        owner_of_line(text, services)
+    })
 }
 
 /// The service a transaction line belongs to: the one whose chain or set it names (the

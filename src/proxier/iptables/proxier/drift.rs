@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules};
 use super::super::restore::repair_restore;
-use super::{Failure, IptablesProxier, missing_jumps};
+use super::{Failure, IptablesProxier, missing_jumps, restore_failure};
 use crate::model::{IpFamily, NamespacedName};
 use crate::sys::iptables::{Iptables, builtin_chains};
 
@@ -89,7 +89,7 @@ impl<I: Iptables> IptablesProxier<I> {
             return Ok(0);
         };
         self.restore(family, &text)
-            .map_err(|err| Failure::of(err, &text, &services))?;
+            .map_err(|err| restore_failure(err, &text, &services))?;
         let repaired = ours.len() + missing.len();
         info!(
             family = family.name(),
