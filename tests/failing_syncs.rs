@@ -5,10 +5,8 @@
 
 mod support;
 
-use std::os::unix::fs::PermissionsExt;
-
 use serde_json::json;
-use support::cluster::{Cluster, Daemon, addr, seed, service, slice};
+use support::cluster::{Cluster, Daemon, addr, seed, service, slice, wrapped_tool};
 use support::netns::{http_get, require_netns};
 use support::{WAIT, eventually};
 
@@ -23,28 +21,7 @@ fn restore_failures(metrics: &str) -> u64 {
 
 /// A PATH whose iptables-nft-restore runs `script` (with `REAL` set to the real tool) first.
 fn wrapped_restore(cluster: &Cluster, script: &str) -> String {
-    let real = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v iptables-nft-restore"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let bin = cluster.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let wrapper = bin.join("iptables-nft-restore");
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nREAL={}\n{script}", real.trim()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
+    wrapped_tool(cluster, "iptables-nft-restore", script)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

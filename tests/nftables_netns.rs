@@ -10,7 +10,7 @@ use std::io::ErrorKind;
 use serde_json::json;
 use support::cluster::{
     CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, many, names, seed, service, slice, slice6,
-    web_ports,
+    web_ports, wrapped_tool,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -471,31 +471,13 @@ async fn load_balancer_source_ranges_in_nftables_mode() {
 /// A PATH whose `nft` refuses any transaction that mentions `default/refused` (naming its line,
 /// as nft does when the kernel refuses a command) and runs the real nft otherwise.
 fn refusing_nft(cluster: &Cluster) -> String {
-    let real = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v nft"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let bin = cluster.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let wrapper = bin.join("nft");
-    let script = format!(
-        "#!/bin/sh\nREAL={}\ninput=$(mktemp)\ncat > \"$input\"\n\
+    wrapped_tool(
+        cluster,
+        "nft",
+        "input=$(mktemp)\ncat > \"$input\"\n\
          line=$(grep -n 'default/refused' \"$input\" | head -1 | cut -d: -f1)\n\
          if [ -n \"$line\" ]; then echo \"/dev/stdin:$line:1-3: Error: Could not process rule: Operation not supported\" >&2; rm -f \"$input\"; exit 1; fi\n\
          \"$REAL\" \"$@\" < \"$input\"; status=$?; rm -f \"$input\"; exit $status\n",
-        real.trim()
-    );
-    std::fs::write(&wrapper, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
     )
 }
 

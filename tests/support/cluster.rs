@@ -392,3 +392,29 @@ pub fn seed(api: &ApiServer) {
     ))
     .unwrap();
 }
+
+/// A PATH (to give the daemon) whose `tool` runs `script` first, with `REAL` set to the real
+/// tool's path; the wrapper lives in the cluster's directory.
+pub fn wrapped_tool(cluster: &Cluster, tool: &str, script: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let real = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap()
+        .stdout;
+    let bin = cluster.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join(tool);
+    let real = String::from_utf8_lossy(&real);
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nREAL={}\n{script}", real.trim()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
