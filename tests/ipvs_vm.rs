@@ -228,7 +228,8 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
     };
     use kube_proxy_rs::proxier::iptables::render::LocalDetector;
-    use kube_proxy_rs::proxier::ipvs::render::{IpvsContext, render};
+    use kube_proxy_rs::proxier::ipvs::aggregate::render;
+    use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
     use kube_proxy_rs::sys::ipset::{SystemIpset, parse_save, sync_input};
     use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables};
 

@@ -219,5 +219,10 @@ impl Aggregate {
     }
 }
 
+/// Renders one family (every service, through an aggregate).
+pub fn render(state: &ProxyState, ctx: &IpvsContext) -> DesiredIpvs {
+    Aggregate::build(state, ctx).desired(ctx)
+}
+
 #[cfg(test)]
 mod tests;

@@ -9,10 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use super::aggregate::Aggregate;
 use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, NodeContext, ProxyState, ServicePort, ServicePortMap,
-    ports_in_family, select_endpoints,
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
+    select_endpoints,
 };
 use crate::proxier::iptables::render::LocalDetector;
 use crate::sys::ipset::{SetSpec, SetType};
@@ -170,11 +169,6 @@ pub struct Fragment {
 
 fn ip_port(ip: &IpAddr, proto: &str, port: u16) -> String {
     format!("{ip},{proto}:{port}")
-}
-
-/// Renders one family.
-pub fn render(state: &ProxyState, ctx: &IpvsContext) -> DesiredIpvs {
-    Aggregate::build(state, ctx).desired(ctx)
 }
 
 /// Renders one service's ports in one family.
