@@ -306,80 +306,6 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
     }
 }
 
-/// Runs the real daemon in a namespace against the test API server holding `count` services x 10
-/// endpoints: its resident memory and time to the first completed sync; then, stopped and started
-/// again on the programmed node, the time to its first sync and until a Service created after the
-/// restart is programmed.
-fn daemon_run(count: usize) {
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(async {
-        let node = Netns::new("bench-daemon");
-        let listener = node.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
-        let api = test_apiserver::ApiServer::start_on(listener, test_apiserver::Options::default())
-            .await
-            .expect("api");
-        scale::populate(&api, 0..count);
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
-        let config = dir.path().join("config.conf");
-        std::fs::write(
-            &config,
-            format!("clusterCIDR: 10.0.0.0/8\nclientConnection: {{kubeconfig: {}}}\n", kubeconfig.display()),
-        )
-        .unwrap();
-        let start = |log: &std::path::Path| {
-            Command::new("ip")
-                .args(["netns", "exec", &node.name, env!("CARGO_BIN_EXE_kube-proxy-rs")])
-                .arg(format!("--config={}", config.display()))
-                .args(["--hostname-override=node-a", "--v=2"])
-                .env_remove("RUST_LOG")
-                .stderr(std::fs::File::create(log).unwrap())
-                .spawn()
-                .expect("daemon")
-        };
-        let until = |what: &str, check: &dyn Fn() -> bool| {
-            let started = Instant::now();
-            while !check() {
-                assert!(started.elapsed() < Duration::from_secs(1800), "{what}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            started.elapsed()
-        };
-        let synced = |log: &std::path::Path| {
-            std::fs::read_to_string(log).unwrap_or_default().contains("Synced proxy rules")
-        };
-        let first_log = dir.path().join("first.log");
-        let mut daemon = start(&first_log);
-        let first = until("the daemon did not sync", &|| synced(&first_log));
-        let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.id())).unwrap_or_default();
-        let field = |name: &str| status.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()).unwrap_or_default();
-        let (rss, peak) = (field("VmRSS:"), field("VmHWM:"));
-        let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
-        let _ = daemon.wait();
-
-        let second_log = dir.path().join("second.log");
-        let mut daemon = start(&second_log);
-        let restart = until("the restarted daemon did not sync", &|| synced(&second_log));
-        let (service, slice) = scale::api_objects(count);
-        api.apply(service).unwrap();
-        api.apply(slice).unwrap();
-        let wanted = format!("bench/svc-{count}:http cluster IP");
-        let followed = until("the new Service was not programmed", &|| {
-            node.output(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)
-        });
-        println!(
-            "{count:>6} services x 10 endpoints, the daemon: RSS after first sync {rss} kB (peak {peak} kB), \
-             first sync {}; restarted: first sync {}, a new Service programmed {} later",
-            secs(first),
-            secs(restart),
-            secs(followed),
-        );
-        let _ = daemon.kill();
-        let _ = daemon.wait();
-    });
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if !nix::unistd::Uid::effective().is_root() {
@@ -394,7 +320,7 @@ fn main() {
     let with_one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
     if !args.iter().any(|a| a == "--bench") {
         run(50, backend, 1, true);
-        daemon_run(50);
+        scale::daemon_run(50, "iptables");
         return;
     }
     let sizes: Vec<usize> = args
@@ -414,7 +340,7 @@ fn main() {
             run(count, backend, runs, with_one_transaction);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
-            daemon_run(count);
+            scale::daemon_run(count, "iptables");
         }
     }
 }

@@ -5,7 +5,11 @@
 //! whole-table rewrite costs, as upstream's hourly sync does), the same forced full sync as the
 //! daemon runs it (with the kernel's change events: only differences written), and a restart (a new proxier's first sync on the programmed node).
 //!
-//! `cargo bench --bench nftables` runs 1k and 5k services; `-- --sizes 1000,10000` picks sizes.
+//! Then the real daemon in nftables mode (as the iptables benchmark runs it): RSS, first sync,
+//! restart, a new Service after it.
+//!
+//! `cargo bench --bench nftables` runs 1k and 5k services; `-- --sizes 1000,10000` picks sizes;
+//! `--only-daemon` / `--no-daemon` pick a part.
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
 #[path = "../tests/support/netns.rs"]
@@ -149,6 +153,7 @@ fn main() {
     }
     if !args.iter().any(|a| a == "--bench") {
         run(50);
+        scale::daemon_run(50, "nftables");
         return;
     }
     let sizes: Vec<usize> = args
@@ -158,6 +163,11 @@ fn main() {
         .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![1000, 5000]);
     for count in sizes {
-        run(count);
+        if !args.iter().any(|a| a == "--only-daemon") {
+            run(count);
+        }
+        if !args.iter().any(|a| a == "--no-daemon") {
+            scale::daemon_run(count, "nftables");
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! What the benchmarks and the proxier-level kernel tests share: a model state of N services x
 //! 10 endpoints (service i is `bench/svc-<i>` on 172.30.x.y:80 with NodePort 30000 + i % 2700 and
-//! endpoints 10.x.y.1-10:8080 on another node), proxiers built as the daemon builds them, and
-//! the medians the benchmarks report.
+//! endpoints 10.x.y.1-10:8080 on another node), the same as API objects, proxiers built as the
+//! daemon builds them, the real daemon's run at that size, and the medians the benchmarks report.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{
@@ -15,6 +16,8 @@ use kube_proxy_rs::proxier::iptables::IptablesSettings;
 use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
 use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+
+use super::netns::Netns;
 
 /// The node address the state and the proxiers use.
 pub const NODE_IP: &str = "192.168.0.2";
@@ -122,4 +125,83 @@ pub fn populate(api: &test_apiserver::ApiServer, range: std::ops::Range<usize>) 
         api.apply(service).expect("service");
         api.apply(slice).expect("slice");
     }
+}
+
+/// Runs the real daemon in a namespace against the test API server holding `count` services x 10
+/// endpoints: its resident memory and time to the first completed sync; then, stopped and started
+/// again on the programmed node, the time to its first sync and until a Service created after the
+/// restart is programmed.
+pub fn daemon_run(count: usize, mode: &str) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let node = Netns::new("bench-daemon");
+        let listener = node.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
+        let api = test_apiserver::ApiServer::start_on(listener, test_apiserver::Options::default())
+            .await
+            .expect("api");
+        populate(&api, 0..count);
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
+        let config = dir.path().join("config.conf");
+        std::fs::write(
+            &config,
+            format!("mode: {mode}\nclusterCIDR: 10.0.0.0/8\nclientConnection: {{kubeconfig: {}}}\n", kubeconfig.display()),
+        )
+        .unwrap();
+        let start = |log: &std::path::Path| {
+            Command::new("ip")
+                .args(["netns", "exec", &node.name, env!("CARGO_BIN_EXE_kube-proxy-rs")])
+                .arg(format!("--config={}", config.display()))
+                .args(["--hostname-override=node-a", "--v=2"])
+                .env_remove("RUST_LOG")
+                .stderr(std::fs::File::create(log).unwrap())
+                .spawn()
+                .expect("daemon")
+        };
+        let until = |what: &str, check: &dyn Fn() -> bool| {
+            let started = Instant::now();
+            while !check() {
+                assert!(started.elapsed() < Duration::from_secs(1800), "{what}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            started.elapsed()
+        };
+        let synced = |log: &std::path::Path| {
+            std::fs::read_to_string(log).unwrap_or_default().contains("Synced proxy rules")
+        };
+        let first_log = dir.path().join("first.log");
+        let mut daemon = start(&first_log);
+        let first = until("the daemon did not sync", &|| synced(&first_log));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.id())).unwrap_or_default();
+        let field = |name: &str| status.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()).unwrap_or_default();
+        let (rss, peak) = (field("VmRSS:"), field("VmHWM:"));
+        let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
+        let _ = daemon.wait();
+
+        let second_log = dir.path().join("second.log");
+        let mut daemon = start(&second_log);
+        let restart = until("the restarted daemon did not sync", &|| synced(&second_log));
+        let (service, slice) = api_objects(count);
+        api.apply(service).unwrap();
+        api.apply(slice).unwrap();
+        let followed = until("the new Service was not programmed", &|| {
+            if mode == "nftables" {
+                let ip = format!("172.30.{}.{} . tcp . 80", count / 250, count % 250 + 1);
+                node.output(&["nft", "list", "map", "ip", "kube-proxy", "service-ips"]).contains(&ip)
+            } else {
+                let wanted = format!("bench/svc-{count}:http cluster IP");
+                node.output(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)
+            }
+        });
+        println!(
+            "{count:>6} services x 10 endpoints, the daemon in {mode} mode: RSS after first sync {rss} kB (peak {peak} kB), \
+             first sync {}; restarted: first sync {}, a new Service programmed {} later",
+            secs(first),
+            secs(restart),
+            secs(followed),
+        );
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    });
 }
