@@ -39,7 +39,7 @@ fn proxier() -> NftablesProxier<SystemNftables> {
     };
     config.apply_defaults();
     let mut p = NftablesProxier::new(
-        SystemNftables,
+        SystemNftables::default(),
         NftablesSettings::from_config(&config),
         Box::new(FixedAddresses(vec![NODE_IP.parse().unwrap()])),
     );

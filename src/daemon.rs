@@ -235,7 +235,7 @@ fn choose_proxier(
         info!("Using nftables Proxier");
         let wake = requester.clone();
         let proxier = NftablesProxier::new(
-            SystemNftables,
+            SystemNftables::default(),
             NftablesSettings::from_config(config),
             Box::new(SystemAddresses),
         )

@@ -337,7 +337,7 @@ fn every_accepted_object_programs_and_none_panics() {
         .expect("the fake accepts every accepted object's nftables objects");
     assert_eq!(report.skipped_services, 0);
     let skipped = node.run(move || {
-        let report = nftables_proxier(SystemNftables)
+        let report = nftables_proxier(SystemNftables::default())
             .sync(&nft_state, &ChangeSummary::default())
             .expect("nft and the kernel accept every accepted object's nftables objects");
         report.skipped_services

@@ -7,10 +7,11 @@ mod support;
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
 
+use kube_proxy_rs::proxier::nftables::names::hash_and_truncate;
 use serde_json::json;
 use support::cluster::{
     CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, many, names, seed, service, slice, slice6,
-    web_ports, wrapped_tool,
+    web_ports,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -470,43 +471,49 @@ async fn load_balancer_source_ranges_in_nftables_mode() {
 
 /// A PATH whose `nft` refuses any transaction that mentions `default/refused` (naming its line,
 /// as nft does when the kernel refuses a command) and runs the real nft otherwise.
-fn refusing_nft(cluster: &Cluster) -> String {
-    wrapped_tool(
-        cluster,
-        "nft",
-        "input=$(mktemp)\ncat > \"$input\"\n\
-         line=$(grep -n 'default/refused' \"$input\" | head -1 | cut -d: -f1)\n\
-         if [ -n \"$line\" ]; then echo \"/dev/stdin:$line:1-3: Error: Could not process rule: Operation not supported\" >&2; rm -f \"$input\"; exit 1; fi\n\
-         \"$REAL\" \"$@\" < \"$input\"; status=$?; rm -f \"$input\"; exit $status\n",
-    )
-}
-
-/// A transaction nft refuses for one Service's objects fails no sync: that Service is skipped
-/// with a warning, every other one is programmed, and the node keeps following.
+/// A transaction the kernel refuses for one Service's objects fails no sync: that Service is
+/// skipped with a warning, every other one is programmed, and the node keeps following. The
+/// refusal is the kernel's own: another program left a set of another type in our table under
+/// the name of the Service's affinity set, so the rules that look the set up are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_service_nft_refuses_does_not_fail_the_node() {
+async fn one_service_the_kernel_refuses_does_not_fail_the_node() {
     require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
     let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
     let backend = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let affinity = json!({"sessionAffinity": "ClientIP"});
     cluster
         .api
-        .apply(service("refused", "10.96.0.66", ports.clone(), json!({})))
+        .apply(service("refused", "10.96.0.66", ports.clone(), affinity))
         .unwrap();
     cluster
         .api
         .apply(slice("refused", backend.clone(), &["pod-a1"]))
         .unwrap();
-    let path = refusing_nft(&cluster);
+    let set = format!(
+        "affinity-{}",
+        hash_and_truncate("default/refused/tcp/http__10.244.1.11/8080")
+    );
+    let foreign =
+        format!("add table ip kube-proxy\nadd set ip kube-proxy {set} {{ type ipv6_addr ; }}\n");
+    let path = cluster.dir.path().join("foreign.nft");
+    std::fs::write(&path, foreign).unwrap();
+    cluster.node.exec(&["nft", "-f", path.to_str().unwrap()]);
     let config = cluster.config_with_mode("nftables", NFT_CONFIG);
-    let daemon =
-        support::cluster::Daemon::spawn_with_env(&cluster.node, &config, &[], &[("PATH", &path)]);
+    let daemon = support::cluster::Daemon::spawn(&cluster.node, &config, &[]);
     daemon.wait_for("\"Synced proxy rules\"").await;
     daemon.wait_for("service=\"default/refused\"").await;
     let node = &cluster.node;
     assert!(tcp_request(node, addr("10.96.0.10:80")).is_ok());
-    assert!(!our_table(&cluster).contains("default/refused"));
+    let table = our_table(&cluster);
+    assert!(
+        !table
+            .lines()
+            .any(|l| l.trim_start().starts_with("chain ") && l.contains("default/refused")),
+        "no chain of the refused Service: {table}"
+    );
+    assert!(tcp_request(node, addr("10.96.0.66:80")).is_err());
     cluster
         .api
         .apply(service("later", "10.96.0.67", ports, json!({})))

@@ -306,7 +306,7 @@ pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
 pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> usize {
     let mut nft_failures = 0;
     if matches!(what, Leftovers::All | Leftovers::NftablesMode) {
-        nft_failures = remove_nftables_tables(&mut SystemNftables);
+        nft_failures = remove_nftables_tables(&mut SystemNftables::default());
     }
     if what == Leftovers::NftablesMode {
         return nft_failures;

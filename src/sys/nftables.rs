@@ -9,8 +9,10 @@ use std::time::Duration;
 use super::iptables::input_context;
 use super::netlink::NetlinkError;
 use super::nf_tables;
+use super::nft_netlink;
 use super::process::{Tool, ToolError};
 use crate::model::IpFamily;
+use tracing::debug;
 
 /// The `nft` binary.
 pub const NFT: &str = "nft";
@@ -79,12 +81,42 @@ pub trait Nftables: Send {
 /// Per chain: its rule count and its rules' comments.
 pub type RuleComments = BTreeMap<String, (usize, Vec<String>)>;
 
-/// The real thing: `nft -f -` for writes, netlink dumps of one table for names.
-#[derive(Clone, Debug, Default)]
-pub struct SystemNftables;
+/// How [`SystemNftables`] writes a transaction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Writer {
+    /// Over netlink when our compiler knows every line (it knows everything this program
+    /// writes), else with `nft -f -`.
+    #[default]
+    NetlinkOrNft,
+    /// Always with `nft -f -`.
+    Nft,
+    /// Over netlink only; text the compiler does not know is an error (tests).
+    Netlink,
+}
 
-impl Nftables for SystemNftables {
-    fn apply(&mut self, commands: &str) -> Result<(), NftError> {
+/// The real thing: transactions over netlink (or `nft -f -`), netlink dumps of one table for
+/// names.
+#[derive(Clone, Debug, Default)]
+pub struct SystemNftables {
+    pub writer: Writer,
+}
+
+impl SystemNftables {
+    /// Writes every transaction with the `nft` binary.
+    pub fn nft_only() -> Self {
+        SystemNftables {
+            writer: Writer::Nft,
+        }
+    }
+
+    /// Writes every transaction over netlink, refusing text the compiler does not know.
+    pub fn netlink_only() -> Self {
+        SystemNftables {
+            writer: Writer::Netlink,
+        }
+    }
+
+    fn apply_with_nft(commands: &str) -> Result<(), NftError> {
         Tool::new(NFT, &["-f", "-"])
             .input(commands.as_bytes())
             .limit(apply_limit(commands))
@@ -98,6 +130,44 @@ impl Nftables for SystemNftables {
                     context: line.map(|l| input_context(commands, l)).unwrap_or_default(),
                 }
             })
+    }
+}
+
+/// Sends compiled `commands`; a refusal names the line the refused message came from.
+fn apply_over_netlink(commands: &str, compiled: &nft_netlink::Compiled) -> Result<(), NftError> {
+    nft_netlink::send(&compiled.messages).map_err(|err| {
+        let line = match &err {
+            nft_netlink::SendError::Refused {
+                message: Some(index),
+                ..
+            } => compiled.lines.get(*index).copied(),
+            _ => None,
+        };
+        NftError::Transaction {
+            reason: format!("nf_tables transaction over netlink failed: {err}"),
+            line,
+            context: line.map(|l| input_context(commands, l)).unwrap_or_default(),
+        }
+    })
+}
+
+impl Nftables for SystemNftables {
+    fn apply(&mut self, commands: &str) -> Result<(), NftError> {
+        if self.writer == Writer::Nft {
+            return Self::apply_with_nft(commands);
+        }
+        match nft_netlink::compile(commands) {
+            Ok(compiled) => apply_over_netlink(commands, &compiled),
+            Err(err) if self.writer == Writer::Netlink => Err(NftError::Transaction {
+                reason: format!("not written over netlink: {}", err.reason),
+                line: Some(err.line),
+                context: input_context(commands, err.line),
+            }),
+            Err(err) => {
+                debug!(error = %err, "Writing a transaction with nft: the netlink compiler does not know a line");
+                Self::apply_with_nft(commands)
+            }
+        }
     }
 
     fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError> {

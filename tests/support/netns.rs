@@ -68,6 +68,20 @@ impl Netns {
         sh(&full)
     }
 
+    /// Runs a command inside and returns its stdout and then its stderr, whatever its status.
+    pub fn output_with_stderr(&self, args: &[&str]) -> String {
+        let output = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .expect("run");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }
+
     /// Runs a command inside and returns its stdout, whatever its status.
     pub fn output(&self, args: &[&str]) -> String {
         let output = Command::new("ip")

@@ -1,0 +1,711 @@
+//! Our transaction text, compiled to the nf_tables messages `nft -f` would send for it. Only
+//! the part of nft's language this program writes is understood (see the `render` and
+//! `transaction` modules of the nftables proxier); anything else is an error, and the caller
+//! hands that transaction to `nft` instead.
+
+use std::collections::HashMap;
+
+use super::expr::{
+    DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, NF_DROP, NFT_GOTO, NFT_JUMP, SET_ANONYMOUS,
+    SET_CONSTANT, SET_EVAL, SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef, Verdict,
+};
+use super::rule;
+use super::values::{self, AddressMatch, Bound, Unsupported};
+use super::wire::{
+    Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
+    NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
+    NFT_MSG_NEWTABLE, NLM_F_APPEND, NLM_F_CREATE, UserData,
+};
+
+/// The family numbers of nfgenmsg.
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+/// nft's data type numbers (for set key types), and the bits a concatenation shifts each by.
+const TYPE_INTEGER: u32 = 4;
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+const TYPE_INET_PROTOCOL: u32 = 12;
+const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_BITS: u32 = 6;
+/// libnftnl's user data record types.
+const UDATA_COMMENT: u8 = 0;
+const UDATA_SET_KEYBYTEORDER: u8 = 0;
+const UDATA_SET_DATABYTEORDER: u8 = 1;
+const UDATA_SET_MERGE_ELEMENTS: u8 = 2;
+const UDATA_SET_KEY_TYPEOF: u8 = 3;
+const UDATA_SET_DATA_TYPEOF: u8 = 4;
+const UDATA_SET_DATA_INTERVAL: u8 = 6;
+const UDATA_SET_COMMENT: u8 = 7;
+const UDATA_ELEM_FLAGS: u8 = 1;
+/// The element flag of an interval without an end.
+const ELEM_F_INTERVAL_OPEN: u32 = 1;
+/// nft's byte orders.
+const BYTEORDER_HOST: u32 = 1;
+const BYTEORDER_BIG: u32 = 2;
+
+/// The messages of one transaction, with the input line each came from (1-based).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compiled {
+    pub messages: Vec<Message>,
+    pub lines: Vec<usize>,
+}
+
+/// A line this compiler does not understand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {reason}")]
+pub struct CompileError {
+    pub line: usize,
+    pub reason: String,
+}
+
+/// Compiles `text` (one command per line; blank lines and `#` comments skipped).
+pub fn compile(text: &str) -> Result<Compiled, CompileError> {
+    let mut compiler = Compiler::default();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let first = compiler.out.messages.len();
+        compiler.command(line).map_err(|reason| CompileError {
+            line: index + 1,
+            reason,
+        })?;
+        let added = compiler.out.messages.len() - first;
+        compiler
+            .out
+            .lines
+            .extend(std::iter::repeat_n(index + 1, added));
+    }
+    Ok(compiler.out)
+}
+
+/// Splits a line into words; a double-quoted string is one word, quotes included.
+pub fn words(line: &str) -> Result<Vec<&str>, Unsupported> {
+    let mut words = Vec::new();
+    let mut rest = line.trim_start();
+    while !rest.is_empty() {
+        let end = if let Some(quoted) = rest.strip_prefix('"') {
+            match quoted.find('"') {
+                Some(close) => close + 2,
+                None => return Err("unterminated string".into()),
+            }
+        } else {
+            rest.find(' ').unwrap_or(rest.len())
+        };
+        words.push(&rest[..end]);
+        rest = rest[end..].trim_start();
+    }
+    Ok(words)
+}
+
+/// The text of a quoted word.
+pub fn unquote(word: &str) -> Result<&str, Unsupported> {
+    word.strip_prefix('"')
+        .and_then(|w| w.strip_suffix('"'))
+        .ok_or_else(|| format!("expected a quoted string, got {word:?}"))
+}
+
+/// The family keyword's nfgenmsg family.
+fn family(word: &str) -> Result<u8, Unsupported> {
+    match word {
+        "ip" => Ok(NFPROTO_IPV4),
+        "ip6" => Ok(NFPROTO_IPV6),
+        other => Err(format!("unsupported family {other:?}")),
+    }
+}
+
+/// A comment as a user data record of type 0 (tables, chains, rules, elements).
+fn comment_udata(comment: &str) -> UserData {
+    UserData::new().text(UDATA_COMMENT, comment)
+}
+
+#[derive(Default)]
+struct Compiler {
+    out: Compiled,
+    /// Every set this batch declares gets the next id; references to it carry it.
+    last_set_id: u32,
+    declared_sets: HashMap<(u8, String, String), u32>,
+}
+
+/// Where a command applies: family and table.
+#[derive(Clone, Copy)]
+struct Scope<'a> {
+    family: u8,
+    table: &'a str,
+}
+
+impl Scope<'_> {
+    fn is_ipv6(&self) -> bool {
+        self.family == NFPROTO_IPV6
+    }
+}
+
+impl Compiler {
+    fn push(&mut self, kind: u16, flags: u16, scope: Scope<'_>, attributes: Attributes) {
+        self.out.messages.push(Message {
+            kind,
+            flags,
+            family: scope.family,
+            attributes: attributes.into_bytes(),
+        });
+    }
+
+    fn command(&mut self, line: &str) -> Result<(), Unsupported> {
+        let words = words(line)?;
+        let [verb, object, family_word, table, rest @ ..] = words.as_slice() else {
+            return Err("too few words".into());
+        };
+        let scope = Scope {
+            family: family(family_word)?,
+            table,
+        };
+        match (*verb, *object) {
+            ("add", "table") => self.add_table(scope, rest),
+            ("delete", "table") if rest.is_empty() => {
+                let mut a = Attributes::new();
+                a.string(1, table);
+                self.push(NFT_MSG_DELTABLE, 0, scope, a);
+                Ok(())
+            }
+            ("add", "chain") => self.add_chain(scope, rest),
+            ("flush", "chain") | ("delete", "chain") => {
+                let [name] = rest else {
+                    return Err("expected a chain name".into());
+                };
+                let mut a = Attributes::new();
+                a.string(1, table)
+                    .string(if *verb == "flush" { 2 } else { 3 }, name);
+                let kind = if *verb == "flush" {
+                    NFT_MSG_DELRULE
+                } else {
+                    NFT_MSG_DELCHAIN
+                };
+                self.push(kind, 0, scope, a);
+                Ok(())
+            }
+            ("add", "rule") => self.add_rule(scope, rest),
+            ("add", "set" | "map") => self.add_set(scope, *object == "map", rest),
+            ("flush", "set" | "map") | ("delete", "set" | "map") => {
+                let [name] = rest else {
+                    return Err("expected a set name".into());
+                };
+                // nft names the set before the table when it flushes one.
+                let mut a = Attributes::new();
+                let kind = if *verb == "flush" {
+                    a.string(2, name).string(1, table);
+                    NFT_MSG_DELSETELEM
+                } else {
+                    a.string(1, table).string(2, name);
+                    NFT_MSG_DELSET
+                };
+                self.push(kind, 0, scope, a);
+                Ok(())
+            }
+            ("add", "element") => self.element(scope, true, rest),
+            ("delete", "element") => self.element(scope, false, rest),
+            _ => Err(format!("unsupported command {verb} {object}")),
+        }
+    }
+
+    fn add_table(&mut self, scope: Scope<'_>, rest: &[&str]) -> Result<(), Unsupported> {
+        let mut a = Attributes::new();
+        a.string(1, scope.table).u32(2, 0);
+        match rest {
+            [] => {}
+            ["{", "comment", comment, ";", "}"] => {
+                a.raw(6, comment_udata(unquote(comment)?).bytes());
+            }
+            _ => return Err("unsupported table spec".into()),
+        }
+        self.push(NFT_MSG_NEWTABLE, NLM_F_CREATE, scope, a);
+        Ok(())
+    }
+
+    fn add_chain(&mut self, scope: Scope<'_>, rest: &[&str]) -> Result<(), Unsupported> {
+        let [name, spec @ ..] = rest else {
+            return Err("expected a chain name".into());
+        };
+        let mut a = Attributes::new();
+        a.string(1, scope.table).string(3, name);
+        match spec {
+            [] => {}
+            [
+                "{",
+                "type",
+                kind,
+                "hook",
+                hook,
+                "priority",
+                priority,
+                ";",
+                "}",
+            ] => {
+                let hook = match *hook {
+                    "prerouting" => 0,
+                    "input" => 1,
+                    "forward" => 2,
+                    "output" => 3,
+                    "postrouting" => 4,
+                    other => return Err(format!("unknown hook {other:?}")),
+                };
+                if !["filter", "nat"].contains(kind) {
+                    return Err(format!("unknown chain type {kind:?}"));
+                }
+                let priority: i32 = priority
+                    .parse()
+                    .map_err(|_| format!("not a priority: {priority:?}"))?;
+                a.string(7, kind).nested(4, |h| {
+                    h.u32(1, hook).u32(2, priority as u32);
+                });
+            }
+            ["{", "comment", comment, ";", "}"] => {
+                a.raw(12, comment_udata(unquote(comment)?).bytes());
+            }
+            _ => return Err("unsupported chain spec".into()),
+        }
+        self.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, scope, a);
+        Ok(())
+    }
+
+    fn add_rule(&mut self, scope: Scope<'_>, rest: &[&str]) -> Result<(), Unsupported> {
+        let [chain, statements @ ..] = rest else {
+            return Err("expected a chain name".into());
+        };
+        let compiled = rule::compile(statements, scope.is_ipv6())?;
+        let mut exprs = Vec::with_capacity(compiled.exprs.len());
+        for expr in compiled.exprs {
+            exprs.push(match expr {
+                rule::Part::Expr(expr) => self.resolve(scope, expr),
+                rule::Part::AnonymousSet(set) => self.anonymous_set(scope, set)?,
+            });
+        }
+        let mut a = Attributes::new();
+        a.string(1, scope.table).string(2, chain).nested(4, |list| {
+            for expr in &exprs {
+                list.nested(1, |element| expr.encode(element));
+            }
+        });
+        if let Some(comment) = compiled.comment {
+            a.raw(7, comment_udata(comment).bytes());
+        }
+        self.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, scope, a);
+        Ok(())
+    }
+
+    /// Gives references to sets this batch declared their id.
+    fn resolve(&self, scope: Scope<'_>, mut expr: Expr) -> Expr {
+        if let Expr::Lookup { set, .. } | Expr::DynsetUpdate { set, .. } = &mut expr {
+            set.id = self.set_id(scope, &set.name);
+        }
+        expr
+    }
+
+    fn set_id(&self, scope: Scope<'_>, name: &str) -> Option<u32> {
+        self.declared_sets
+            .get(&(scope.family, scope.table.to_string(), name.to_string()))
+            .copied()
+    }
+
+    fn next_set_id(&mut self) -> u32 {
+        self.last_set_id += 1;
+        self.last_set_id
+    }
+
+    /// Declares a rule's anonymous set or map and its elements; returns the rule's lookup.
+    fn anonymous_set(
+        &mut self,
+        scope: Scope<'_>,
+        set: rule::AnonymousSet,
+    ) -> Result<Expr, Unsupported> {
+        let id = self.next_set_id();
+        let (name, flags, key_type, key_len, elements, size, udata, lookup) = match set {
+            rule::AnonymousSet::VerdictMap {
+                targets,
+                sreg,
+                dreg,
+            } => {
+                let elements: Vec<Element> = targets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, verdict)| Element {
+                        key: (index as u32).to_ne_bytes().to_vec(),
+                        bound: None,
+                        data: Some(verdict),
+                        comment: None,
+                    })
+                    .collect();
+                let size = elements.len() as u32;
+                // Key in host order (a numgen result), data a verdict (nft's typeof records).
+                let udata = UserData::new()
+                    .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
+                    .host_u32(UDATA_SET_DATABYTEORDER, 0)
+                    .record(UDATA_SET_DATA_TYPEOF, &[0, 4, 1, 0, 0, 0, 1, 0])
+                    .host_u32(UDATA_SET_DATA_INTERVAL, 0);
+                let lookup = Expr::Lookup {
+                    sreg,
+                    dreg: Some(dreg),
+                    set: SetRef {
+                        name: "__map%d".into(),
+                        id: Some(id),
+                    },
+                    inverted: false,
+                };
+                (
+                    "__map%d",
+                    SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
+                    TYPE_INTEGER,
+                    4,
+                    elements,
+                    size,
+                    udata,
+                    lookup,
+                )
+            }
+            rule::AnonymousSet::Addresses {
+                matches,
+                source,
+                sreg,
+                inverted,
+            } => {
+                let ipv6 = scope.is_ipv6();
+                let (intervals, size) = values::interval_elements(&matches, ipv6);
+                let elements = intervals
+                    .into_iter()
+                    .map(|interval| Element {
+                        key: interval.key,
+                        bound: Some(interval.kind),
+                        data: None,
+                        comment: None,
+                    })
+                    .collect();
+                // nft's description of the key's expression: the payload of the IP header's
+                // source or destination field.
+                let (header, field) = match (ipv6, source) {
+                    (false, true) => (12, 11),
+                    (false, false) => (12, 12),
+                    (true, true) => (13, 8),
+                    (true, false) => (13, 9),
+                };
+                let mut typeof_record = vec![0, 4, 7, 0, 0, 0, 1, 12, 0, 4, header, 0, 0, 0];
+                typeof_record.extend([1, 4, field, 0, 0, 0]);
+                let udata = UserData::new()
+                    .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG)
+                    .host_u32(UDATA_SET_MERGE_ELEMENTS, 1)
+                    .record(UDATA_SET_KEY_TYPEOF, &typeof_record);
+                let lookup = Expr::Lookup {
+                    sreg,
+                    dreg: None,
+                    set: SetRef {
+                        name: "__set%d".into(),
+                        id: Some(id),
+                    },
+                    inverted,
+                };
+                let (key_type, key_len) = if ipv6 {
+                    (TYPE_IP6ADDR, 16)
+                } else {
+                    (TYPE_IPADDR, 4)
+                };
+                (
+                    "__set%d",
+                    SET_ANONYMOUS | SET_CONSTANT | SET_INTERVAL,
+                    key_type,
+                    key_len,
+                    elements,
+                    size,
+                    udata,
+                    lookup,
+                )
+            }
+        };
+        let mut a = Attributes::new();
+        a.string(1, scope.table)
+            .string(2, name)
+            .u32(3, flags)
+            .u32(4, key_type)
+            .u32(5, key_len);
+        if flags & SET_MAP != 0 {
+            a.u32(6, DATA_VERDICT).u32(7, 0);
+        }
+        a.u32(10, id)
+            .nested(9, |desc| {
+                desc.u32(1, size);
+            })
+            .raw(13, udata.bytes());
+        self.push(NFT_MSG_NEWSET, NLM_F_CREATE, scope, a);
+        let mut a = Attributes::new();
+        a.string(1, scope.table).string(2, name).u32(4, id);
+        encode_elements(&mut a, &elements);
+        self.push(NFT_MSG_NEWSETELEM, NLM_F_CREATE, scope, a);
+        Ok(lookup)
+    }
+
+    fn add_set(
+        &mut self,
+        scope: Scope<'_>,
+        is_map: bool,
+        rest: &[&str],
+    ) -> Result<(), Unsupported> {
+        let [name, "{", spec @ .., "}"] = rest else {
+            return Err("expected a set name and spec".into());
+        };
+        let declared = SetSpec::parse(spec, is_map)?;
+        let id = self.next_set_id();
+        self.declared_sets.insert(
+            (scope.family, scope.table.to_string(), name.to_string()),
+            id,
+        );
+        let mut a = Attributes::new();
+        a.string(1, scope.table).string(2, name);
+        let mut flags = 0;
+        if is_map {
+            flags |= SET_MAP;
+        }
+        if declared.dynamic {
+            flags |= SET_EVAL;
+        }
+        if declared.timeout_ms.is_some() || declared.timeout_flag {
+            flags |= SET_TIMEOUT;
+        }
+        a.u32(3, flags)
+            .u32(4, declared.key_type)
+            .u32(5, declared.key_len);
+        if is_map {
+            a.u32(6, DATA_VERDICT).u32(7, 0);
+        }
+        a.u32(10, id);
+        if let Some(timeout) = declared.timeout_ms {
+            a.u64(11, timeout);
+        }
+        let concatenated = declared.components > 1;
+        let mut udata = UserData::new().host_u32(
+            UDATA_SET_KEYBYTEORDER,
+            if concatenated { 0 } else { BYTEORDER_BIG },
+        );
+        if is_map {
+            udata = udata
+                .host_u32(UDATA_SET_DATABYTEORDER, 0)
+                .record(UDATA_SET_KEY_TYPEOF, &[0, 4, 13, 0, 0, 0, 1, 0])
+                .host_u32(UDATA_SET_DATA_INTERVAL, 0);
+        }
+        if let Some(comment) = declared.comment {
+            udata = udata.text(UDATA_SET_COMMENT, comment);
+        }
+        a.raw(13, udata.bytes());
+        self.push(NFT_MSG_NEWSET, NLM_F_CREATE, scope, a);
+        Ok(())
+    }
+
+    fn element(&mut self, scope: Scope<'_>, add: bool, rest: &[&str]) -> Result<(), Unsupported> {
+        let [set, "{", body @ .., "}"] = rest else {
+            return Err("expected a set name and one element".into());
+        };
+        let element = Element::parse(body, add)?;
+        let mut a = Attributes::new();
+        a.string(1, scope.table).string(2, set);
+        if let Some(id) = self.set_id(scope, set) {
+            a.u32(4, id);
+        }
+        encode_elements(&mut a, &[element]);
+        let kind = if add {
+            NFT_MSG_NEWSETELEM
+        } else {
+            NFT_MSG_DELSETELEM
+        };
+        self.push(kind, if add { NLM_F_CREATE } else { 0 }, scope, a);
+        Ok(())
+    }
+}
+
+/// A named set's declaration: `type T [. T ...] [: verdict] ; [flags dynamic,timeout ;]
+/// [timeout Ns ;] [comment "..." ;]`.
+struct SetSpec<'a> {
+    key_type: u32,
+    key_len: u32,
+    components: usize,
+    dynamic: bool,
+    timeout_flag: bool,
+    timeout_ms: Option<u64>,
+    comment: Option<&'a str>,
+}
+
+impl<'a> SetSpec<'a> {
+    fn parse(spec: &[&'a str], is_map: bool) -> Result<Self, Unsupported> {
+        let mut parsed = SetSpec {
+            key_type: 0,
+            key_len: 0,
+            components: 0,
+            dynamic: false,
+            timeout_flag: false,
+            timeout_ms: None,
+            comment: None,
+        };
+        for clause in spec.split(|w| *w == ";").filter(|c| !c.is_empty()) {
+            match clause {
+                ["type", key @ ..] => {
+                    let key = if is_map {
+                        match key {
+                            [key @ .., ":", "verdict"] => key,
+                            _ => return Err("a map's data must be a verdict".into()),
+                        }
+                    } else {
+                        key
+                    };
+                    for (index, word) in key.iter().enumerate() {
+                        if index % 2 == 1 {
+                            if *word != "." {
+                                return Err(format!("unexpected {word:?} in a set type"));
+                            }
+                            continue;
+                        }
+                        let (number, length) = match *word {
+                            "ipv4_addr" => (TYPE_IPADDR, 4),
+                            "ipv6_addr" => (TYPE_IP6ADDR, 16),
+                            "inet_proto" => (TYPE_INET_PROTOCOL, 4),
+                            "inet_service" => (TYPE_INET_SERVICE, 4),
+                            other => return Err(format!("unknown set type {other:?}")),
+                        };
+                        parsed.key_type = parsed.key_type << TYPE_BITS | number;
+                        parsed.key_len += length;
+                        parsed.components += 1;
+                    }
+                    if parsed.components == 1
+                        && parsed.key_type != TYPE_IPADDR
+                        && parsed.key_type != TYPE_IP6ADDR
+                    {
+                        return Err("only address sets stand alone".into());
+                    }
+                }
+                ["flags", flags] => {
+                    for flag in flags.split(',') {
+                        match flag {
+                            "dynamic" => parsed.dynamic = true,
+                            "timeout" => parsed.timeout_flag = true,
+                            other => return Err(format!("unknown set flag {other:?}")),
+                        }
+                    }
+                }
+                ["timeout", timeout] => {
+                    let seconds: u64 = timeout
+                        .strip_suffix('s')
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| format!("not a timeout in seconds: {timeout:?}"))?;
+                    parsed.timeout_ms = Some(seconds * 1000);
+                }
+                ["comment", comment] => parsed.comment = Some(unquote(comment)?),
+                other => return Err(format!("unsupported set clause {other:?}")),
+            }
+        }
+        if parsed.components == 0 {
+            return Err("a set needs a type".into());
+        }
+        Ok(parsed)
+    }
+}
+
+/// One element: its key, which bound of an interval it is (interval sets), its verdict
+/// (maps) and comment.
+struct Element {
+    key: Vec<u8>,
+    bound: Option<Bound>,
+    data: Option<Verdict>,
+    comment: Option<String>,
+}
+
+impl Element {
+    /// `KEY [. KEY ...] [comment "..."] [: VERDICT]`; deletions name the key only.
+    fn parse(body: &[&str], add: bool) -> Result<Self, Unsupported> {
+        let split = body.iter().position(|w| *w == "comment" || *w == ":");
+        let (key_words, mut rest) = body.split_at(split.unwrap_or(body.len()));
+        let components: Vec<&str> = key_words
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| (i % 2 == 0).then_some(*w))
+            .collect();
+        if key_words
+            .iter()
+            .enumerate()
+            .any(|(i, w)| i % 2 == 1 && *w != ".")
+        {
+            return Err("unexpected word in an element key".into());
+        }
+        let key = values::key(&components)?;
+        let mut comment = None;
+        if let ["comment", text, tail @ ..] = rest {
+            comment = Some(unquote(text)?.to_string());
+            rest = tail;
+        }
+        let data = match rest {
+            [] => None,
+            [":", verdict @ ..] => Some(parse_verdict(verdict)?),
+            _ => return Err("unsupported element".into()),
+        };
+        if !add && (data.is_some() || comment.is_some()) {
+            return Err("a deletion names the key only".into());
+        }
+        Ok(Element {
+            key,
+            bound: None,
+            data,
+            comment,
+        })
+    }
+}
+
+/// `drop`, `jump CHAIN` or `goto CHAIN`.
+pub fn parse_verdict(words: &[&str]) -> Result<Verdict, Unsupported> {
+    match words {
+        ["drop"] => Ok(Verdict {
+            code: NF_DROP,
+            chain: None,
+        }),
+        ["jump", chain] => Ok(Verdict {
+            code: NFT_JUMP,
+            chain: Some(chain.to_string()),
+        }),
+        ["goto", chain] => Ok(Verdict {
+            code: NFT_GOTO,
+            chain: Some(chain.to_string()),
+        }),
+        other => Err(format!("unsupported verdict {other:?}")),
+    }
+}
+
+/// NFTA_SET_ELEM_LIST_ELEMENTS: each element nested under its position.
+fn encode_elements(a: &mut Attributes, elements: &[Element]) {
+    a.nested(3, |list| {
+        for (index, element) in elements.iter().enumerate() {
+            list.nested(index as u16 + 1, |e| {
+                if element.bound == Some(Bound::End) {
+                    e.u32(3, ELEM_INTERVAL_END);
+                }
+                Data::Value(element.key.clone()).encode(1, e);
+                if element.bound == Some(Bound::OpenStart) {
+                    // nft marks an interval without an end in the element's user data.
+                    e.raw(
+                        6,
+                        UserData::new()
+                            .host_u32(UDATA_ELEM_FLAGS, ELEM_F_INTERVAL_OPEN)
+                            .bytes(),
+                    );
+                }
+                if let Some(verdict) = &element.data {
+                    Data::Verdict(verdict.clone()).encode(2, e);
+                }
+                if let Some(comment) = &element.comment {
+                    e.raw(6, comment_udata(comment).bytes());
+                }
+            });
+        }
+    });
+}
+
+/// Whether an address match is in the family of the table.
+pub fn check_family(matched: &AddressMatch, ipv6: bool) -> Result<(), Unsupported> {
+    if matched.is_ipv6() == ipv6 {
+        Ok(())
+    } else {
+        Err("an address of the other family".into())
+    }
+}

@@ -1,0 +1,618 @@
+//! One rule's statements (the words after `add rule FAMILY TABLE CHAIN`) compiled to
+//! expressions the way nft compiles them: which bytes of which header are loaded into which
+//! register, how a prefix is matched, when a set of addresses becomes an anonymous interval
+//! set, and the verdict map of `numgen`.
+
+use std::net::IpAddr;
+
+use super::compile::{check_family, parse_verdict, unquote};
+use super::expr::{
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, Data, Expr, META_IIFNAME,
+    META_L4PROTO, META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT, SetRef, Verdict,
+};
+use super::values::{self, AddressMatch, Unsupported};
+
+/// The NAT range flag "random fully".
+const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
+/// ICMP port unreachable, and its ICMPv6 equivalent.
+const ICMP_PORT_UNREACH: u8 = 3;
+const ICMPV6_PORT_UNREACH: u8 = 4;
+/// Conntrack state bit "new".
+const CT_STATE_NEW: u32 = 8;
+/// The length nft compares an interface name with (IFNAMSIZ).
+const IFNAMSIZ: usize = 16;
+
+/// An anonymous set or map a rule declares for itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnonymousSet {
+    /// `numgen ... vmap { 0 : goto A , 1 : goto B }`: index -> verdict.
+    VerdictMap {
+        targets: Vec<Verdict>,
+        sreg: u32,
+        dreg: u32,
+    },
+    /// `ip saddr [!=] { 10.0.0.0/8, 192.168.0.0/16 }`.
+    Addresses {
+        matches: Vec<AddressMatch>,
+        source: bool,
+        sreg: u32,
+        inverted: bool,
+    },
+}
+
+/// An expression, or an anonymous set whose lookup goes here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    Expr(Expr),
+    AnonymousSet(AnonymousSet),
+}
+
+/// A compiled rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompiledRule<'a> {
+    pub exprs: Vec<Part>,
+    pub comment: Option<&'a str>,
+}
+
+/// The 16-byte register for offsets that start one, else the 32-bit register (nft's choice
+/// for the components of a concatenation).
+fn register_at(offset: usize) -> u32 {
+    if offset.is_multiple_of(16) {
+        1 + (offset / 16) as u32
+    } else {
+        super::expr::reg32(offset)
+    }
+}
+
+/// Compiles `statements` for a table of the IPv6 family or not.
+pub fn compile<'a>(statements: &[&'a str], ipv6: bool) -> Result<CompiledRule<'a>, Unsupported> {
+    let mut rule = Builder {
+        words: statements,
+        position: 0,
+        ipv6,
+        out: CompiledRule::default(),
+    };
+    while rule.position < rule.words.len() {
+        rule.statement()?;
+    }
+    Ok(rule.out)
+}
+
+struct Builder<'w, 'a> {
+    words: &'w [&'a str],
+    position: usize,
+    ipv6: bool,
+    out: CompiledRule<'a>,
+}
+
+impl<'a> Builder<'_, 'a> {
+    fn peek(&self) -> Option<&'a str> {
+        self.words.get(self.position).copied()
+    }
+
+    fn next(&mut self) -> Result<&'a str, Unsupported> {
+        let word = self
+            .peek()
+            .ok_or_else(|| "the rule ends too early".to_string())?;
+        self.position += 1;
+        Ok(word)
+    }
+
+    fn expect(&mut self, wanted: &str) -> Result<(), Unsupported> {
+        let word = self.next()?;
+        if word == wanted {
+            Ok(())
+        } else {
+            Err(format!("expected {wanted:?}, got {word:?}"))
+        }
+    }
+
+    fn emit(&mut self, expr: Expr) {
+        self.out.exprs.push(Part::Expr(expr));
+    }
+
+    fn verdict(&mut self, verdict: Verdict) {
+        self.emit(Expr::Immediate {
+            dreg: REG_VERDICT,
+            data: Data::Verdict(verdict),
+        });
+    }
+
+    fn address_family_word(&self) -> &'static str {
+        if self.ipv6 { "ip6" } else { "ip" }
+    }
+
+    /// The offset and length of the source or destination address in the IP header.
+    fn address_field(&self, source: bool) -> (u32, u32) {
+        match (self.ipv6, source) {
+            (false, true) => (12, 4),
+            (false, false) => (16, 4),
+            (true, true) => (8, 16),
+            (true, false) => (24, 16),
+        }
+    }
+
+    fn load_address(&mut self, source: bool, dreg: u32, len: u32) {
+        let (offset, _) = self.address_field(source);
+        self.emit(Expr::Payload {
+            dreg,
+            base: BASE_NETWORK,
+            offset,
+            len,
+        });
+    }
+
+    fn statement(&mut self) -> Result<(), Unsupported> {
+        let word = self.next()?;
+        match word {
+            "ct" => {
+                self.expect("state")?;
+                self.expect("new")?;
+                self.emit(Expr::Ct {
+                    key: CT_STATE,
+                    dreg: REG_1,
+                });
+                self.emit(Expr::Bitwise {
+                    reg: REG_1,
+                    mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                    boolean_op: false,
+                });
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CMP_NEQ,
+                    data: vec![0; 4],
+                });
+            }
+            "ip" | "ip6" if word == self.address_family_word() => self.address_statement()?,
+            "meta" => {
+                self.expect("l4proto")?;
+                if self.peek() == Some(".") {
+                    self.l4_concatenation(0)?;
+                } else {
+                    let protocol = values::protocol(self.next()?)?;
+                    self.emit(Expr::MetaLoad {
+                        key: META_L4PROTO,
+                        dreg: REG_1,
+                    });
+                    self.emit(Expr::Cmp {
+                        sreg: REG_1,
+                        op: CMP_EQ,
+                        data: vec![protocol],
+                    });
+                }
+            }
+            "tcp" | "udp" | "sctp" => {
+                self.expect("dport")?;
+                let port: u16 = self.next()?.parse().map_err(|_| "not a port".to_string())?;
+                self.emit(Expr::MetaLoad {
+                    key: META_L4PROTO,
+                    dreg: REG_1,
+                });
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CMP_EQ,
+                    data: vec![values::protocol(word)?],
+                });
+                self.emit(Expr::Payload {
+                    dreg: REG_1,
+                    base: BASE_TRANSPORT,
+                    offset: 2,
+                    len: 2,
+                });
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CMP_EQ,
+                    data: port.to_be_bytes().to_vec(),
+                });
+            }
+            "iifname" => {
+                let op = self.operator();
+                let name = unquote(self.next()?)?;
+                let data = match name.strip_suffix('*') {
+                    Some(prefix) => prefix.as_bytes().to_vec(),
+                    None => {
+                        let mut bytes = name.as_bytes().to_vec();
+                        if bytes.len() >= IFNAMSIZ {
+                            return Err("interface name too long".into());
+                        }
+                        bytes.resize(IFNAMSIZ, 0);
+                        bytes
+                    }
+                };
+                if data.is_empty() {
+                    return Err("an empty interface name".into());
+                }
+                self.emit(Expr::MetaLoad {
+                    key: META_IIFNAME,
+                    dreg: REG_1,
+                });
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op,
+                    data,
+                });
+            }
+            "fib" => {
+                let source = match self.next()? {
+                    "saddr" => true,
+                    "daddr" => false,
+                    other => return Err(format!("unsupported fib key {other:?}")),
+                };
+                self.expect("type")?;
+                self.expect("local")?;
+                self.emit(Expr::FibAddressType {
+                    dreg: REG_1,
+                    source,
+                });
+                // RTN_LOCAL, in host order.
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CMP_EQ,
+                    data: 2u32.to_ne_bytes().to_vec(),
+                });
+            }
+            "mark" => self.mark()?,
+            "numgen" => self.numgen()?,
+            "update" => {
+                let set = self
+                    .next()?
+                    .strip_prefix('@')
+                    .ok_or_else(|| "expected @set".to_string())?;
+                self.expect("{")?;
+                self.expect(self.address_family_word())?;
+                self.expect("saddr")?;
+                self.expect("}")?;
+                let (_, len) = self.address_field(true);
+                self.load_address(true, REG_1, len);
+                self.emit(Expr::DynsetUpdate {
+                    sreg: REG_1,
+                    set: SetRef {
+                        name: set.to_string(),
+                        id: None,
+                    },
+                });
+            }
+            "dnat" => {
+                self.expect("to")?;
+                self.dnat()?;
+            }
+            "masquerade" => {
+                self.expect("fully-random")?;
+                self.emit(Expr::Masq {
+                    flags: NF_NAT_RANGE_PROTO_RANDOM_FULLY,
+                });
+            }
+            "reject" => self.emit(Expr::Reject {
+                code: if self.ipv6 {
+                    ICMPV6_PORT_UNREACH
+                } else {
+                    ICMP_PORT_UNREACH
+                },
+            }),
+            "drop" => self.verdict(Verdict {
+                code: NF_DROP,
+                chain: None,
+            }),
+            "return" => self.verdict(Verdict {
+                code: NFT_RETURN,
+                chain: None,
+            }),
+            "jump" | "goto" => {
+                let chain = self.next()?;
+                let verdict = parse_verdict(&[word, chain])?;
+                self.verdict(verdict);
+            }
+            "comment" => {
+                self.out.comment = Some(unquote(self.next()?)?);
+                if self.peek().is_some() {
+                    return Err("words after the comment".into());
+                }
+            }
+            other => return Err(format!("unsupported statement {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// `!=` (consumed) or equality.
+    fn operator(&mut self) -> u32 {
+        if self.peek() == Some("!=") {
+            self.position += 1;
+            CMP_NEQ
+        } else {
+            CMP_EQ
+        }
+    }
+
+    /// `ip daddr|saddr ...` after the family word.
+    fn address_statement(&mut self) -> Result<(), Unsupported> {
+        let source = match self.next()? {
+            "saddr" => true,
+            "daddr" => false,
+            other => return Err(format!("unsupported address key {other:?}")),
+        };
+        let (_, length) = self.address_field(source);
+        if self.peek() == Some(".") {
+            self.load_address(source, REG_1, length);
+            return self.l4_concatenation(length as usize);
+        }
+        let op = self.operator();
+        let value = self.next()?;
+        if let Some(set) = value.strip_prefix('@') {
+            self.load_address(source, REG_1, length);
+            self.emit(Expr::Lookup {
+                sreg: REG_1,
+                dreg: None,
+                set: SetRef {
+                    name: set.to_string(),
+                    id: None,
+                },
+                inverted: op == CMP_NEQ,
+            });
+            return Ok(());
+        }
+        let matches = if value == "{" {
+            let mut matches = Vec::new();
+            loop {
+                let word = self.next()?;
+                if word == "}" {
+                    break;
+                }
+                matches.push(AddressMatch::parse(word.trim_end_matches(','))?);
+            }
+            matches
+        } else {
+            vec![AddressMatch::parse(value)?]
+        };
+        for matched in &matches {
+            check_family(matched, self.ipv6)?;
+        }
+        match matches.as_slice() {
+            [] => Err("an empty set".into()),
+            [single] => self.match_one(source, op, *single),
+            several if several.iter().any(|m| matches!(m, AddressMatch::Prefix(_))) => {
+                self.load_address(source, REG_1, length);
+                self.out
+                    .exprs
+                    .push(Part::AnonymousSet(AnonymousSet::Addresses {
+                        matches: several.to_vec(),
+                        source,
+                        sreg: REG_1,
+                        inverted: op == CMP_NEQ,
+                    }));
+                Ok(())
+            }
+            _ => Err("a set of plain addresses".into()),
+        }
+    }
+
+    /// One address or prefix: loaded and compared, a prefix on whole bytes by loading only
+    /// those, otherwise masked.
+    fn match_one(
+        &mut self,
+        source: bool,
+        op: u32,
+        matched: AddressMatch,
+    ) -> Result<(), Unsupported> {
+        let (_, length) = self.address_field(source);
+        match matched {
+            AddressMatch::Address(address) => {
+                self.load_address(source, REG_1, length);
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op,
+                    data: values::address_bytes(address),
+                });
+            }
+            AddressMatch::Prefix(net) => {
+                let bits = net.prefix_len() as u32;
+                if bits == 0 {
+                    return Err("a match of every address".into());
+                }
+                let bytes = values::address_bytes(net.network());
+                if bits.is_multiple_of(8) {
+                    let used = (bits / 8) as usize;
+                    self.load_address(source, REG_1, used as u32);
+                    self.emit(Expr::Cmp {
+                        sreg: REG_1,
+                        op,
+                        data: bytes[..used].to_vec(),
+                    });
+                } else {
+                    self.load_address(source, REG_1, length);
+                    let mask = values::address_bytes(prefix_mask(net.addr(), bits));
+                    self.emit(Expr::Bitwise {
+                        reg: REG_1,
+                        mask,
+                        xor: vec![0; length as usize],
+                        boolean_op: false,
+                    });
+                    self.emit(Expr::Cmp {
+                        sreg: REG_1,
+                        op,
+                        data: bytes,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `[... .] meta l4proto . th dport vmap @MAP`, the address (if any) already loaded:
+    /// `offset` bytes of the concatenation are taken.
+    fn l4_concatenation(&mut self, offset: usize) -> Result<(), Unsupported> {
+        if offset > 0 {
+            self.expect(".")?;
+            self.expect("meta")?;
+            self.expect("l4proto")?;
+        }
+        self.emit(Expr::MetaLoad {
+            key: META_L4PROTO,
+            dreg: register_at(offset),
+        });
+        self.expect(".")?;
+        self.expect("th")?;
+        self.expect("dport")?;
+        self.emit(Expr::Payload {
+            dreg: register_at(offset + 4),
+            base: BASE_TRANSPORT,
+            offset: 2,
+            len: 2,
+        });
+        self.expect("vmap")?;
+        let map = self
+            .next()?
+            .strip_prefix('@')
+            .ok_or_else(|| "expected @map".to_string())?;
+        self.emit(Expr::Lookup {
+            sreg: REG_1,
+            dreg: Some(REG_VERDICT),
+            set: SetRef {
+                name: map.to_string(),
+                id: None,
+            },
+            inverted: false,
+        });
+        Ok(())
+    }
+
+    /// `mark set mark or|xor V` and `mark and V == 0`.
+    fn mark(&mut self) -> Result<(), Unsupported> {
+        self.emit(Expr::MetaLoad {
+            key: META_MARK,
+            dreg: REG_1,
+        });
+        match self.next()? {
+            "set" => {
+                self.expect("mark")?;
+                let operation = self.next()?;
+                let value = parse_number(self.next()?)?;
+                let (mask, xor) = match operation {
+                    "or" => (!value, value),
+                    "xor" => (u32::MAX, value),
+                    other => return Err(format!("unsupported mark operation {other:?}")),
+                };
+                self.emit(Expr::Bitwise {
+                    reg: REG_1,
+                    mask: mask.to_ne_bytes().to_vec(),
+                    xor: xor.to_ne_bytes().to_vec(),
+                    boolean_op: true,
+                });
+                self.emit(Expr::MetaSet {
+                    key: META_MARK,
+                    sreg: REG_1,
+                });
+            }
+            "and" => {
+                let value = parse_number(self.next()?)?;
+                self.expect("==")?;
+                let compared = parse_number(self.next()?)?;
+                self.emit(Expr::Bitwise {
+                    reg: REG_1,
+                    mask: value.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                    boolean_op: true,
+                });
+                self.emit(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CMP_EQ,
+                    data: compared.to_ne_bytes().to_vec(),
+                });
+            }
+            other => return Err(format!("unsupported mark statement {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// `numgen random mod N vmap { 0 : goto A , 1 : goto B }`.
+    fn numgen(&mut self) -> Result<(), Unsupported> {
+        self.expect("random")?;
+        self.expect("mod")?;
+        let modulus: u32 = self
+            .next()?
+            .parse()
+            .map_err(|_| "not a modulus".to_string())?;
+        self.expect("vmap")?;
+        self.expect("{")?;
+        let mut targets = Vec::new();
+        loop {
+            let index: usize = self
+                .next()?
+                .parse()
+                .map_err(|_| "not an index".to_string())?;
+            if index != targets.len() {
+                return Err("map indexes out of order".into());
+            }
+            self.expect(":")?;
+            let verb = self.next()?;
+            let chain = self.next()?;
+            targets.push(parse_verdict(&[verb, chain])?);
+            match self.next()? {
+                "," => continue,
+                "}" => break,
+                other => return Err(format!("unexpected {other:?} in a verdict map")),
+            }
+        }
+        if targets.len() as u32 != modulus {
+            return Err("the modulus is not the number of targets".into());
+        }
+        self.emit(Expr::Numgen {
+            dreg: REG_1,
+            modulus,
+        });
+        self.out
+            .exprs
+            .push(Part::AnonymousSet(AnonymousSet::VerdictMap {
+                targets,
+                sreg: REG_1,
+                dreg: REG_VERDICT,
+            }));
+        Ok(())
+    }
+
+    /// `ADDRESS:PORT` or `[ADDRESS]:PORT`.
+    fn dnat(&mut self) -> Result<(), Unsupported> {
+        let target = self.next()?;
+        let (address, port) = target
+            .rsplit_once(':')
+            .ok_or_else(|| "dnat needs a port".to_string())?;
+        let address = address.trim_start_matches('[').trim_end_matches(']');
+        let address: IpAddr = address
+            .parse()
+            .map_err(|_| format!("not an address: {address:?}"))?;
+        if address.is_ipv6() != self.ipv6 {
+            return Err("an address of the other family".into());
+        }
+        let port: u16 = port.parse().map_err(|_| "not a port".to_string())?;
+        self.emit(Expr::Immediate {
+            dreg: REG_1,
+            data: Data::Value(values::address_bytes(address)),
+        });
+        self.emit(Expr::Immediate {
+            dreg: REG_2,
+            data: Data::Value(port.to_be_bytes().to_vec()),
+        });
+        self.emit(Expr::Dnat {
+            family: if self.ipv6 { 10 } else { 2 },
+            addr: REG_1,
+            port: REG_2,
+        });
+        Ok(())
+    }
+}
+
+fn parse_number(text: &str) -> Result<u32, Unsupported> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .map_err(|_| format!("not a number: {text:?}"))
+}
+
+/// The mask of a prefix of `bits` in the family of `address`.
+fn prefix_mask(address: IpAddr, bits: u32) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => IpAddr::V4((u32::MAX << (32 - bits)).into()),
+        IpAddr::V6(_) => IpAddr::V6((u128::MAX << (128 - bits)).into()),
+    }
+}
