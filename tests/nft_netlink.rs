@@ -37,7 +37,26 @@ fn listing(ns: &Netns) -> String {
     let expressions = ns.output(&["nft", "--debug=netlink", "list", "ruleset"]);
     let mut lines: Vec<&str> = Vec::new();
     let mut elements: Vec<&str> = Vec::new();
-    for line in plain.lines().chain(expressions.lines()) {
+    // nft names anonymous sets __map0, __map1, ...; ours are named after their rule.
+    let anonymous = |line: &str| -> String {
+        line.split(' ')
+            .map(|word| {
+                for prefix in ["@__map", "__map", "@__set", "__set"] {
+                    if word.starts_with(prefix) {
+                        return prefix.to_string();
+                    }
+                }
+                word.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let all: Vec<String> = plain
+        .lines()
+        .chain(expressions.lines())
+        .map(anonymous)
+        .collect();
+    for line in all.iter().map(String::as_str) {
         if line.starts_with("\telement ") {
             elements.push(line);
             continue;

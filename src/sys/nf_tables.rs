@@ -181,33 +181,72 @@ pub fn set_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, Netl
     Ok(names)
 }
 
-/// Per chain of `table` in `family`: how many rules it holds, and the comments they carry. One
-/// dump of our table's rules, of which only the chain and the user data are decoded.
+/// How many threads read rules back (one netlink socket each: a socket runs one dump at a time).
+const RULE_READERS: usize = 2;
+
+/// Per chain of `chains` in `table` of `family`: how many rules it holds, and the comments they
+/// carry (only the chain and the user data of each rule are decoded). Each chain is dumped on
+/// its own: the kernel finds it by name, where a dump of the whole table walks every rule
+/// before the point it had reached for each batch it sends (at 380,000 rules, 16 s against 1).
 pub fn rule_comments(
     family: IpFamily,
     table: &str,
+    chains: &BTreeSet<String>,
+) -> Result<BTreeMap<String, (usize, Vec<String>)>, NetlinkError> {
+    let chains: Vec<&String> = chains.iter().collect();
+    let share = chains.len().div_ceil(RULE_READERS).max(1);
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = chains
+            .chunks(share)
+            .map(|part| scope.spawn(move || read_chains(family, table, part)))
+            .collect();
+        let mut all = BTreeMap::new();
+        for reader in readers {
+            let part = reader
+                .join()
+                .map_err(|_| NetlinkError::Decode("a rule reader panicked".into()))??;
+            all.extend(part);
+        }
+        Ok(all)
+    })
+}
+
+/// The rules of `chains`, one dump per chain, on one socket.
+fn read_chains(
+    family: IpFamily,
+    table: &str,
+    chains: &[&String],
 ) -> Result<BTreeMap<String, (usize, Vec<String>)>, NetlinkError> {
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
-    let mut attempt = 1;
-    let replies = loop {
-        match connection.request(ChainMessage::rule_dump_request(family, table), true) {
-            Ok(replies) => break replies,
-            Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
-            Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeMap::new()),
-            Err(err) => return Err(err),
+    let mut found = BTreeMap::new();
+    for chain in chains {
+        let request = ChainMessage {
+            name: Some(chain.to_string()),
+            ..ChainMessage::rule_dump_request(family, table)
+        };
+        let mut attempt = 1;
+        let replies = loop {
+            match connection.request(request.clone(), true) {
+                Ok(replies) => break replies,
+                Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
+                // The chain is gone: it holds nothing.
+                Err(err) if err.errno() == Some(nix::libc::ENOENT) => break Vec::new(),
+                Err(err) => return Err(err),
+            }
+        };
+        let entry: &mut (usize, Vec<String>) = found.entry(chain.to_string()).or_default();
+        for reply in replies {
+            if reply.message_type & 0xff != NFT_MSG_NEWRULE
+                || reply.table.as_deref() != Some(table)
+                || reply.name.as_deref() != Some(chain.as_str())
+            {
+                continue;
+            }
+            entry.0 += 1;
+            entry.1.extend(reply.comment);
         }
-    };
-    let mut chains: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-    for reply in replies {
-        if reply.message_type & 0xff != NFT_MSG_NEWRULE || reply.table.as_deref() != Some(table) {
-            continue;
-        }
-        let Some(chain) = reply.name else { continue };
-        let entry = chains.entry(chain).or_default();
-        entry.0 += 1;
-        entry.1.extend(reply.comment);
     }
-    Ok(chains)
+    Ok(found)
 }
 
 /// The comment in a rule's user data: type-length-value records, type and length a byte each.

@@ -74,8 +74,14 @@ pub trait Nftables: Send {
     fn apply(&mut self, commands: &str) -> Result<(), NftError>;
     /// The names of `table`'s chains and sets in `family` (none when there is no such table).
     fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError>;
-    /// Per chain of `table` in `family`: how many rules it holds and the comments they carry.
-    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError>;
+    /// Per chain of `chains` in `table` of `family`: how many rules it holds and the comments
+    /// they carry.
+    fn rule_comments(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &BTreeSet<String>,
+    ) -> Result<RuleComments, NftError>;
 }
 
 /// Per chain: its rule count and its rules' comments.
@@ -184,8 +190,13 @@ impl Nftables for SystemNftables {
         Ok(TableNames { chains, sets })
     }
 
-    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError> {
-        nf_tables::rule_comments(family, table).map_err(|source| NftError::Netlink {
+    fn rule_comments(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &BTreeSet<String>,
+    ) -> Result<RuleComments, NftError> {
+        nf_tables::rule_comments(family, table, chains).map_err(|source| NftError::Netlink {
             what: "rules",
             table: table.to_string(),
             family: family_keyword(family),

@@ -95,7 +95,12 @@ impl Nftables for FakeNftables {
             .unwrap_or_default())
     }
 
-    fn rule_comments(&mut self, family: IpFamily, table: &str) -> Result<RuleComments, NftError> {
+    fn rule_comments(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &std::collections::BTreeSet<String>,
+    ) -> Result<RuleComments, NftError> {
         self.rule_reads += 1;
         let comment = |rule: &String| {
             let after = rule.rsplit_once(" comment \"")?.1;
@@ -106,7 +111,7 @@ impl Nftables for FakeNftables {
             .map(|t| {
                 t.chains
                     .iter()
-                    .filter(|(_, (_, rules))| !rules.is_empty())
+                    .filter(|(name, (_, rules))| !rules.is_empty() && chains.contains(*name))
                     .map(|(name, (_, rules))| {
                         (
                             name.clone(),

@@ -208,24 +208,36 @@ impl<N: Nftables> NftablesProxier<N> {
     /// that cannot go yet is tried again next sync; it is empty meanwhile.
     fn delete_stale_chains(&mut self, family: IpFamily) {
         let now = Instant::now();
-        let wanted: BTreeSet<&String> = self
-            .programmed
-            .get(&family)
-            .map(|p| p.services.values().flat_map(|s| s.chains.keys()).collect())
-            .unwrap_or_default();
-        let due: Vec<String> = self
+        let mut due: Vec<String> = self
             .stale_chains
             .get(&family)
             .map(|stale| {
                 stale
                     .iter()
-                    .filter(|(name, at)| {
-                        now.duration_since(**at) >= self.stale_chain_delay && !wanted.contains(name)
-                    })
+                    .filter(|(_, at)| now.duration_since(**at) >= self.stale_chain_delay)
                     .map(|(name, _)| name.clone())
                     .collect()
             })
             .unwrap_or_default();
+        if due.is_empty() {
+            return;
+        }
+        // A chain that is wanted again (its service came back) stays, and is stale no more.
+        if let Some(programmed) = self.programmed.get(&family) {
+            let wanted: BTreeSet<&String> = programmed
+                .services
+                .values()
+                .flat_map(|s| s.chains.keys())
+                .collect();
+            let (again, gone): (Vec<String>, Vec<String>) =
+                due.into_iter().partition(|name| wanted.contains(name));
+            if let Some(stale) = self.stale_chains.get_mut(&family) {
+                for name in &again {
+                    stale.remove(name);
+                }
+            }
+            due = gone;
+        }
         if due.is_empty() {
             return;
         }
@@ -331,10 +343,19 @@ impl<N: Nftables> NftablesProxier<N> {
                     .map_err(Failure::unattributed)?;
                 // A restart: chains an earlier run wrote that are exactly what we would write
                 // (same digest, same rule count) stay as they are.
-                let adopted = if names.chains.is_empty() {
+                // Only chains that exist and that we would write with a digest are read.
+                let candidates: BTreeSet<String> = services
+                    .values()
+                    .flat_map(|objects| &objects.chains)
+                    .filter(|(name, chain)| {
+                        names.chains.contains(*name) && digest_of(chain).is_some()
+                    })
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                let adopted = if candidates.is_empty() {
                     BTreeSet::new()
                 } else {
-                    match self.nft.rule_comments(family, TABLE) {
+                    match self.nft.rule_comments(family, TABLE, &candidates) {
                         Ok(comments) => adoptable(&services, &comments),
                         Err(err) => {
                             warn!(?family, error = %err, "Cannot read our rules back; rewriting every chain");

@@ -58,9 +58,32 @@ pub struct CompileError {
     pub reason: String,
 }
 
+/// How a rule's anonymous sets and maps are named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnonymousNames {
+    /// After the rule's chain and its place in it (`__map` + a hash): the kernel takes the name
+    /// as it is. Given `__map%d`, it scans every set of the table for a free number instead, for
+    /// each anonymous set: at 10,000 services that scan made each transaction of a full sync
+    /// slower than the last.
+    #[default]
+    ByRule,
+    /// `__map%d` / `__set%d`, as nft sends them (for comparing with nft's messages).
+    AsNft,
+}
+
 /// Compiles `text` (one command per line; blank lines and `#` comments skipped).
 pub fn compile(text: &str) -> Result<Compiled, CompileError> {
-    let mut compiler = Compiler::default();
+    compile_with(text, AnonymousNames::ByRule)
+}
+
+/// Compiles `text`, naming anonymous sets as `names` says. A chain's rules that carry anonymous
+/// sets must be added to an empty chain (a new or a flushed one) for names by rule to be unique;
+/// this program's transactions always do that.
+pub fn compile_with(text: &str, names: AnonymousNames) -> Result<Compiled, CompileError> {
+    let mut compiler = Compiler {
+        names,
+        ..Compiler::default()
+    };
     for (index, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -123,6 +146,13 @@ fn comment_udata(comment: &str) -> UserData {
 #[derive(Default)]
 struct Compiler {
     out: Compiled,
+    names: AnonymousNames,
+    /// Rules added so far per (family, table, chain): a rule's place in its chain.
+    rules_added: HashMap<(u8, String, String), u32>,
+    /// The rule being compiled: its chain and place, for naming its anonymous sets.
+    current_rule: (String, u32),
+    /// Anonymous sets of the current rule so far.
+    anonymous_in_rule: usize,
     /// Every set this batch declares gets the next id; references to it carry it.
     last_set_id: u32,
     declared_sets: HashMap<(u8, String, String), u32>,
@@ -272,6 +302,13 @@ impl Compiler {
         let [chain, statements @ ..] = rest else {
             return Err("expected a chain name".into());
         };
+        let counter = self
+            .rules_added
+            .entry((scope.family, scope.table.to_string(), chain.to_string()))
+            .or_default();
+        *counter += 1;
+        self.current_rule = (chain.to_string(), *counter);
+        self.anonymous_in_rule = 0;
         let compiled = rule::compile(statements, scope.is_ipv6())?;
         let mut exprs = Vec::with_capacity(compiled.exprs.len());
         for expr in compiled.exprs {
@@ -307,6 +344,20 @@ impl Compiler {
             .copied()
     }
 
+    /// The name of the current rule's `index`-th anonymous set (`kind`: `map` or `set`).
+    fn anonymous_name(&self, kind: &str, index: usize) -> String {
+        match self.names {
+            AnonymousNames::AsNft => format!("__{kind}%d"),
+            AnonymousNames::ByRule => {
+                use sha2::Digest;
+                let (chain, place) = &self.current_rule;
+                let digest = sha2::Sha256::digest(format!("{chain}#{place}#{index}").as_bytes());
+                let encoded = data_encoding::BASE32_NOPAD.encode(&digest);
+                format!("__{kind}{}", &encoded[..16])
+            }
+        }
+    }
+
     fn next_set_id(&mut self) -> u32 {
         self.last_set_id += 1;
         self.last_set_id
@@ -319,6 +370,9 @@ impl Compiler {
         set: rule::AnonymousSet,
     ) -> Result<Expr, Unsupported> {
         let id = self.next_set_id();
+        self.anonymous_in_rule += 1;
+        let map_name = self.anonymous_name("map", self.anonymous_in_rule);
+        let set_name = self.anonymous_name("set", self.anonymous_in_rule);
         let (name, flags, key_type, key_len, elements, size, udata, lookup) = match set {
             rule::AnonymousSet::VerdictMap {
                 targets,
@@ -346,13 +400,13 @@ impl Compiler {
                     sreg,
                     dreg: Some(dreg),
                     set: SetRef {
-                        name: "__map%d".into(),
+                        name: map_name.clone(),
                         id: Some(id),
                     },
                     inverted: false,
                 };
                 (
-                    "__map%d",
+                    map_name,
                     SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
                     TYPE_INTEGER,
                     4,
@@ -397,7 +451,7 @@ impl Compiler {
                     sreg,
                     dreg: None,
                     set: SetRef {
-                        name: "__set%d".into(),
+                        name: set_name.clone(),
                         id: Some(id),
                     },
                     inverted,
@@ -408,7 +462,7 @@ impl Compiler {
                     (TYPE_IPADDR, 4)
                 };
                 (
-                    "__set%d",
+                    set_name,
                     SET_ANONYMOUS | SET_CONSTANT | SET_INTERVAL,
                     key_type,
                     key_len,
@@ -421,7 +475,7 @@ impl Compiler {
         };
         let mut a = Attributes::new();
         a.string(1, scope.table)
-            .string(2, name)
+            .string(2, &name)
             .u32(3, flags)
             .u32(4, key_type)
             .u32(5, key_len);
@@ -435,7 +489,7 @@ impl Compiler {
             .raw(13, udata.bytes());
         self.push(NFT_MSG_NEWSET, NLM_F_CREATE, scope, a);
         let mut a = Attributes::new();
-        a.string(1, scope.table).string(2, name).u32(4, id);
+        a.string(1, scope.table).string(2, &name).u32(4, id);
         encode_elements(&mut a, &elements);
         self.push(NFT_MSG_NEWSETELEM, NLM_F_CREATE, scope, a);
         Ok(lookup)

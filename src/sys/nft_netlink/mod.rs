@@ -18,7 +18,7 @@ use std::io;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-pub use compile::{CompileError, Compiled, compile};
+pub use compile::{AnonymousNames, CompileError, Compiled, compile, compile_with};
 pub use wire::{Message, batch};
 
 /// Netlink's error message type.

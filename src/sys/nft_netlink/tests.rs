@@ -111,7 +111,8 @@ fn sort_element_runs(messages: &mut [(u16, String)]) {
 #[test]
 fn every_message_equals_what_nft_sends() {
     for (name, text, batch) in CASES {
-        let compiled = compile(text).unwrap_or_else(|err| panic!("{name}: {err}"));
+        let compiled =
+            compile_with(text, AnonymousNames::AsNft).unwrap_or_else(|err| panic!("{name}: {err}"));
         let mut ours: Vec<(u16, String)> = compiled
             .messages
             .iter()
