@@ -67,6 +67,61 @@ pub struct RunOptions {
     pub exit_on_config_change: bool,
 }
 
+/// The Kubernetes release whose kube-proxy this program stands in for.
+pub const KUBERNETES_VERSION: &str = "v1.35.0";
+
+/// `--version`'s line: upstream's form, so that scripts reading the second word get a
+/// Kubernetes version, and ours after it.
+pub fn version_line() -> String {
+    format!(
+        "Kubernetes {KUBERNETES_VERSION} (kube-proxy-rs {})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// `--version=raw`'s line, in the shape of upstream's `version.Info`.
+pub fn version_raw() -> String {
+    format!(
+        "version.Info{{Major:\"1\", Minor:\"35\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+/// `--init-only`: what upstream does with full privileges before it could run with
+/// CAP_NET_ADMIN alone (the conntrack table and timeouts, the mode's sysctls), then nothing
+/// more. No rule is programmed and no API server is needed.
+pub fn init_only(settings: &Settings) {
+    let config = &settings.config;
+    node_setup::apply_conntrack(config, &mut ProcSysctl::default());
+    let mut sysctl = ProcSysctl::default();
+    let wanted = match config.proxy_mode().unwrap_or(ProxyMode::Iptables) {
+        ProxyMode::Ipvs => crate::proxier::ipvs::sysctls(config.ipvs.strict_arp),
+        ProxyMode::Iptables
+            if config.iptables.localhost_node_ports.unwrap_or(true) && local_node_ports(config) =>
+        {
+            vec![("net/ipv4/conf/all/route_localnet", "1")]
+        }
+        _ => Vec::new(),
+    };
+    for (name, value) in wanted {
+        if let Err(err) = crate::sys::net::ensure_sysctl(&mut sysctl, name, value) {
+            warn!(error = %err, sysctl = name, "Failed to set sysctl");
+        }
+    }
+    info!("System initialized and --init-only specified");
+}
+
+/// Whether nodePortAddresses takes in 127.0.0.1 (every address does, when it is empty).
+fn local_node_ports(config: &KubeProxyConfiguration) -> bool {
+    config.node_port_addresses.is_empty()
+        || config.node_port_addresses.iter().any(|cidr| {
+            cidr.parse::<ipnet::IpNet>()
+                .is_ok_and(|net| net.contains(&std::net::IpAddr::from([127, 0, 0, 1])))
+        })
+}
+
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
 pub async fn run(
     settings: Settings,
@@ -121,15 +176,26 @@ pub async fn run(
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
     let hard_fail = config.bind_address_hard_fail;
+    if let Err(err) = metrics.feature_gates(&config.feature_gates) {
+        warn!(error = %err, "Cannot export the feature gates");
+    }
     if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
-        serve_health(listener, health.clone());
+        serve_health(listener, health.clone(), metrics.clone());
     }
     if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
         serve_metrics(listener, metrics.clone(), health.clone(), proxier.mode());
     }
 
-    let client =
-        k8s::build_client(settings.kubeconfig.as_deref(), settings.master.as_deref()).await?;
+    let observer: k8s::RequestObserver = {
+        let metrics = metrics.clone();
+        Arc::new(move |record: &k8s::RequestRecord| metrics.api_request(record))
+    };
+    let client = k8s::build_client(
+        settings.kubeconfig.as_deref(),
+        settings.master.as_deref(),
+        Some(observer),
+    )
+    .await?;
     let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let on_change = {
@@ -343,6 +409,10 @@ async fn listen(
     address: &str,
     hard_fail: bool,
 ) -> Result<Option<tokio::net::TcpListener>, DaemonError> {
+    if address.is_empty() {
+        info!("The {what} server is turned off");
+        return Ok(None);
+    }
     match bind(address).await {
         Ok(listener) => {
             let bound = listener
@@ -507,7 +577,10 @@ impl Syncer for SyncLoop {
                     Ok(())
                 }
                 Err(err) => {
-                    self.metrics.failed(self.proxier.mode());
+                    // After a success the next sync writes changes only (a failed one makes
+                    // the next full), as upstream counts partial restore failures.
+                    let partial = self.failures.is_clear();
+                    self.metrics.failed(self.proxier.mode(), partial);
                     // Nothing is applied until a sync succeeds: past the health timeout the
                     // node reports unhealthy, even when no new change is waiting.
                     self.health.queued();

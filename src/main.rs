@@ -2,41 +2,56 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use kube_proxy_rs::config::{self, Command, Flags, NodeNameSources};
+use kube_proxy_rs::config::{self, Command, Flags, NodeNameSources, VersionRequest};
 use kube_proxy_rs::{daemon, logging};
 use tokio::sync::watch;
 
 /// Exit status for a configuration the program cannot use (sysexits' EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
+/// Exit status for a command line it cannot read (upstream's, for flag errors).
+const EXIT_BAD_FLAGS: u8 = 1;
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let flags = match Flags::parse_from(std::env::args().skip(1)) {
+        Ok(flags) => flags,
+        Err(err) => {
+            eprintln!("Error: {err}\nRun 'kube-proxy-rs --help' for usage.");
+            return ExitCode::from(EXIT_BAD_FLAGS);
+        }
+    };
+    if flags.help {
+        print!("{}", config::usage());
+        return ExitCode::SUCCESS;
+    }
+    match &flags.version {
+        VersionRequest::Print => {
+            println!("{}", daemon::version_line());
+            return ExitCode::SUCCESS;
+        }
+        VersionRequest::Raw => {
+            println!("{}", daemon::version_raw());
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
     let sources = NodeNameSources {
         env_node_name: std::env::var("NODE_NAME").ok(),
         hostname: gethostname::gethostname().into_string().ok(),
     };
-    let settings = match config::resolve(&flags, &sources) {
+    let mut settings = match config::resolve(&flags, &sources) {
         Ok(settings) => settings,
         Err(err) => {
             eprintln!("kube-proxy-rs: {err}");
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
-    if let Some(Command::Render { files }) = &flags.command {
-        return render(&flags, settings, files);
+    if let VersionRequest::Set(version) = &flags.version {
+        settings.reported_version = Some(version.clone());
     }
-    if let Some(Command::PrintConfig) = flags.command {
-        return match serde_yaml_ng::to_string(&settings.config) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("kube-proxy-rs: cannot print the configuration: {err}");
-                ExitCode::FAILURE
-            }
-        };
+    match &flags.command {
+        Some(Command::Render { files }) => return render(&flags, settings, files),
+        Some(Command::PrintConfig) => return print_config(&settings.config, None),
+        None => {}
     }
     let format = match logging::Format::parse(&settings.config.logging.format) {
         Ok(format) => format,
@@ -49,8 +64,18 @@ fn main() -> ExitCode {
         eprintln!("kube-proxy-rs: {err}");
         return ExitCode::FAILURE;
     }
-    if flags.cleanup == Some(true) {
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
+    if let Some(path) = flags.write_config_to() {
+        return print_config(&settings.config, Some(&path));
+    }
+    if flags.cleanup() {
         daemon::cleanup();
+        return ExitCode::SUCCESS;
+    }
+    if flags.init_only() {
+        daemon::init_only(&settings);
         return ExitCode::SUCCESS;
     }
     let options = daemon::RunOptions {
@@ -68,16 +93,47 @@ fn main() -> ExitCode {
     }
 }
 
+/// `print-config` (to stdout) and `--write-config-to` (to a file, then exit as upstream does).
+fn print_config(
+    config: &config::KubeProxyConfiguration,
+    path: Option<&std::path::Path>,
+) -> ExitCode {
+    let text = match config::config_yaml(config) {
+        Ok(text) => text,
+        Err(err) => {
+            eprintln!("kube-proxy-rs: cannot write the configuration: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(path) = path else {
+        print!("{text}");
+        return ExitCode::SUCCESS;
+    };
+    match std::fs::write(path, text) {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), "Wrote configuration");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("kube-proxy-rs: cannot write {}: {err}", path.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `render`: prints what would be programmed; objects that could not be used are listed on
 /// stderr and make the exit status 1 (the rest is still printed).
 fn render(flags: &Flags, mut settings: config::Settings, files: &[std::path::PathBuf]) -> ExitCode {
-    if let Some(mode) = &flags.proxy_mode {
-        settings.config.mode = mode.clone();
+    if let Some(mode) = flags.proxy_mode() {
+        settings.config.mode = mode;
         let errors = config::validate(&settings.config);
         if !errors.is_empty() {
             eprintln!("kube-proxy-rs: {}", config::ConfigError::Invalid(errors));
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
+    }
+    for warning in &settings.warnings {
+        eprintln!("kube-proxy-rs render: warning: {warning}");
     }
     match kube_proxy_rs::render::render(&settings.config, &settings.node_name, files) {
         Ok(rendered) => {

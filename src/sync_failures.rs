@@ -40,6 +40,11 @@ pub struct FailureLog {
 }
 
 impl FailureLog {
+    /// No sync has failed since the last success.
+    pub fn is_clear(&self) -> bool {
+        self.streak.is_none()
+    }
+
     /// A sync failed with `reason` at `now`.
     pub fn failed(&mut self, reason: &str, now: Instant) -> Verdict {
         let total = self.streak.as_ref().map_or(0, |s| s.total) + 1;

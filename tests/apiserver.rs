@@ -9,7 +9,7 @@ use kube::{Api, Client};
 use support::{Cluster, service};
 
 async fn client(cluster: &Cluster) -> Client {
-    kube_proxy_rs::k8s::build_client(Some(&cluster.kubeconfig), None)
+    kube_proxy_rs::k8s::build_client(Some(&cluster.kubeconfig), None, None)
         .await
         .expect("client")
 }

@@ -94,7 +94,7 @@ fn rbac_grants_reads_of_services_slices_nodes_service_cidrs_and_events_only() {
     assert_eq!(subjects[0].kind, "ServiceAccount");
     assert_eq!(Some(subjects[0].name.clone()), account.metadata.name);
     assert_eq!(subjects[0].namespace, account.metadata.namespace);
-    let pod = daemonset().spec.unwrap().template.spec.unwrap();
+    let pod = daemonset().spec.template.spec.unwrap();
     assert_eq!(pod.service_account_name, account.metadata.name);
 }
 
@@ -118,7 +118,7 @@ fn configmap_holds_a_config_our_validation_accepts_and_a_kubeadm_kubeconfig() {
     // The kubeconfig is where config.conf says, in the mounted ConfigMap, and uses the pod's
     // service account token and CA as kubeadm's does.
     let ds = daemonset();
-    let mount = container(&ds.spec.unwrap().template)
+    let mount = container(&ds.spec.template)
         .volume_mounts
         .unwrap()
         .into_iter()
@@ -145,7 +145,7 @@ fn configmap_holds_a_config_our_validation_accepts_and_a_kubeadm_kubeconfig() {
 #[test]
 fn daemonset_runs_privileged_on_every_node_with_kubeadms_command_line() {
     let ds = daemonset();
-    let spec = ds.spec.unwrap();
+    let spec = ds.spec;
     let selector = spec.selector.match_labels.unwrap();
     let labels = spec.template.metadata.clone().unwrap().labels.unwrap();
     for (key, value) in &selector {
@@ -244,7 +244,7 @@ fn kubeadm_patch_swaps_image_and_command_of_kubeadms_container() {
     let patched = container(&template);
     // kubeadm names the container kube-proxy: a strategic merge patch matches it by name.
     assert_eq!(patched.name, "kube-proxy");
-    let ours = container(&daemonset().spec.unwrap().template);
+    let ours = container(&daemonset().spec.template);
     assert_eq!(patched.image, ours.image);
     assert_eq!(patched.command, ours.command);
     assert_eq!(patched.liveness_probe, ours.liveness_probe);

@@ -94,6 +94,31 @@ async fn health_metrics_and_service_health_servers() {
     };
     let syncs = count(&metrics.1);
     assert!(syncs >= 1.0, "{}", metrics.1);
+    // Every metric the kubernetes-mixin "Kubernetes / Proxy" dashboard queries (its PromQL's
+    // metric names, `up` aside, which Prometheus makes), and what upstream adds around them.
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket{",
+        "kubeproxy_network_programming_duration_seconds_count",
+        "kubeproxy_network_programming_duration_seconds_bucket{",
+        "rest_client_requests_total{code=\"200\"",
+        "rest_client_request_duration_seconds_bucket{",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+        "go_goroutines ",
+        "kubeproxy_proxy_healthz_total{code=\"200\"}",
+        "kubeproxy_proxy_livez_total{code=\"200\"}",
+        "kubeproxy_sync_proxy_rules_iptables_last{table=\"nat\"}",
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 0",
+        "kubernetes_build_info{",
+        "kubernetes_feature_enabled{name=\"NFTablesProxyMode\",stage=\"\"} 1",
+    ] {
+        assert!(metrics.1.contains(name), "{name} missing:\n{}", metrics.1);
+    }
+    let verb_get = metrics.1.lines().any(|l| {
+        l.starts_with("rest_client_request_duration_seconds_count") && l.contains("verb=\"GET\"")
+    });
+    assert!(verb_get, "the API client's GETs are timed:\n{}", metrics.1);
     // The rule counts say what the kernel holds in our chains.
     let saved = node.output(&["iptables-nft-save"]);
     for table in ["filter", "nat"] {

@@ -26,7 +26,7 @@ struct Follower {
 
 impl Follower {
     async fn start(cluster: &Cluster) -> Follower {
-        let client = build_client(Some(&cluster.kubeconfig), None)
+        let client = build_client(Some(&cluster.kubeconfig), None, None)
             .await
             .expect("client");
         let tracker = Arc::new(Mutex::new(ChangeTracker::default()));

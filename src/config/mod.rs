@@ -1,18 +1,21 @@
 //! Configuration: the KubeProxyConfiguration file, the flags, and how they combine.
 
 mod duration;
+pub mod feature_gates;
 mod flags;
 mod load;
 mod types;
 mod validate;
+mod write;
 
 use std::path::PathBuf;
 
 pub use duration::{DurationError, GoDuration};
-pub use flags::{Command, Flags};
+pub use flags::{Command, FlagError, Flags, VersionRequest, usage};
 pub use load::{API_VERSION, Decoded, KIND, LoadError, decode_config, read_config_file};
 pub use types::*;
 pub use validate::{FieldError, IPVS_SCHEDULERS, validate};
+pub use write::config_yaml;
 
 /// Why the configuration cannot be used; each says the field and the value.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +29,12 @@ pub enum ConfigError {
     /// No node name could be found.
     #[error("cannot determine this node's name: set --hostname-override or NODE_NAME")]
     NoNodeName,
+    /// `--hostname-override` held only blanks.
+    #[error("empty hostname-override is invalid")]
+    EmptyHostnameOverride,
+    /// A feature gate upstream does not know, or one locked to its default.
+    #[error(transparent)]
+    FeatureGate(#[from] feature_gates::GateError),
 }
 
 fn join(errors: &[FieldError]) -> String {
@@ -52,7 +61,12 @@ pub struct Settings {
     /// Fields the file held that this version does not know.
     pub unknown_fields: Vec<String>,
     /// Flags that were given but that the file overrides.
-    pub ignored_flags: Vec<&'static str>,
+    pub ignored_flags: Vec<String>,
+    /// What deserves a warning in the log: deprecated, retired or ineffective flags, GA and
+    /// deprecated feature gates that were set.
+    pub warnings: Vec<String>,
+    /// The version to report instead of ours (`--version=vX.Y.Z`).
+    pub reported_version: Option<String>,
 }
 
 /// Where a node name can come from besides the flags and the file.
@@ -65,33 +79,70 @@ pub struct NodeNameSources {
 }
 
 /// Combines flags and file as upstream does: with `--config` the file wins, except for
-/// `--hostname-override`, `--master` and the logging flags.
+/// `--hostname-override`, `--master` and the logging flags; without it, the flags alone make
+/// the configuration.
 pub fn resolve(flags: &Flags, sources: &NodeNameSources) -> Result<Settings, ConfigError> {
-    let (mut config, unknown_fields, ignored_flags) = match &flags.config {
+    let config_file = flags.config();
+    let (mut config, unknown_fields, ignored_flags) = match &config_file {
         Some(path) => {
-            let decoded = read_config_file(path)?;
+            let mut decoded = read_config_file(path)?;
+            flags.apply_logging_to(&mut decoded.config);
             (
                 decoded.config,
                 decoded.unknown_fields,
                 flags.overridden_by_config_file(),
             )
         }
-        None => (config_from_flags(flags), Vec::new(), Vec::new()),
+        None => {
+            let mut config = KubeProxyConfiguration::default();
+            flags.apply_to(&mut config);
+            (config, Vec::new(), Vec::new())
+        }
     };
-    if let Some(verbosity) = flags.verbosity {
-        config.logging.verbosity = verbosity;
-    }
-    if let Some(format) = &flags.logging_format {
-        config.logging.format = format.clone();
+    // The deprecated port flags, which upstream folds in only without a file: port 0 turns the
+    // server off; another port goes to an address given without one.
+    let mut disabled = Vec::new();
+    if config_file.is_none() && flags.write_config_to().is_none() {
+        for (flag, address) in [
+            ("healthz-port", &mut config.healthz_bind_address),
+            ("metrics-port", &mut config.metrics_bind_address),
+        ] {
+            match flags.deprecated_port(flag) {
+                Some(0) => disabled.push(flag),
+                Some(port) if !address.is_empty() && !has_port(address) => {
+                    *address = if address.contains(':') {
+                        format!("[{address}]:{port}")
+                    } else {
+                        format!("{address}:{port}")
+                    };
+                }
+                _ => {}
+            }
+        }
     }
     config.apply_defaults();
+    if disabled.contains(&"healthz-port") {
+        config.healthz_bind_address.clear();
+    }
+    if disabled.contains(&"metrics-port") {
+        config.metrics_bind_address.clear();
+    }
+    let mut warnings = flags.warnings();
+    warnings.extend(feature_gates::check(&config.feature_gates)?);
     let errors = validate(&config);
     if !errors.is_empty() {
         return Err(ConfigError::Invalid(errors));
     }
 
+    // Upstream trims and lower-cases --hostname-override, and refuses one of blanks only.
+    let override_flag = match flags.hostname_override() {
+        Some(name) if !name.is_empty() && name.trim().is_empty() => {
+            return Err(ConfigError::EmptyHostnameOverride);
+        }
+        other => other,
+    };
     let node_name = [
-        flags.hostname_override.as_deref(),
+        override_flag.as_deref(),
         Some(config.hostname_override.as_str()),
         sources.env_node_name.as_deref(),
         sources.hostname.as_deref(),
@@ -105,31 +156,26 @@ pub fn resolve(flags: &Flags, sources: &NodeNameSources) -> Result<Settings, Con
     let kubeconfig = Some(config.client_connection.kubeconfig.clone())
         .filter(|path| !path.is_empty())
         .map(PathBuf::from)
-        .or_else(|| flags.kubeconfig.clone());
+        .or_else(|| flags.kubeconfig());
     Ok(Settings {
         config,
-        config_file: flags.config.clone(),
+        config_file,
         node_name,
         kubeconfig,
-        master: flags.master.clone().filter(|m| !m.is_empty()),
+        master: flags.master(),
         unknown_fields,
         ignored_flags,
+        warnings,
+        reported_version: None,
     })
 }
 
-/// The configuration that flags alone describe (no --config).
-fn config_from_flags(flags: &Flags) -> KubeProxyConfiguration {
-    let mut config = KubeProxyConfiguration::default();
-    let text = |value: &Option<String>| value.clone().unwrap_or_default();
-    config.mode = text(&flags.proxy_mode);
-    config.cluster_cidr = text(&flags.cluster_cidr);
-    config.healthz_bind_address = text(&flags.healthz_bind_address);
-    config.metrics_bind_address = text(&flags.metrics_bind_address);
-    config.bind_address = text(&flags.bind_address);
-    config.iptables.masquerade_all = flags.masquerade_all.unwrap_or(false);
-    config.ipvs.scheduler = text(&flags.ipvs_scheduler);
-    config.node_port_addresses = flags.nodeport_addresses.clone().unwrap_or_default();
-    config
+/// Whether an `ip` / `ip:port` / `[ipv6]:port` value carries a port.
+fn has_port(address: &str) -> bool {
+    if address.starts_with('[') {
+        return address.contains("]:");
+    }
+    address.parse::<std::net::IpAddr>().is_err() && address.contains(':')
 }
 
 #[cfg(test)]

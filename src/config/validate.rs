@@ -100,6 +100,8 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         ("metricsBindAddress", &config.metrics_bind_address),
     ] {
         match value.parse::<SocketAddr>() {
+            // Empty: the server is off (upstream's --healthz-port=0 / --metrics-port=0).
+            _ if value.is_empty() => {}
             Ok(addr) if addr.port() == 0 => fail(field, value, "port must be between 1 and 65535"),
             Ok(_) => {}
             Err(_) => fail(

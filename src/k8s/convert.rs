@@ -327,7 +327,7 @@ pub fn endpoint_slice(
     }
 
     let mut endpoints = Vec::new();
-    for (index, ep) in slice.endpoints.iter().enumerate() {
+    for (index, ep) in slice.endpoints.iter().flatten().enumerate() {
         let Some(text) = ep.addresses.first() else {
             warnings.push(format!("endpoints[{index}]: no address; ignored"));
             continue;
@@ -348,15 +348,21 @@ pub fn endpoint_slice(
         };
         let conditions = ep.conditions.as_ref();
         let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-        let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+        // As upstream: an unset condition is ready and serving, and not terminating.
+        let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
         let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-        let zone_hints: BTreeSet<String> = ep
-            .hints
-            .as_ref()
+        let hints = ep.hints.as_ref();
+        let zone_hints: BTreeSet<String> = hints
             .and_then(|h| h.for_zones.as_ref())
             .into_iter()
             .flatten()
             .map(|z| z.name.clone())
+            .collect();
+        let node_hints: BTreeSet<String> = hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|n| n.name.clone())
             .collect();
         endpoints.push(SliceEndpoint {
             ip,
@@ -366,6 +372,7 @@ pub fn endpoint_slice(
             node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
             zone: ep.zone.clone().filter(|z| !z.is_empty()),
             zone_hints,
+            node_hints,
         });
     }
     let service = NamespacedName::new(key.namespace.clone(), service_name.clone());

@@ -9,5 +9,5 @@ mod lenient;
 pub mod rules;
 mod watch;
 
-pub use client::{ClientError, build_client};
+pub use client::{ClientError, RequestObserver, RequestRecord, build_client};
 pub use watch::{InvalidInput, Synced, WatchSink, proxy_label_selector, spawn_watches};

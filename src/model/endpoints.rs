@@ -27,6 +27,7 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> 
                     node_name: ep.node_name.clone(),
                     zone: ep.zone.clone(),
                     zone_hints: ep.zone_hints.clone(),
+                    node_hints: ep.node_hints.clone(),
                 };
                 match by_address.get(&(ep.ip, port.port)) {
                     Some(existing) if existing.ready || !endpoint.ready => {}
@@ -74,6 +75,7 @@ mod tests {
                     node_name: None,
                     zone: None,
                     zone_hints: BTreeSet::new(),
+                    node_hints: BTreeSet::new(),
                 })
                 .collect(),
         }

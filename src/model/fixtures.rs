@@ -58,6 +58,7 @@ pub fn slice(
                 node_name: Some(node.to_string()),
                 zone: None,
                 zone_hints: BTreeSet::new(),
+                node_hints: BTreeSet::new(),
             })
             .collect(),
     }

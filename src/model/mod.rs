@@ -1,5 +1,6 @@
 //! The pure model: typed services and endpoints, change tracking, endpoint selection. No I/O.
 
+pub mod address;
 mod endpoints;
 mod topology;
 mod tracker;

@@ -26,7 +26,20 @@ pub struct SelectedEndpoints<'a> {
     pub has_any_endpoints: bool,
 }
 
-/// Picks the endpoints `service` uses on this node, from all of its endpoints.
+/// Which topology hints narrow the endpoints of Cluster-policy traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TopologyMode {
+    /// No hints apply: every ready endpoint.
+    None,
+    /// `hints.forNodes` (trafficDistribution PreferSameNode): the endpoints hinted for this node.
+    SameNode,
+    /// `hints.forZones` (PreferSameZone, PreferClose, topology-mode Auto): those for its zone.
+    SameZone,
+}
+
+/// Picks the endpoints `service` uses on this node, from all of its endpoints (upstream 1.35's
+/// CategorizeEndpoints). Only the hints the EndpointSlice controller wrote count, never the
+/// Service's trafficDistribution itself, as upstream.
 pub fn select_endpoints<'a>(
     service: &ServicePort,
     endpoints: &'a [Endpoint],
@@ -35,14 +48,12 @@ pub fn select_endpoints<'a>(
     let mut selected = SelectedEndpoints::default();
     let serving_terminating = |ep: &&Endpoint| ep.serving && ep.terminating;
 
-    let mut use_topology = false;
+    let mut mode = TopologyMode::None;
     if service.uses_cluster_endpoints() {
-        use_topology = can_use_topology(endpoints, node.zone);
+        mode = topology_mode(endpoints, node);
         selected.cluster = endpoints
             .iter()
-            .filter(|ep| {
-                ep.ready && (!use_topology || node.zone.is_some_and(|z| ep.zone_hints.contains(z)))
-            })
+            .filter(|ep| ep.ready && available(ep, mode, node))
             .collect();
         if selected.cluster.is_empty() {
             selected.cluster = endpoints.iter().filter(serving_terminating).collect();
@@ -76,7 +87,7 @@ pub fn select_endpoints<'a>(
 
     if !service.uses_cluster_endpoints() {
         selected.all_reachable = selected.local.clone();
-    } else if !use_topology && !local_fallback {
+    } else if mode == TopologyMode::None && !local_fallback {
         // Both sets were drawn from the ready endpoints, so the local ones are inside the cluster ones.
         selected.all_reachable = selected.cluster.clone();
     } else {
@@ -92,18 +103,37 @@ pub fn select_endpoints<'a>(
     selected
 }
 
-/// Topology hints apply only when every ready endpoint carries zone hints and at least one of them
-/// names this node's zone; otherwise hints are ignored and every endpoint is used.
-fn can_use_topology(endpoints: &[Endpoint], zone: Option<&str>) -> bool {
-    let Some(zone) = zone else { return false };
-    let mut has_endpoint_for_zone = false;
-    for ep in endpoints.iter().filter(|ep| ep.ready) {
-        if ep.zone_hints.is_empty() {
-            return false;
-        }
-        has_endpoint_for_zone |= ep.zone_hints.contains(zone);
+/// Node hints apply when every ready endpoint carries some and one names this node; else zone
+/// hints, when every ready endpoint carries some and one names this node's zone; else none.
+/// Endpoints that are not ready are not looked at.
+fn topology_mode(endpoints: &[Endpoint], node: NodeContext<'_>) -> TopologyMode {
+    let ready: Vec<&Endpoint> = endpoints.iter().filter(|ep| ep.ready).collect();
+    if ready.is_empty() {
+        return TopologyMode::None;
     }
-    has_endpoint_for_zone
+    if ready.iter().all(|ep| !ep.node_hints.is_empty())
+        && ready
+            .iter()
+            .any(|ep| ep.node_hints.contains(node.node_name))
+    {
+        return TopologyMode::SameNode;
+    }
+    let zone = node.zone.unwrap_or_default();
+    if !zone.is_empty()
+        && ready.iter().all(|ep| !ep.zone_hints.is_empty())
+        && ready.iter().any(|ep| ep.zone_hints.contains(zone))
+    {
+        return TopologyMode::SameZone;
+    }
+    TopologyMode::None
+}
+
+fn available(ep: &Endpoint, mode: TopologyMode, node: NodeContext<'_>) -> bool {
+    match mode {
+        TopologyMode::None => true,
+        TopologyMode::SameNode => ep.node_hints.contains(node.node_name),
+        TopologyMode::SameZone => node.zone.is_some_and(|zone| ep.zone_hints.contains(zone)),
+    }
 }
 
 #[cfg(test)]

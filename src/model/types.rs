@@ -182,9 +182,12 @@ impl ServicePort {
         !self.load_balancer_source_ranges.is_empty() || self.source_ranges_closed
     }
 
-    /// Some traffic to it may go to any endpoint in the cluster.
+    /// Some traffic to it may go to any endpoint in the cluster: internal traffic under a Cluster
+    /// policy, and any externally reachable service's (even with externalTrafficPolicy Local,
+    /// pods' and the node's own traffic to its external addresses short-circuits to the cluster
+    /// endpoints), as upstream's UsesClusterEndpoints.
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Some traffic to it may only go to endpoints on this node.
@@ -227,6 +230,9 @@ pub struct Endpoint {
     pub zone: Option<String>,
     /// Zones this endpoint is meant to serve (topology hints); empty when it carries none.
     pub zone_hints: BTreeSet<String>,
+    /// Nodes this endpoint is meant to serve (`hints.forNodes`, PreferSameNode); empty when
+    /// it carries none.
+    pub node_hints: BTreeSet<String>,
 }
 
 impl Endpoint {
@@ -241,6 +247,7 @@ impl Endpoint {
             node_name: node.map(str::to_string),
             zone: None,
             zone_hints: BTreeSet::new(),
+            node_hints: BTreeSet::new(),
         }
     }
 
@@ -293,6 +300,7 @@ pub struct SliceEndpoint {
     pub node_name: Option<String>,
     pub zone: Option<String>,
     pub zone_hints: BTreeSet<String>,
+    pub node_hints: BTreeSet<String>,
 }
 
 /// One EndpointSlice, typed.

@@ -41,6 +41,8 @@ pub struct SyncReport {
     pub no_local_endpoints: (usize, usize),
     /// iptables rules this program owns, per table, when the proxier knows them.
     pub iptables_rules: Vec<(&'static str, usize)>,
+    /// iptables rules this sync wrote, per table (upstream's `..._iptables_last`).
+    pub iptables_written: Vec<(&'static str, usize)>,
     /// Services skipped because the kernel refused their rules.
     pub skipped_services: usize,
     /// Chains of ours rewritten because another program changed them.

@@ -33,6 +33,13 @@ pub struct Metrics {
     invalid_input: IntCounterVec,
     skipped_services: IntGauge,
     repaired_chains: IntCounter,
+    partial_restore_failures: IntCounter,
+    iptables_last: GaugeVec,
+    healthz: IntCounterVec,
+    livez: IntCounterVec,
+    rest_requests: IntCounterVec,
+    rest_duration: HistogramVec,
+    tasks: IntGauge,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -40,14 +47,21 @@ fn sync_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(0.001, 2.0, 15).unwrap_or_default()
 }
 
-/// Network programming latency: a quarter second up to ten minutes.
+/// Network programming latency, as upstream's buckets: 0, a quarter and a half second, every
+/// second to 59, every 5 s to 115, every 30 s to 300.
 fn programming_buckets() -> Vec<f64> {
-    let mut buckets = vec![0.25, 0.5];
-    buckets.extend((1..=10).map(f64::from));
-    buckets.extend([
-        15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
-    ]);
+    let mut buckets = vec![0.0, 0.25, 0.5];
+    buckets.extend((1..=59).map(f64::from));
+    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
     buckets
+}
+
+/// client-go's request latency buckets.
+fn request_buckets() -> Vec<f64> {
+    vec![
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+    ]
 }
 
 fn registered<M: prometheus::core::Collector + Clone + 'static>(
@@ -87,6 +101,53 @@ fn gauge_vec(
     label: &str,
 ) -> prometheus::Result<GaugeVec> {
     registered(registry, GaugeVec::new(Opts::new(name, help), &[label])?)
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+/// `kubernetes_build_info`: the Kubernetes release this program stands in for, and ours.
+fn build_info(registry: &Registry) -> prometheus::Result<()> {
+    let info = registered(
+        registry,
+        GaugeVec::new(
+            Opts::new(
+                "kubernetes_build_info",
+                "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+            ),
+            &[
+                "major",
+                "minor",
+                "git_version",
+                "git_commit",
+                "git_tree_state",
+                "build_date",
+                "go_version",
+                "compiler",
+                "platform",
+            ],
+        )?,
+    )?;
+    let platform = format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH);
+    info.with_label_values(&[
+        "1",
+        "35",
+        crate::daemon::KUBERNETES_VERSION,
+        "",
+        "",
+        "",
+        "",
+        concat!("rustc (kube-proxy-rs ", env!("CARGO_PKG_VERSION"), ")"),
+        &platform,
+    ])
+    .set(1.0);
+    Ok(())
 }
 
 fn unix_seconds(time: SystemTime) -> f64 {
@@ -222,8 +283,99 @@ impl Metrics {
                 "kubeproxy_rs_sync_proxy_rules_repaired_chains_total",
                 "Chains of ours rewritten because another program changed them (kube-proxy-rs)",
             )?,
-            registry: r,
+            partial_restore_failures: counter(
+                &r,
+                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures",
+            )?,
+            iptables_last: gauge_vec(
+                &r,
+                "kubeproxy_sync_proxy_rules_iptables_last",
+                "Number of iptables rules written by kube-proxy in last sync",
+                "table",
+            )?,
+            healthz: counter_vec(
+                &r,
+                "kubeproxy_proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+                &["code"],
+            )?,
+            livez: counter_vec(
+                &r,
+                "kubeproxy_proxy_livez_total",
+                "Cumulative proxy livez HTTP status",
+                &["code"],
+            )?,
+            rest_requests: counter_vec(
+                &r,
+                "rest_client_requests_total",
+                "Number of HTTP requests, partitioned by status code, method, and host.",
+                &["code", "method", "host"],
+            )?,
+            rest_duration: registered(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "rest_client_request_duration_seconds",
+                        "Request latency in seconds. Broken down by verb, and host.",
+                    )
+                    .buckets(request_buckets()),
+                    &["verb", "host"],
+                )?,
+            )?,
+            tasks: int_gauge(
+                &r,
+                "go_goroutines",
+                "Number of goroutines that currently exist (here: the async runtime's live tasks, the Rust counterpart)",
+            )?,
+            registry: {
+                r.register(Box::new(
+                    prometheus::process_collector::ProcessCollector::for_self(),
+                ))?;
+                build_info(&r)?;
+                r
+            },
         })
+    }
+
+    /// Records what the feature gates are, as `kubernetes_feature_enabled{name,stage}`.
+    pub fn feature_gates(
+        &self,
+        set: &std::collections::BTreeMap<String, bool>,
+    ) -> prometheus::Result<()> {
+        let gauge = registered(
+            &self.registry,
+            GaugeVec::new(
+                Opts::new(
+                    "kubernetes_feature_enabled",
+                    "This metric records the data about the stage and enablement of a k8s feature.",
+                ),
+                &["name", "stage"],
+            )?,
+        )?;
+        for (name, stage, _, _) in crate::config::feature_gates::KNOWN {
+            let on = crate::config::feature_gates::enabled(set, name);
+            gauge
+                .with_label_values(&[*name, stage.label()])
+                .set(if on { 1.0 } else { 0.0 });
+        }
+        Ok(())
+    }
+
+    /// The health server answered `path` with `code`.
+    pub fn health_answered(&self, livez: bool, code: u16) {
+        let vec = if livez { &self.livez } else { &self.healthz };
+        vec.with_label_values(&[&code.to_string()]).inc();
+    }
+
+    /// The API client sent a request.
+    pub fn api_request(&self, record: &crate::k8s::RequestRecord) {
+        self.rest_requests
+            .with_label_values(&[&record.code, &record.method, &record.host])
+            .inc();
+        self.rest_duration
+            .with_label_values(&[&record.method, &record.host])
+            .observe(record.duration.as_secs_f64());
     }
 
     /// An object of `kind` was skipped (`object_skipped`), or an entry of one ignored
@@ -274,6 +426,11 @@ impl Metrics {
                 .with_label_values(&[*table])
                 .set(*rules as f64);
         }
+        for (table, rules) in &report.iptables_written {
+            self.iptables_last
+                .with_label_values(&[*table])
+                .set(*rules as f64);
+        }
         self.skipped_services.set(report.skipped_services as i64);
         self.repaired_chains.inc_by(report.repaired_chains as u64);
         let (internal, external) = report.no_local_endpoints;
@@ -296,11 +453,17 @@ impl Metrics {
             .inc_by(deleted as u64);
     }
 
-    /// A sync in `mode` failed to program the kernel.
-    pub fn failed(&self, mode: &str) {
+    /// A sync in `mode` failed to program the kernel; `partial` when the failed sync was one
+    /// of changes only.
+    pub fn failed(&self, mode: &str, partial: bool) {
         match mode {
             "nftables" => self.nftables_sync_failures.inc(),
-            _ => self.restore_failures.inc(),
+            _ => {
+                self.restore_failures.inc();
+                if partial && mode == "iptables" {
+                    self.partial_restore_failures.inc();
+                }
+            }
         }
     }
 
@@ -311,6 +474,9 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.tasks.set(runtime.metrics().num_alive_tasks() as i64);
+        }
         let mut buffer = Vec::new();
         if TextEncoder::new()
             .encode(&self.registry.gather(), &mut buffer)
@@ -339,8 +505,16 @@ mod tests {
         };
         let trigger = SystemTime::now() - Duration::from_secs(2);
         metrics.synced(&report, Duration::from_millis(30), (1, 3), &[trigger]);
-        metrics.failed("iptables");
-        metrics.failed("nftables");
+        metrics.failed("iptables", true);
+        metrics.failed("nftables", false);
+        metrics.health_answered(false, 200);
+        metrics.health_answered(true, 503);
+        metrics.api_request(&crate::k8s::RequestRecord {
+            method: "GET".into(),
+            host: "10.0.0.1:6443".into(),
+            code: "200".into(),
+            duration: Duration::from_millis(3),
+        });
         let text = metrics.encode();
         for want in [
             "kubeproxy_sync_proxy_rules_duration_seconds_count 1",
@@ -356,6 +530,14 @@ mod tests {
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
             "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"} 0",
             "kubeproxy_network_programming_duration_seconds_count 1",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 1",
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+            "kubeproxy_proxy_livez_total{code=\"503\"} 1",
+            "rest_client_requests_total{code=\"200\",host=\"10.0.0.1:6443\",method=\"GET\"} 1",
+            "rest_client_request_duration_seconds_bucket{host=\"10.0.0.1:6443\",verb=\"GET\",le=\"0.005\"} 1",
+            "process_resident_memory_bytes ",
+            "process_cpu_seconds_total ",
+            "kubernetes_build_info{",
         ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
         }

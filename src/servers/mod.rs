@@ -17,11 +17,21 @@ use std::sync::Arc;
 
 /// Starts the health server on `listener`: `/healthz` (readiness: 503 until the first sync, and
 /// when updates are stale) and `/livez` (503 only when updates are stale).
-pub fn serve_health(listener: tokio::net::TcpListener, health: Arc<ProxyHealth>) {
-    serve(listener, move |path| match path {
-        "/healthz" => health.reply(true),
-        "/livez" => health.reply(false),
-        _ => Reply::not_found(),
+/// Answers are counted by code (`kubeproxy_proxy_healthz_total`, `..._livez_total`).
+pub fn serve_health(
+    listener: tokio::net::TcpListener,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+) {
+    serve(listener, move |path| {
+        let livez = match path {
+            "/healthz" => false,
+            "/livez" => true,
+            _ => return Reply::not_found(),
+        };
+        let reply = health.reply(!livez);
+        metrics.health_answered(livez, reply.status.as_u16());
+        reply
     });
 }
 

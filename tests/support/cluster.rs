@@ -245,6 +245,32 @@ impl Daemon {
         Daemon { child, lines }
     }
 
+    /// The real daemon in `node` with exactly `args` (a distribution's command line).
+    pub fn spawn_args(node: &Netns, args: &[String], env: &[(&str, &str)]) -> Daemon {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &node.name])
+            .arg(BIN)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("NODE_NAME")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn daemon");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Daemon { child, lines }
+    }
+
     /// How many log lines contain `needle`.
     pub fn count(&self, needle: &str) -> usize {
         self.lines

@@ -368,6 +368,7 @@ impl<I: Iptables> IptablesProxier<I> {
             full,
             ..SyncReport::default()
         };
+        let mut written = (0, 0);
         for family in self.families.clone() {
             let ctx = self.context(family, &state.node);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
@@ -412,6 +413,8 @@ impl<I: Iptables> IptablesProxier<I> {
                         "Reloaded iptables rules"
                     );
                     report.restore_lines += stats.lines;
+                    written.0 += stats.filter_rules;
+                    written.1 += stats.nat_rules;
                 }
                 Err(err) => {
                     self.needs_full_sync = true;
@@ -445,6 +448,7 @@ impl<I: Iptables> IptablesProxier<I> {
             }
         }
         report.iptables_rules = vec![("filter", filter_rules), ("nat", nat_rules)];
+        report.iptables_written = vec![("filter", written.0), ("nat", written.1)];
         Ok(report)
     }
 }

@@ -6,5 +6,5 @@ mod proxier;
 pub mod render;
 mod support;
 
-pub use proxier::{DUMMY_LINK, IPVS_JUMP_RULES, IpvsProxier, IpvsSettings};
+pub use proxier::{DUMMY_LINK, IPVS_JUMP_RULES, IpvsProxier, IpvsSettings, sysctls};
 pub use support::{IpvsUnsupported, check_support};

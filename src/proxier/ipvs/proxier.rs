@@ -200,6 +200,21 @@ fn sync_error(err: impl std::fmt::Display) -> SyncError {
     SyncError::Apply(err.to_string())
 }
 
+/// The sysctls IPVS mode needs (upstream's, set once at start and by `--init-only`).
+pub fn sysctls(strict_arp: bool) -> Vec<(&'static str, &'static str)> {
+    let mut wanted = vec![
+        ("net/ipv4/vs/conntrack", "1"),
+        ("net/ipv4/vs/expire_nodest_conn", "1"),
+        ("net/ipv4/vs/expire_quiescent_template", "1"),
+        ("net/ipv4/ip_forward", "1"),
+    ];
+    if strict_arp {
+        wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
+        wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
+    }
+    wanted
+}
+
 impl IpvsProxier {
     /// Opens the kernel interfaces (in this thread's network namespace).
     pub fn new(
@@ -227,17 +242,7 @@ impl IpvsProxier {
 
     /// The sysctls and timeouts upstream sets once, at start.
     fn initialize(&mut self) {
-        let mut wanted = vec![
-            ("net/ipv4/vs/conntrack", "1"),
-            ("net/ipv4/vs/expire_nodest_conn", "1"),
-            ("net/ipv4/vs/expire_quiescent_template", "1"),
-            ("net/ipv4/ip_forward", "1"),
-        ];
-        if self.settings.strict_arp {
-            wanted.push(("net/ipv4/conf/all/arp_ignore", "1"));
-            wanted.push(("net/ipv4/conf/all/arp_announce", "2"));
-        }
-        for (name, value) in wanted {
+        for (name, value) in sysctls(self.settings.strict_arp) {
             if let Err(err) = ensure_sysctl(self.sysctl.as_mut(), name, value) {
                 warn!(error = %err, "Failed to set sysctl");
             }
