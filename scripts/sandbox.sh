@@ -177,7 +177,7 @@ show_rules
 
 echo "== deleting Service demo/web"
 in_ns "$node" curl -s -o /dev/null -X DELETE "$api/api/v1/namespaces/demo/services/web"
-for _ in $(seq 100); do save | grep -q 'demo/web' || break; sleep 0.1; done
+for _ in $(seq 300); do save | grep -q 'demo/web' || break; sleep 0.1; done
 for _ in 1 2; do printf '   %-9s %-19s -> %s\n' ClusterIP 10.96.0.10:80 "$(ask 10.96.0.10:80)"; done
 echo "   rules left for demo/web: $(save | grep -c 'demo/web' || true)"
 echo "== done"

@@ -409,5 +409,7 @@ async fn print_config_shows_defaults_and_a_missing_kubeconfig_exits_1() {
         "{text}"
     );
     let version = Command::new(BIN).arg("--version").output().await.unwrap();
-    assert!(String::from_utf8_lossy(&version.stdout).starts_with("kube-proxy-rs "));
+    assert!(
+        String::from_utf8_lossy(&version.stdout).starts_with("Kubernetes v1.35.0 (kube-proxy-rs ")
+    );
 }

@@ -68,7 +68,10 @@ fn install_binary_puts_kube_proxy_rs_and_the_kube_proxy_link_in_place() {
     let version = run(Command::new(bin.join("kube-proxy")).arg("--version"));
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
-        format!("kube-proxy-rs {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "Kubernetes v1.35.0 (kube-proxy-rs {})",
+            env!("CARGO_PKG_VERSION")
+        )
     );
     let help = run(Command::new(bin.join("kube-proxy")).arg("--help"));
     let help = String::from_utf8_lossy(&help.stdout);

@@ -166,6 +166,46 @@ fn proxy_mode_flag_wins_over_the_config_files_mode() {
     assert!(stdout(&iptables).contains("*nat"), "{}", stdout(&iptables));
 }
 
+/// A node started with flags and no file programs what those flags say; `render` given the same
+/// flags prints the same (the daemon's parser and precedence).
+#[test]
+fn flags_that_shape_the_rules_shape_what_render_prints() {
+    let example = example().display().to_string();
+    let plain = stdout(&render(&["--hostname-override=node-a", &example], None));
+    let shaped = stdout(&render(
+        &[
+            "--hostname-override=node-a",
+            "--masquerade-all",
+            "--iptables-masquerade-bit=12",
+            &example,
+        ],
+        None,
+    ));
+    assert_ne!(plain, shaped);
+    assert!(
+        shaped.contains("-j MARK --or-mark 0x1000"),
+        "masquerade bit 12: {shaped}"
+    );
+    let detected = stdout(&render(
+        &[
+            "--hostname-override=node-a",
+            "--cluster-cidr=10.244.0.0/16",
+            &example,
+        ],
+        None,
+    ));
+    assert!(
+        detected.contains("! -s 10.244.0.0/16"),
+        "the cluster CIDR tells pods from the rest: {detected}"
+    );
+    assert!(!plain.contains("10.244.0.0/16"), "{plain}");
+    let unknown = render(
+        &["--hostname-override=node-a", "--no-such-flag", &example],
+        None,
+    );
+    assert_eq!(unknown.status.code(), Some(1));
+}
+
 #[test]
 fn bad_objects_are_named_and_the_rest_still_renders() {
     let input = "\
