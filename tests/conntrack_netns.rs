@@ -82,8 +82,11 @@ fn state_served_by(pods: &[&str]) -> ProxyState {
         .map(|pod| Endpoint::ready(pod_ip(pod), 8080, Some("node-a")))
         .collect();
     ProxyState {
-        services: BTreeMap::from([(key.clone(), BTreeMap::from([(name.clone(), port)]))]),
-        endpoints: BTreeMap::from([(key, BTreeMap::from([(name, endpoints)]))]),
+        services: BTreeMap::from([(
+            key.clone(),
+            kube_proxy_rs::model::VecMap::from([(name.clone(), port)]),
+        )]),
+        endpoints: BTreeMap::from([(key, kube_proxy_rs::model::VecMap::from([(name, endpoints)]))]),
         node: NodeInfo {
             name: "node-a".into(),
             addresses: vec![NODE_IP.parse().unwrap()],

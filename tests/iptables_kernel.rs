@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-
 use kube_proxy_rs::model::{
     ChangeSummary, Endpoint, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
     ServicePortName,
@@ -37,9 +35,10 @@ fn put(
         external_policy_local: etp_local,
         ..ServicePort::new(port_name.clone(), ip.parse().unwrap(), 80)
     };
-    state
-        .services
-        .insert(key.clone(), BTreeMap::from([(port_name.clone(), port)]));
+    state.services.insert(
+        key.clone(),
+        kube_proxy_rs::model::VecMap::from([(port_name.clone(), port)]),
+    );
     if endpoints.is_empty() {
         state.endpoints.remove(&key);
     } else {
@@ -48,9 +47,10 @@ fn put(
             ip: v6_of(&ep.ip.to_string()).parse().unwrap(),
             ..ep.clone()
         }));
-        state
-            .endpoints
-            .insert(key.clone(), BTreeMap::from([(port_name, both)]));
+        state.endpoints.insert(
+            key.clone(),
+            kube_proxy_rs::model::VecMap::from([(port_name, both)]),
+        );
     }
     key
 }

@@ -222,7 +222,6 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     if !in_vm("ipvs_mode_rules_and_sets_are_accepted_by_the_kernel") {
         return;
     }
-    use std::collections::BTreeMap;
 
     use kube_proxy_rs::model::{
         Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
@@ -260,20 +259,23 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         },
         ..ProxyState::default()
     };
-    state
-        .services
-        .insert(key.clone(), BTreeMap::from([(name.clone(), port)]));
-    state
-        .endpoints
-        .insert(key, BTreeMap::from([(name, vec![endpoint.clone()])]));
+    state.services.insert(
+        key.clone(),
+        kube_proxy_rs::model::VecMap::from([(name.clone(), port)]),
+    );
+    state.endpoints.insert(
+        key,
+        kube_proxy_rs::model::VecMap::from([(name, vec![endpoint.clone()])]),
+    );
     let open = NamespacedName::new("ns", "open");
     state.services.insert(
         open.clone(),
-        BTreeMap::from([(open_name.clone(), open_port)]),
+        kube_proxy_rs::model::VecMap::from([(open_name.clone(), open_port)]),
     );
-    state
-        .endpoints
-        .insert(open, BTreeMap::from([(open_name, vec![endpoint])]));
+    state.endpoints.insert(
+        open,
+        kube_proxy_rs::model::VecMap::from([(open_name, vec![endpoint])]),
+    );
     let ctx = IpvsContext {
         family: kube_proxy_rs::model::IpFamily::V4,
         node_name: "node-a".into(),

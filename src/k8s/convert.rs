@@ -249,6 +249,8 @@ pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, Con
             )));
         }
     }
+    // Kept for as long as the Service exists: no spare capacity.
+    map.shrink_to_fit();
     Ok(Converted {
         value: map,
         warnings,
@@ -375,6 +377,9 @@ pub fn endpoint_slice(
             node_hints,
         });
     }
+    // Kept for as long as the slice exists: no spare capacity.
+    endpoints.shrink_to_fit();
+    ports.shrink_to_fit();
     let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
     Ok(Converted {
         value: Some(EndpointSlice {

@@ -40,7 +40,11 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> 
     }
     merged
         .into_iter()
-        .map(|(name, by_address)| (name, by_address.into_values().collect()))
+        .map(|(name, by_address)| {
+            let mut endpoints: Vec<Endpoint> = by_address.into_values().collect();
+            endpoints.shrink_to_fit();
+            (name, endpoints)
+        })
         .collect()
 }
 

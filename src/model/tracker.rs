@@ -84,7 +84,7 @@ pub struct Changes {
 pub struct ChangeTracker {
     services: BTreeMap<NamespacedName, ServicePortMap>,
     /// Slices by the service they belong to, then by slice name.
-    slices: BTreeMap<NamespacedName, BTreeMap<String, EndpointSlice>>,
+    slices: BTreeMap<NamespacedName, super::vec_map::VecMap<String, EndpointSlice>>,
     /// For each slice (its own namespace/name), the service it was filed under.
     slice_owner: BTreeMap<NamespacedName, NamespacedName>,
     node: Option<NodeInfo>,
@@ -136,10 +136,9 @@ impl ChangeTracker {
         if let Some(slice) = slice {
             self.slice_owner
                 .insert(slice_key.clone(), slice.service.clone());
-            self.slices
-                .entry(slice.service.clone())
-                .or_default()
-                .insert(slice_key.name.clone(), slice);
+            let of_service = self.slices.entry(slice.service.clone()).or_default();
+            of_service.insert(slice_key.name.clone(), slice);
+            of_service.shrink_to_fit();
         }
 
         let mut pending = false;

@@ -353,7 +353,7 @@ impl NodeInfo {
 }
 
 /// A service's ports, by name.
-pub type ServicePortMap = BTreeMap<ServicePortName, ServicePort>;
+pub type ServicePortMap = super::vec_map::VecMap<ServicePortName, ServicePort>;
 
 /// A service's endpoints, by service port.
-pub type EndpointsMap = BTreeMap<ServicePortName, Vec<Endpoint>>;
+pub type EndpointsMap = super::vec_map::VecMap<ServicePortName, Vec<Endpoint>>;

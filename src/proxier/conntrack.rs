@@ -287,12 +287,13 @@ mod tests {
             .collect();
         let mut state = ProxyState::default();
         let service = NamespacedName::new("ns", "dns");
-        state
-            .services
-            .insert(service.clone(), BTreeMap::from([(name.clone(), port)]));
+        state.services.insert(
+            service.clone(),
+            crate::model::VecMap::from([(name.clone(), port)]),
+        );
         state
             .endpoints
-            .insert(service, BTreeMap::from([(name, endpoints)]));
+            .insert(service, crate::model::VecMap::from([(name, endpoints)]));
         state
     }
 

@@ -4,7 +4,6 @@
 //! daemon builds them, the real daemon's run at that size, and the medians the benchmarks report.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -86,12 +85,13 @@ pub fn state(count: usize) -> ProxyState {
                 Endpoint::ready(ip.parse().unwrap(), 8080, Some("node-b"))
             })
             .collect();
-        state
-            .services
-            .insert(key.clone(), BTreeMap::from([(name.clone(), port)]));
+        state.services.insert(
+            key.clone(),
+            kube_proxy_rs::model::VecMap::from([(name.clone(), port)]),
+        );
         state
             .endpoints
-            .insert(key, BTreeMap::from([(name, endpoints)]));
+            .insert(key, kube_proxy_rs::model::VecMap::from([(name, endpoints)]));
     }
     state
 }

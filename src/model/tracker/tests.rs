@@ -7,7 +7,7 @@ use crate::model::types::{NamespacedName, ServicePortMap};
 fn ports(namespace: &str, name: &str, port: u16) -> ServicePortMap {
     let mut sp = service_port(namespace, name, "http");
     sp.port = port;
-    BTreeMap::from([(sp.name.clone(), sp)])
+    crate::model::VecMap::from([(sp.name.clone(), sp)])
 }
 
 fn key(name: &str) -> NamespacedName {

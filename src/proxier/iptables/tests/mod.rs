@@ -73,8 +73,8 @@ pub fn svc_port(
     edit(&mut sp);
     Svc {
         key: NamespacedName::new(ns, name),
-        ports: BTreeMap::from([(sp.name.clone(), sp)]),
-        endpoints: BTreeMap::new(),
+        ports: crate::model::VecMap::from([(sp.name.clone(), sp)]),
+        endpoints: Default::default(),
     }
 }
 
