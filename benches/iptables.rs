@@ -329,6 +329,13 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![1000, 10000]);
+    if args.iter().any(|a| a == "--dry-run") {
+        // The watch side and the model alone, with nothing programmed.
+        for count in sizes {
+            scale::daemon_run(count, "dry-run");
+        }
+        return;
+    }
     for count in sizes {
         if !args.iter().any(|a| a == "--only-daemon") {
             // A full nft restore of 10k services takes minutes here: one run is all there is time for.

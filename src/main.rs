@@ -6,6 +6,16 @@ use kube_proxy_rs::config::{self, Command, Flags, NodeNameSources, VersionReques
 use kube_proxy_rs::{daemon, logging};
 use tokio::sync::watch;
 
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// jemalloc gives memory back to the system after a full sync's peak, which glibc's malloc
+/// mostly keeps: 165 MB against 194 MB after the first sync at 10,000 services (README).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Exit status for a configuration the program cannot use (sysexits' EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
 /// Exit status for a command line it cannot read (upstream's, for flag errors).

@@ -103,6 +103,12 @@ impl<K: Ord, V> VecMap<K, V> {
         self.entries.iter().map(|(k, v)| (k, v))
     }
 
+    pub fn iter_mut(
+        &mut self,
+    ) -> impl DoubleEndedIterator<Item = (&K, &mut V)> + ExactSizeIterator {
+        self.entries.iter_mut().map(|(k, v)| (&*k, v))
+    }
+
     pub fn keys(&self) -> impl DoubleEndedIterator<Item = &K> + ExactSizeIterator {
         self.entries.iter().map(|(k, _)| k)
     }
@@ -135,6 +141,14 @@ impl<K: Ord, V> FromIterator<(K, V)> for VecMap<K, V> {
         }
         VecMap {
             entries: deduplicated,
+        }
+    }
+}
+
+impl<K: Ord, V> Extend<(K, V)> for VecMap<K, V> {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, items: I) {
+        for (key, value) in items {
+            self.insert(key, value);
         }
     }
 }

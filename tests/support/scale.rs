@@ -130,8 +130,11 @@ pub fn populate(api: &test_apiserver::ApiServer, range: std::ops::Range<usize>) 
 /// Runs the real daemon in a namespace against the test API server holding `count` services x 10
 /// endpoints: its resident memory and time to the first completed sync; then, stopped and started
 /// again on the programmed node, the time to its first sync and until a Service created after the
-/// restart is programmed.
+/// restart is programmed. Mode `dry-run`: `--dry-run` (the watch side and the model alone), no
+/// restart.
 pub fn daemon_run(count: usize, mode: &str) {
+    let dry_run = mode == "dry-run";
+    let mode = if dry_run { "iptables" } else { mode };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let node = Netns::new("bench-daemon");
@@ -154,6 +157,7 @@ pub fn daemon_run(count: usize, mode: &str) {
                 .args(["netns", "exec", &node.name, env!("CARGO_BIN_EXE_kube-proxy-rs")])
                 .arg(format!("--config={}", config.display()))
                 .args(["--hostname-override=node-a", "--v=2"])
+                .args(dry_run.then_some("--dry-run"))
                 .env_remove("RUST_LOG")
                 .stderr(std::fs::File::create(log).unwrap())
                 .spawn()
@@ -178,6 +182,13 @@ pub fn daemon_run(count: usize, mode: &str) {
         let (rss, peak) = (field("VmRSS:"), field("VmHWM:"));
         let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
         let _ = daemon.wait();
+        if dry_run {
+            println!(
+                "{count:>6} services x 10 endpoints, the daemon with --dry-run: RSS after first sync {rss} kB (peak {peak} kB), first sync {}",
+                secs(first)
+            );
+            return;
+        }
 
         let second_log = dir.path().join("second.log");
         let mut daemon = start(&second_log);

@@ -704,6 +704,7 @@ fn service_objects(
 ) -> Objects {
     let mut objects = render_service(ports, endpoints, ctx);
     stamp_digests(&mut objects);
+    objects.shrink_to_fit();
     objects
 }
 

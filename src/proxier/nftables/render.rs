@@ -4,7 +4,6 @@
 //! service port its chains, affinity sets and map elements. Objects are kept per service so a
 //! sync can write only the services that changed.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -12,8 +11,8 @@ use ipnet::IpNet;
 
 use super::names;
 use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
-    select_endpoints,
+    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
+    ports_in_family, select_endpoints,
 };
 use crate::proxier::local::{LocalDetector, NodePortAddresses};
 
@@ -134,21 +133,22 @@ pub struct SetDef {
 
 /// Elements of one set or map, by key (`172.30.0.41 . tcp . 80`), each with the rest of its
 /// text (` comment "ns/svc:p" : goto chain`, or empty for a plain set).
-pub type Elements = BTreeMap<String, String>;
+pub type Elements = VecMap<String, String>;
 
 /// Objects of one family's table: chains, sets/maps, elements.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Objects {
-    pub chains: BTreeMap<String, Chain>,
-    pub sets: BTreeMap<String, SetDef>,
-    pub elements: BTreeMap<String, Elements>,
+    pub chains: VecMap<String, Chain>,
+    pub sets: VecMap<String, SetDef>,
+    pub elements: VecMap<String, Elements>,
     /// Service ports with no usable local endpoints for internal / external traffic.
     pub no_local_endpoints: (usize, usize),
 }
 
 impl Objects {
     fn chain(&mut self, name: &str) -> &mut Chain {
-        self.chains.entry(name.to_string()).or_default()
+        self.chains
+            .get_or_insert_with(name.to_string(), Chain::default)
     }
 
     fn rule(&mut self, chain: &str, rule: String) {
@@ -157,9 +157,24 @@ impl Objects {
 
     fn element(&mut self, set: &str, key: String, rest: String) {
         self.elements
-            .entry(set.to_string())
-            .or_default()
+            .get_or_insert_with(set.to_string(), Elements::default)
             .insert(key, rest);
+    }
+
+    /// Gives back the spare capacity of everything (objects kept in memory for long).
+    pub fn shrink_to_fit(&mut self) {
+        self.chains.shrink_to_fit();
+        for chain in self.chains.values_mut() {
+            chain.rules.shrink_to_fit();
+            for rule in &mut chain.rules {
+                rule.shrink_to_fit();
+            }
+        }
+        self.sets.shrink_to_fit();
+        self.elements.shrink_to_fit();
+        for elements in self.elements.values_mut() {
+            elements.shrink_to_fit();
+        }
     }
 
     /// True when the service adds nothing to this family.

@@ -80,7 +80,9 @@ fn as_objects(table: &FakeTable) -> Objects {
             },
         );
         if !set.elements.is_empty() {
-            objects.elements.insert(name.clone(), set.elements.clone());
+            objects
+                .elements
+                .insert(name.clone(), set.elements.clone().into_iter().collect());
         }
     }
     objects
@@ -95,7 +97,9 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
-            all.elements.entry(set).or_default().extend(elements);
+            all.elements
+                .get_or_insert_with(set, Default::default)
+                .extend(elements);
         }
     }
     all.no_local_endpoints = (0, 0);

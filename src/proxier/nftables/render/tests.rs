@@ -29,7 +29,9 @@ pub fn table(services: &[Svc], ctx: &NftContext) -> Objects {
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
-            all.elements.entry(set).or_default().extend(elements);
+            all.elements
+                .get_or_insert_with(set, Default::default)
+                .extend(elements);
         }
     }
     all
