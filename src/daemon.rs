@@ -67,8 +67,7 @@ pub struct RunOptions {
     pub exit_on_config_change: bool,
 }
 
-/// The Kubernetes release whose kube-proxy this program stands in for.
-pub const KUBERNETES_VERSION: &str = "v1.35.0";
+use crate::config::KUBERNETES_VERSION;
 
 /// `--version`'s line: upstream's form, so that scripts reading the second word get a
 /// Kubernetes version, and ours after it.

@@ -202,6 +202,12 @@ fn strip_colours(line: &str) -> String {
     out
 }
 
+/// nft's messages for `file` (of tests/testdata/nft/), checked but not applied in `ns`.
+fn capture(ns: &Netns, file: &str) -> String {
+    let path = format!("{DATA}/{file}");
+    mnl_messages(&ns.output_with_stderr(&["nft", "--debug=mnl", "-c", "-f", &path]))
+}
+
 #[test]
 fn captures_of_nfts_messages_are_current() {
     require_netns();
@@ -209,41 +215,25 @@ fn captures_of_nfts_messages_are_current() {
         // The unit test holds our messages to the stored captures; here only check that the
         // capture parser still reads nft's debug output.
         let ns = Netns::new("nl-capture");
-        let debug = ns.output_with_stderr(&[
-            "nft",
-            "--debug=mnl",
-            "-c",
-            "-f",
-            &format!("{DATA}/remove-tables.nft"),
-        ]);
-        assert_eq!(mnl_messages(&debug), read("remove-tables.batch"));
+        assert_eq!(
+            capture(&ns, "remove-tables.nft"),
+            read("remove-tables.batch")
+        );
         return;
     }
+    let store = |name: &str, text: String| std::fs::write(format!("{DATA}/{name}"), text).unwrap();
     for family in ["ip", "ip6"] {
         let ns = Netns::new("nl-capture");
-        let corpus = format!("{DATA}/corpus-{family}.nft");
-        let debug = ns.output_with_stderr(&["nft", "--debug=mnl", "-c", "-f", &corpus]);
-        std::fs::write(
-            format!("{DATA}/corpus-{family}.batch"),
-            mnl_messages(&debug),
-        )
-        .unwrap();
-        ns.exec(&["nft", "-f", &corpus]);
-        let changes = format!("{DATA}/changes-{family}.nft");
-        let debug = ns.output_with_stderr(&["nft", "--debug=mnl", "-c", "-f", &changes]);
-        std::fs::write(
-            format!("{DATA}/changes-{family}.batch"),
-            mnl_messages(&debug),
-        )
-        .unwrap();
+        store(
+            &format!("corpus-{family}.batch"),
+            capture(&ns, &format!("corpus-{family}.nft")),
+        );
+        ns.exec(&["nft", "-f", &format!("{DATA}/corpus-{family}.nft")]);
+        store(
+            &format!("changes-{family}.batch"),
+            capture(&ns, &format!("changes-{family}.nft")),
+        );
     }
     let ns = Netns::new("nl-capture");
-    let debug = ns.output_with_stderr(&[
-        "nft",
-        "--debug=mnl",
-        "-c",
-        "-f",
-        &format!("{DATA}/remove-tables.nft"),
-    ]);
-    std::fs::write(format!("{DATA}/remove-tables.batch"), mnl_messages(&debug)).unwrap();
+    store("remove-tables.batch", capture(&ns, "remove-tables.nft"));
 }

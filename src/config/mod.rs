@@ -17,6 +17,10 @@ pub use types::*;
 pub use validate::{FieldError, IPVS_SCHEDULERS, validate};
 pub use write::config_yaml;
 
+/// The Kubernetes release whose kube-proxy this program stands in for (its flags, feature
+/// gates, configuration and metrics).
+pub const KUBERNETES_VERSION: &str = "v1.35.0";
+
 /// Why the configuration cannot be used; each says the field and the value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -138,7 +138,7 @@ fn build_info(registry: &Registry) -> prometheus::Result<()> {
     info.with_label_values(&[
         "1",
         "35",
-        crate::daemon::KUBERNETES_VERSION,
+        crate::config::KUBERNETES_VERSION,
         "",
         "",
         "",

@@ -219,7 +219,7 @@ impl Daemon {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Daemon {
-        let mut child = Command::new("ip")
+        let child = Command::new("ip")
             .args(["netns", "exec", &node.name])
             .args(wrapper)
             .arg(BIN)
@@ -233,21 +233,12 @@ impl Daemon {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn daemon");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let stderr = child.stderr.take().unwrap();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Daemon { child, lines }
+        Daemon::collecting(child)
     }
 
     /// The real daemon in `node` with exactly `args` (a distribution's command line).
     pub fn spawn_args(node: &Netns, args: &[String], env: &[(&str, &str)]) -> Daemon {
-        let mut child = Command::new("ip")
+        let child = Command::new("ip")
             .args(["netns", "exec", &node.name])
             .arg(BIN)
             .args(args)
@@ -259,6 +250,11 @@ impl Daemon {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn daemon");
+        Daemon::collecting(child)
+    }
+
+    /// `child` with its stderr collected line by line.
+    fn collecting(mut child: Child) -> Daemon {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let stderr = child.stderr.take().unwrap();

@@ -70,11 +70,7 @@ impl Netns {
 
     /// Runs a command inside and returns its stdout and then its stderr, whatever its status.
     pub fn output_with_stderr(&self, args: &[&str]) -> String {
-        let output = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .output()
-            .expect("run");
+        let output = self.raw_output(args);
         format!(
             "{}{}",
             String::from_utf8_lossy(&output.stdout),
@@ -82,14 +78,17 @@ impl Netns {
         )
     }
 
-    /// Runs a command inside and returns its stdout, whatever its status.
-    pub fn output(&self, args: &[&str]) -> String {
-        let output = Command::new("ip")
+    fn raw_output(&self, args: &[&str]) -> Output {
+        Command::new("ip")
             .args(["netns", "exec", &self.name])
             .args(args)
             .output()
-            .expect("run");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+            .expect("run")
+    }
+
+    /// Runs a command inside and returns its stdout, whatever its status.
+    pub fn output(&self, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.raw_output(args).stdout).into_owned()
     }
 
     /// Writes a sysctl inside (namespaced ones only).

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 
 use super::expr::{
-    DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, NF_DROP, NFT_GOTO, NFT_JUMP, SET_ANONYMOUS,
-    SET_CONSTANT, SET_EVAL, SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef, Verdict,
+    DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL,
+    SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef, Verdict,
 };
 use super::rule;
-use super::values::{self, AddressMatch, Bound, Unsupported};
+use super::values::{self, Bound, Unsupported, parse_verdict, unquote};
 use super::wire::{
     Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
     NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
@@ -120,13 +120,6 @@ pub fn words(line: &str) -> Result<Vec<&str>, Unsupported> {
         rest = rest[end..].trim_start();
     }
     Ok(words)
-}
-
-/// The text of a quoted word.
-pub fn unquote(word: &str) -> Result<&str, Unsupported> {
-    word.strip_prefix('"')
-        .and_then(|w| w.strip_suffix('"'))
-        .ok_or_else(|| format!("expected a quoted string, got {word:?}"))
 }
 
 /// The family keyword's nfgenmsg family.
@@ -707,25 +700,6 @@ impl Element {
     }
 }
 
-/// `drop`, `jump CHAIN` or `goto CHAIN`.
-pub fn parse_verdict(words: &[&str]) -> Result<Verdict, Unsupported> {
-    match words {
-        ["drop"] => Ok(Verdict {
-            code: NF_DROP,
-            chain: None,
-        }),
-        ["jump", chain] => Ok(Verdict {
-            code: NFT_JUMP,
-            chain: Some(chain.to_string()),
-        }),
-        ["goto", chain] => Ok(Verdict {
-            code: NFT_GOTO,
-            chain: Some(chain.to_string()),
-        }),
-        other => Err(format!("unsupported verdict {other:?}")),
-    }
-}
-
 /// NFTA_SET_ELEM_LIST_ELEMENTS: each element nested under its position.
 fn encode_elements(a: &mut Attributes, elements: &[Element]) {
     a.nested(3, |list| {
@@ -753,13 +727,4 @@ fn encode_elements(a: &mut Attributes, elements: &[Element]) {
             });
         }
     });
-}
-
-/// Whether an address match is in the family of the table.
-pub fn check_family(matched: &AddressMatch, ipv6: bool) -> Result<(), Unsupported> {
-    if matched.is_ipv6() == ipv6 {
-        Ok(())
-    } else {
-        Err("an address of the other family".into())
-    }
 }

@@ -5,12 +5,11 @@
 
 use std::net::IpAddr;
 
-use super::compile::{check_family, parse_verdict, unquote};
 use super::expr::{
     BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, Data, Expr, META_IIFNAME,
     META_L4PROTO, META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT, SetRef, Verdict,
 };
-use super::values::{self, AddressMatch, Unsupported};
+use super::values::{self, AddressMatch, Unsupported, check_family, parse_verdict, unquote};
 
 /// The NAT range flag "random fully".
 const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;

@@ -5,6 +5,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::expr::{NF_DROP, NFT_GOTO, NFT_JUMP, Verdict};
+
 /// Why a piece of text is not one of the values this compiler knows.
 pub type Unsupported = String;
 
@@ -175,6 +177,41 @@ pub fn key(components: &[&str]) -> Result<Vec<u8>, Unsupported> {
         bytes.extend(value);
     }
     Ok(bytes)
+}
+
+/// The text of a quoted word.
+pub fn unquote(word: &str) -> Result<&str, Unsupported> {
+    word.strip_prefix('"')
+        .and_then(|w| w.strip_suffix('"'))
+        .ok_or_else(|| format!("expected a quoted string, got {word:?}"))
+}
+
+/// `drop`, `jump CHAIN` or `goto CHAIN`.
+pub fn parse_verdict(words: &[&str]) -> Result<Verdict, Unsupported> {
+    match words {
+        ["drop"] => Ok(Verdict {
+            code: NF_DROP,
+            chain: None,
+        }),
+        ["jump", chain] => Ok(Verdict {
+            code: NFT_JUMP,
+            chain: Some(chain.to_string()),
+        }),
+        ["goto", chain] => Ok(Verdict {
+            code: NFT_GOTO,
+            chain: Some(chain.to_string()),
+        }),
+        other => Err(format!("unsupported verdict {other:?}")),
+    }
+}
+
+/// Whether an address match is in the family of the table.
+pub fn check_family(matched: &AddressMatch, ipv6: bool) -> Result<(), Unsupported> {
+    if matched.is_ipv6() == ipv6 {
+        Ok(())
+    } else {
+        Err("an address of the other family".into())
+    }
 }
 
 #[cfg(test)]
