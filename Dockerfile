@@ -5,7 +5,10 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin kube-proxy-rs \
+# The target directory is a cache mount (BuildKit, buildah): a rebuild compiles what changed.
+# The binary leaves it in the same step.
+RUN --mount=type=cache,id=kube-proxy-rs-target,target=/src/target \
+    cargo build --release --locked --bin kube-proxy-rs \
  && scripts/image/install-binary.sh target/release/kube-proxy-rs /out
 
 FROM debian:bookworm-slim

@@ -254,7 +254,7 @@ impl Daemon {
     }
 
     /// `child` with its stderr collected line by line.
-    fn collecting(mut child: Child) -> Daemon {
+    pub fn collecting(mut child: Child) -> Daemon {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let stderr = child.stderr.take().unwrap();
