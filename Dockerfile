@@ -12,8 +12,10 @@ RUN --mount=type=cache,id=kube-proxy-rs-target,target=/src/target \
  && scripts/image/install-binary.sh target/release/kube-proxy-rs /out
 
 FROM debian:bookworm-slim
-COPY scripts/image/install-runtime-packages.sh scripts/image/check-runtime.sh /usr/local/lib/kube-proxy-rs/
+COPY scripts/image/install-runtime-packages.sh scripts/image/check-runtime.sh \
+     scripts/image/iptables-wrapper.sh scripts/image/install-iptables-wrapper.sh /usr/local/lib/kube-proxy-rs/
 RUN /usr/local/lib/kube-proxy-rs/install-runtime-packages.sh \
+ && /usr/local/lib/kube-proxy-rs/install-iptables-wrapper.sh \
  && /usr/local/lib/kube-proxy-rs/check-runtime.sh
 COPY --from=build /out/ /
 RUN /usr/local/bin/kube-proxy --version

@@ -35,6 +35,8 @@ fn dockerfile_builds_with_the_scripts_and_runs_the_installed_binary() {
         "scripts/image/install-binary.sh",
         "scripts/image/install-runtime-packages.sh",
         "scripts/image/check-runtime.sh",
+        "scripts/image/iptables-wrapper.sh",
+        "scripts/image/install-iptables-wrapper.sh",
     ] {
         assert!(dockerfile.contains(script), "{script} is used");
         let mode = std::os::unix::fs::PermissionsExt::mode(

@@ -114,6 +114,11 @@ struct Pod {
 impl Pod {
     /// `podman run` of exactly what deploy/daemonset.yaml describes, in `node`.
     fn start(node: &Netns, mode: &str, api_url: &str) -> Pod {
+        Pod::start_as(node, mode, api_url, true)
+    }
+
+    /// As [`Pod::start`]; `privileges: false` leaves the securityContext's privileges out.
+    fn start_as(node: &Netns, mode: &str, api_url: &str, privileges: bool) -> Pod {
         built_image();
         let daemonset: DaemonSet = parse("deploy/daemonset.yaml");
         let spec = pod_spec(&daemonset);
@@ -134,7 +139,8 @@ impl Pod {
             .as_ref()
             .and_then(|s| s.privileged)
             .unwrap_or(false);
-        if privileged {
+        assert!(privileged, "the DaemonSet runs the container privileged");
+        if privileges {
             args.push("--privileged".into());
         }
         let mut env = Vec::new();
@@ -247,6 +253,16 @@ impl Pod {
         self.started.elapsed().as_secs_f64()
     }
 
+    /// `sh -c script` inside the running container (as `kubectl exec` would).
+    fn exec(&self, script: &str) -> String {
+        let output = podman()
+            .args(["exec", &self.name, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{script}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     fn daemon(&self) -> &Daemon {
         self.daemon.as_ref().expect("running")
     }
@@ -321,6 +337,11 @@ async fn image_as_the_daemonset_runs_it_serves_iptables_mode_on_an_nft_node() {
             .output(&["iptables-legacy-save", "-t", "nat"])
             .contains("KUBE-SERVICES")
     );
+    let seen = pod.exec(
+        "ip6tables -t nat -S >/dev/null; iptables-save -t nat; readlink /etc/alternatives/iptables",
+    );
+    assert!(seen.contains("-A KUBE-SERVICES"), "{seen}");
+    assert!(seen.ends_with("/usr/sbin/iptables-nft\n"), "{seen}");
     pod.stop().await;
 }
 
@@ -343,6 +364,10 @@ async fn image_uses_legacy_iptables_on_a_node_whose_kubelet_uses_legacy() {
         .await;
     let rules = cluster.node.output(&["iptables-legacy-save", "-t", "nat"]);
     assert!(rules.contains("-A KUBE-SERVICES"), "{rules}");
+    // The image's own iptables (its wrapper) follows the node too.
+    let seen = pod.exec("iptables-save -t nat; readlink /etc/alternatives/iptables");
+    assert!(seen.contains("-A KUBE-SERVICES"), "{seen}");
+    assert!(seen.ends_with("/usr/sbin/iptables-legacy\n"), "{seen}");
     pod.stop().await;
 }
 
@@ -366,6 +391,25 @@ async fn image_falls_back_from_ipvs_to_iptables_on_a_kernel_without_ipvs() {
         .await;
     pod.daemon().wait_for("\"Using iptables Proxier\"").await;
     pod.stop().await;
+}
+
+/// The control for the tests above: without the DaemonSet's privileges the same container
+/// cannot program the node (read-only /proc/sys, no netfilter writes) and says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_without_the_daemonsets_privileges_cannot_program_the_node() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let pod = Pod::start_as(&cluster.node, "iptables", &cluster.api.url(), false);
+    pod.daemon().wait_for("\"Failed to set sysctl\"").await;
+    pod.daemon()
+        .wait_for("\"Failed to sync proxy rules; retrying\"")
+        .await;
+    assert!(tcp_request(&cluster.node, addr("10.96.0.10:80")).is_err());
+    assert!(matches!(
+        http_get(&cluster.node, addr("127.0.0.1:10256"), "/healthz"),
+        Ok((503, _))
+    ));
 }
 
 #[test]
