@@ -179,8 +179,14 @@ podman import --quiet --change 'ENV CARGO_HOME=/usr/local/cargo' \
 podman run --rm --network none "localhost/$rust_base" sh -c 'rustc --version && cargo --version' | sed 's/^/   /'
 
 step "crates for Cargo.lock in the local registry"
-cargo_home=${CARGO_HOME:-$HOME/.cargo}
-(cd "$project" && cargo fetch --locked --quiet) || die "cargo fetch --locked failed (crates.io unreachable and crates missing from $cargo_home/registry?)"
+(cd "$project" && cargo fetch --locked --quiet) || die "cargo fetch --locked failed (crates.io unreachable and crates not downloaded yet?)"
+# Where that cargo keeps them: CARGO_HOME, ~/.cargo, or beside a toolchain installed elsewhere.
+cargo_home=""
+for candidate in "${CARGO_HOME:-}" "$HOME/.cargo" "$(dirname "$(dirname "$(command -v cargo)")")"; do
+  if [ -n "$candidate" ] && [ -d "$candidate/registry/cache" ]; then cargo_home=$candidate; break; fi
+done
+[ -n "$cargo_home" ] || die "cannot find cargo's registry (set CARGO_HOME)"
+echo "   from $cargo_home/registry"
 printf '[net]\noffline = true\n' > "$WORK/cargo-offline.toml"
 
 step "image $image from $project/Dockerfile"
