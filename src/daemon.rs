@@ -475,8 +475,9 @@ impl SyncLoop {
         );
         let local = SystemAddresses.addresses();
         for other in others {
-            let failures = cleanup::cleanup(*other, &local);
-            self.metrics.nftables_cleanup_failures(failures);
+            for family in cleanup::cleanup(*other, &local) {
+                self.metrics.nftables_cleanup_failures(family);
+            }
         }
     }
 
@@ -553,6 +554,7 @@ impl Syncer for SyncLoop {
                         info!(failures, "Synced proxy rules again after failed attempts");
                     }
                     self.metrics.synced(
+                        &self.state.node.families(),
                         &report,
                         started.elapsed(),
                         (summary.service_changes, summary.endpoint_changes),
@@ -579,7 +581,8 @@ impl Syncer for SyncLoop {
                     // After a success the next sync writes changes only (a failed one makes
                     // the next full), as upstream counts partial restore failures.
                     let partial = self.failures.is_clear();
-                    self.metrics.failed(self.proxier.mode(), partial);
+                    self.metrics
+                        .failed(&self.state.node.families(), self.proxier.mode(), partial);
                     // Nothing is applied until a sync succeeds: past the health timeout the
                     // node reports unhealthy, even when no new change is waiting.
                     self.health.queued();

@@ -14,7 +14,11 @@ use support::{WAIT, eventually};
 fn restore_failures(metrics: &str) -> u64 {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_iptables_restore_failures_total "))
+        .find_map(|l| {
+            l.strip_prefix(
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} ",
+            )
+        })
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }

@@ -7,7 +7,7 @@ mod support;
 use std::net::IpAddr;
 use std::process::Command;
 
-use kube_proxy_rs::model::Protocol;
+use kube_proxy_rs::model::{IpFamily, Protocol};
 use kube_proxy_rs::proxier::ipvs::{IpvsUnsupported, check_support};
 use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
 use kube_proxy_rs::sys::ipvs::{IpvsClient, RealServer, VirtualServer};
@@ -618,11 +618,12 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     let (final_state, mut proxier, rule_counts) = final_state;
     // The rule-count metric says what the kernel holds in our chains.
     let saved = text(&ours, &["iptables-nft-save"]);
-    let in_kernel: Vec<(&str, usize)> = ["filter", "nat"]
+    let in_kernel: Vec<(IpFamily, &str, usize)> = ["filter", "nat"]
         .into_iter()
         .map(|table| {
             let section = kube_proxy_rs::sys::iptables::table_section(&saved, table);
             (
+                IpFamily::V4,
                 table,
                 section
                     .lines()

@@ -80,7 +80,7 @@ async fn health_metrics_and_service_health_servers() {
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "kubeproxy_sync_proxy_rules_service_changes_total",
-        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 0",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 0",
         "kubeproxy_network_programming_duration_seconds",
     ] {
         assert!(metrics.1.contains(name), "{name} missing:\n{}", metrics.1);
@@ -108,8 +108,8 @@ async fn health_metrics_and_service_health_servers() {
         "go_goroutines ",
         "kubeproxy_proxy_healthz_total{code=\"200\"}",
         "kubeproxy_proxy_livez_total{code=\"200\"}",
-        "kubeproxy_sync_proxy_rules_iptables_last{table=\"nat\"}",
-        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 0",
+        "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"}",
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"} 0",
         "kubernetes_build_info{",
         "kubernetes_feature_enabled{name=\"NFTablesProxyMode\",stage=\"\"} 1",
     ] {
@@ -127,8 +127,9 @@ async fn health_metrics_and_service_health_servers() {
             .lines()
             .filter(|l| l.starts_with("-A KUBE-"))
             .count();
-        let metric =
-            format!("kubeproxy_sync_proxy_rules_iptables_total{{table=\"{table}\"}} {in_kernel}");
+        let metric = format!(
+            "kubeproxy_sync_proxy_rules_iptables_total{{ip_family=\"IPv4\",table=\"{table}\"}} {in_kernel}"
+        );
         assert!(
             metrics.1.lines().any(|l| l == metric),
             "{metric} missing:\n{}",

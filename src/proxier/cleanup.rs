@@ -273,9 +273,9 @@ fn remove_virtual_servers(ipvs: &mut IpvsClient, ours: impl Fn(&VirtualServer) -
 }
 
 /// Removes nftables mode's `kube-proxy` tables, in both families, where they exist. Returns
-/// how many removals failed.
-pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
-    let mut failures = 0;
+/// the families whose removal failed.
+pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> Vec<IpFamily> {
+    let mut failures = Vec::new();
     for family in [IpFamily::V4, IpFamily::V6] {
         // Names are read over netlink: no nft run (nor a change event) where there is nothing.
         match nft.names(family, nftables::render::TABLE) {
@@ -283,7 +283,7 @@ pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
             Ok(_) => {}
             Err(err) => {
                 warn!(error = %err, "Cannot look for nftables mode's tables");
-                failures += 1;
+                failures.push(family);
                 continue;
             }
         }
@@ -294,7 +294,7 @@ pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
             ),
             Err(err) => {
                 warn!(error = %err, "Failed to remove nftables mode's kube-proxy table");
-                failures += 1;
+                failures.push(family);
             }
         }
     }
@@ -303,8 +303,8 @@ pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> usize {
 
 /// Removes `what` from every back end and family, and IPVS state and nftables tables when they
 /// are included. Returns how many nftables removals failed (for the cleanup-failures metric).
-pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> usize {
-    let mut nft_failures = 0;
+pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> Vec<IpFamily> {
+    let mut nft_failures = Vec::new();
     if matches!(what, Leftovers::All | Leftovers::NftablesMode) {
         nft_failures = remove_nftables_tables(&mut SystemNftables::default());
     }

@@ -13,7 +13,7 @@ pub mod quarantine;
 
 pub use logging::LoggingProxier;
 
-use crate::model::{ChangeSummary, ProxyState};
+use crate::model::{ChangeSummary, IpFamily, ProxyState};
 
 /// upstream's FullSyncPeriod: even without a reason, every mode rewrites everything this often.
 pub const FULL_SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -37,12 +37,13 @@ pub struct SyncReport {
     pub services_written: usize,
     /// Lines of kernel input written (restore lines).
     pub restore_lines: usize,
-    /// Service ports without usable local endpoints for (internal, external) traffic.
-    pub no_local_endpoints: (usize, usize),
-    /// iptables rules this program owns, per table, when the proxier knows them.
-    pub iptables_rules: Vec<(&'static str, usize)>,
-    /// iptables rules this sync wrote, per table (upstream's `..._iptables_last`).
-    pub iptables_written: Vec<(&'static str, usize)>,
+    /// Service ports without usable local endpoints for (internal, external) traffic, per
+    /// family served.
+    pub no_local_endpoints: Vec<(IpFamily, (usize, usize))>,
+    /// iptables rules this program owns, per family and table, when the proxier knows them.
+    pub iptables_rules: Vec<(IpFamily, &'static str, usize)>,
+    /// iptables rules this sync wrote, per family and table (upstream's `..._iptables_last`).
+    pub iptables_written: Vec<(IpFamily, &'static str, usize)>,
     /// Services skipped because the kernel refused their rules.
     pub skipped_services: usize,
     /// Chains of ours rewritten because another program changed them.

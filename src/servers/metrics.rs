@@ -1,39 +1,47 @@
 //! upstream's metrics, by the same names, on a Prometheus registry of our own.
 
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
 
-/// Every metric the daemon exports.
+/// Every metric the daemon exports. Upstream runs one proxier per IP family and labels its sync
+/// metrics `ip_family`; one sync of ours programs every family the node has, so a sync's
+/// duration, timestamps and failures are recorded under each of them, and its rule counts per
+/// family.
 pub struct Metrics {
     registry: Registry,
-    sync_duration: Histogram,
-    full_sync_duration: Histogram,
-    partial_sync_duration: Histogram,
-    last_sync: Gauge,
-    last_queued: Gauge,
-    network_programming: Histogram,
+    /// The families the last sync served (none before the Node is known).
+    families: Mutex<Vec<IpFamily>>,
+    /// When a change last arrived, for families not known yet at that time.
+    last_queued_at: Mutex<Option<f64>>,
+    sync_duration: HistogramVec,
+    full_sync_duration: HistogramVec,
+    partial_sync_duration: HistogramVec,
+    last_sync: GaugeVec,
+    last_queued: GaugeVec,
+    network_programming: HistogramVec,
     endpoint_changes: IntCounter,
     endpoint_changes_pending: IntGauge,
     service_changes: IntCounter,
     service_changes_pending: IntGauge,
     iptables_rules: GaugeVec,
-    restore_failures: IntCounter,
-    nftables_sync_failures: IntCounter,
-    nftables_cleanup_failures: IntCounter,
+    restore_failures: IntCounterVec,
+    nftables_sync_failures: IntCounterVec,
+    nftables_cleanup_failures: IntCounterVec,
     no_local_endpoints: GaugeVec,
     conntrack_duration: HistogramVec,
     conntrack_deleted: IntCounterVec,
     invalid_input: IntCounterVec,
     skipped_services: IntGauge,
     repaired_chains: IntCounter,
-    partial_restore_failures: IntCounter,
+    partial_restore_failures: IntCounterVec,
     iptables_last: GaugeVec,
     healthz: IntCounterVec,
     livez: IntCounterVec,
@@ -72,14 +80,30 @@ fn registered<M: prometheus::core::Collector + Clone + 'static>(
     Ok(metric)
 }
 
-fn histogram(
+/// A histogram per `ip_family`.
+fn family_histogram(
     registry: &Registry,
     name: &str,
     help: &str,
     buckets: Vec<f64>,
-) -> prometheus::Result<Histogram> {
+) -> prometheus::Result<HistogramVec> {
     let opts = HistogramOpts::new(name, help).buckets(buckets);
-    registered(registry, Histogram::with_opts(opts)?)
+    registered(registry, HistogramVec::new(opts, &["ip_family"])?)
+}
+
+fn family_counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+) -> prometheus::Result<IntCounterVec> {
+    counter_vec(registry, name, help, &["ip_family"])
+}
+
+fn family_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<GaugeVec> {
+    registered(
+        registry,
+        GaugeVec::new(Opts::new(name, help), &["ip_family"])?,
+    )
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
@@ -90,17 +114,17 @@ fn int_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<
     registered(registry, IntGauge::new(name, help)?)
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<Gauge> {
-    registered(registry, Gauge::new(name, help)?)
-}
-
+/// A gauge per `label` and `ip_family`.
 fn gauge_vec(
     registry: &Registry,
     name: &str,
     help: &str,
     label: &str,
 ) -> prometheus::Result<GaugeVec> {
-    registered(registry, GaugeVec::new(Opts::new(name, help), &[label])?)
+    registered(
+        registry,
+        GaugeVec::new(Opts::new(name, help), &[label, "ip_family"])?,
+    )
 }
 
 fn counter_vec(
@@ -161,35 +185,37 @@ impl Metrics {
     pub fn new() -> prometheus::Result<Metrics> {
         let r = Registry::new();
         Ok(Metrics {
-            sync_duration: histogram(
+            families: Mutex::new(Vec::new()),
+            last_queued_at: Mutex::new(None),
+            sync_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds",
                 sync_buckets(),
             )?,
-            full_sync_duration: histogram(
+            full_sync_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_full_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for full resyncs",
                 sync_buckets(),
             )?,
-            partial_sync_duration: histogram(
+            partial_sync_duration: family_histogram(
                 &r,
                 "kubeproxy_sync_partial_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for partial resyncs",
                 sync_buckets(),
             )?,
-            last_sync: gauge(
+            last_sync: family_gauge(
                 &r,
                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                 "The last time proxy rules were successfully synced",
             )?,
-            last_queued: gauge(
+            last_queued: family_gauge(
                 &r,
                 "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
                 "The last time a sync of proxy rules was queued",
             )?,
-            network_programming: histogram(
+            network_programming: family_histogram(
                 &r,
                 "kubeproxy_network_programming_duration_seconds",
                 "In Cluster Network Programming Latency in seconds",
@@ -221,17 +247,17 @@ impl Metrics {
                 "Total number of iptables rules owned by kube-proxy",
                 "table",
             )?,
-            restore_failures: counter(
+            restore_failures: family_counter(
                 &r,
                 "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
                 "Cumulative proxy iptables restore failures",
             )?,
-            nftables_sync_failures: counter(
+            nftables_sync_failures: family_counter(
                 &r,
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
                 "Cumulative proxy nftables sync failures",
             )?,
-            nftables_cleanup_failures: counter(
+            nftables_cleanup_failures: family_counter(
                 &r,
                 "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
                 "Cumulative proxy nftables cleanup failures",
@@ -283,7 +309,7 @@ impl Metrics {
                 "kubeproxy_rs_sync_proxy_rules_repaired_chains_total",
                 "Chains of ours rewritten because another program changed them (kube-proxy-rs)",
             )?,
-            partial_restore_failures: counter(
+            partial_restore_failures: family_counter(
                 &r,
                 "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
                 "Cumulative proxy iptables partial restore failures",
@@ -386,7 +412,60 @@ impl Metrics {
 
     /// A change arrived from the API server.
     pub fn queued(&self) {
-        self.last_queued.set(unix_seconds(SystemTime::now()));
+        let now = unix_seconds(SystemTime::now());
+        *self
+            .last_queued_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(now);
+        for family in self.families() {
+            self.last_queued
+                .with_label_values(&[family.name()])
+                .set(now);
+        }
+    }
+
+    fn families(&self) -> Vec<IpFamily> {
+        self.families
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Notes the families a sync served; a family seen for the first time gets its failure
+    /// counters and histograms at 0 (shown before anything happens, as before the label) and
+    /// the last change's time.
+    fn serve(&self, families: &[IpFamily]) {
+        let mut known = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        if known.as_slice() == families {
+            return;
+        }
+        let queued_at = *self
+            .last_queued_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for family in families {
+            let label = [family.name()];
+            for counter in [
+                &self.restore_failures,
+                &self.partial_restore_failures,
+                &self.nftables_sync_failures,
+                &self.nftables_cleanup_failures,
+            ] {
+                counter.with_label_values(&label);
+            }
+            for histogram in [
+                &self.sync_duration,
+                &self.full_sync_duration,
+                &self.partial_sync_duration,
+                &self.network_programming,
+            ] {
+                histogram.with_label_values(&label);
+            }
+            if let Some(at) = queued_at {
+                self.last_queued.with_label_values(&label).set(at);
+            }
+        }
+        *known = families.to_vec();
     }
 
     /// A sync is about to apply these many service and endpoint changes.
@@ -395,51 +474,71 @@ impl Metrics {
         self.endpoint_changes_pending.set(endpoints as i64);
     }
 
-    /// A sync that applied `service_changes` and `endpoint_changes` succeeded.
+    /// A sync of `families` that applied `changes` (service, endpoint) succeeded.
     pub fn synced(
         &self,
+        families: &[IpFamily],
         report: &SyncReport,
         elapsed: Duration,
         changes: (usize, usize),
         trigger_times: &[SystemTime],
     ) {
+        self.serve(families);
         let seconds = elapsed.as_secs_f64();
-        self.sync_duration.observe(seconds);
-        if report.full {
-            self.full_sync_duration.observe(seconds);
-        } else {
-            self.partial_sync_duration.observe(seconds);
-        }
         let now = SystemTime::now();
-        self.last_sync.set(unix_seconds(now));
+        for family in families {
+            let label = [family.name()];
+            self.sync_duration
+                .with_label_values(&label)
+                .observe(seconds);
+            if report.full {
+                self.full_sync_duration
+                    .with_label_values(&label)
+                    .observe(seconds);
+            } else {
+                self.partial_sync_duration
+                    .with_label_values(&label)
+                    .observe(seconds);
+            }
+            self.last_sync
+                .with_label_values(&label)
+                .set(unix_seconds(now));
+            for trigger in trigger_times {
+                if let Ok(latency) = now.duration_since(*trigger) {
+                    self.network_programming
+                        .with_label_values(&label)
+                        .observe(latency.as_secs_f64());
+                }
+            }
+            let (internal, external) = report
+                .no_local_endpoints
+                .iter()
+                .find(|(f, _)| f == family)
+                .map(|(_, counts)| *counts)
+                .unwrap_or_default();
+            self.no_local_endpoints
+                .with_label_values(&["internal", label[0]])
+                .set(internal as f64);
+            self.no_local_endpoints
+                .with_label_values(&["external", label[0]])
+                .set(external as f64);
+        }
         self.service_changes.inc_by(changes.0 as u64);
         self.endpoint_changes.inc_by(changes.1 as u64);
         self.service_changes_pending.set(0);
         self.endpoint_changes_pending.set(0);
-        for trigger in trigger_times {
-            if let Ok(latency) = now.duration_since(*trigger) {
-                self.network_programming.observe(latency.as_secs_f64());
-            }
-        }
-        for (table, rules) in &report.iptables_rules {
+        for (family, table, rules) in &report.iptables_rules {
             self.iptables_rules
-                .with_label_values(&[*table])
+                .with_label_values(&[*table, family.name()])
                 .set(*rules as f64);
         }
-        for (table, rules) in &report.iptables_written {
+        for (family, table, rules) in &report.iptables_written {
             self.iptables_last
-                .with_label_values(&[*table])
+                .with_label_values(&[*table, family.name()])
                 .set(*rules as f64);
         }
         self.skipped_services.set(report.skipped_services as i64);
         self.repaired_chains.inc_by(report.repaired_chains as u64);
-        let (internal, external) = report.no_local_endpoints;
-        self.no_local_endpoints
-            .with_label_values(&["internal"])
-            .set(internal as f64);
-        self.no_local_endpoints
-            .with_label_values(&["external"])
-            .set(external as f64);
     }
 
     /// A UDP conntrack cleanup read the table and deleted `deleted` flows of one family.
@@ -455,21 +554,29 @@ impl Metrics {
 
     /// A sync in `mode` failed to program the kernel; `partial` when the failed sync was one
     /// of changes only.
-    pub fn failed(&self, mode: &str, partial: bool) {
-        match mode {
-            "nftables" => self.nftables_sync_failures.inc(),
-            _ => {
-                self.restore_failures.inc();
-                if partial && mode == "iptables" {
-                    self.partial_restore_failures.inc();
+    pub fn failed(&self, families: &[IpFamily], mode: &str, partial: bool) {
+        self.serve(families);
+        for family in families {
+            let label = [family.name()];
+            match mode {
+                "nftables" => self.nftables_sync_failures.with_label_values(&label).inc(),
+                _ => {
+                    self.restore_failures.with_label_values(&label).inc();
+                    if partial && mode == "iptables" {
+                        self.partial_restore_failures
+                            .with_label_values(&label)
+                            .inc();
+                    }
                 }
             }
         }
     }
 
-    /// Removing nftables mode's tables failed this many times.
-    pub fn nftables_cleanup_failures(&self, failures: usize) {
-        self.nftables_cleanup_failures.inc_by(failures as u64);
+    /// Removing nftables mode's table of `family` failed.
+    pub fn nftables_cleanup_failures(&self, family: IpFamily) {
+        self.nftables_cleanup_failures
+            .with_label_values(&[family.name()])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -497,16 +604,29 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         metrics.queued();
         metrics.pending(1, 3);
+        let both = [IpFamily::V4, IpFamily::V6];
         let report = SyncReport {
             full: true,
-            iptables_rules: vec![("nat", 42), ("filter", 7)],
-            no_local_endpoints: (1, 2),
+            iptables_rules: vec![
+                (IpFamily::V4, "nat", 42),
+                (IpFamily::V4, "filter", 7),
+                (IpFamily::V6, "nat", 5),
+            ],
+            iptables_written: vec![(IpFamily::V6, "filter", 3)],
+            no_local_endpoints: vec![(IpFamily::V4, (1, 2))],
             ..SyncReport::default()
         };
         let trigger = SystemTime::now() - Duration::from_secs(2);
-        metrics.synced(&report, Duration::from_millis(30), (1, 3), &[trigger]);
-        metrics.failed("iptables", true);
-        metrics.failed("nftables", false);
+        metrics.synced(
+            &both,
+            &report,
+            Duration::from_millis(30),
+            (1, 3),
+            &[trigger],
+        );
+        metrics.failed(&both[..1], "iptables", true);
+        metrics.failed(&both[..1], "nftables", false);
+        metrics.nftables_cleanup_failures(IpFamily::V6);
         metrics.health_answered(false, 200);
         metrics.health_answered(true, 503);
         metrics.api_request(&crate::k8s::RequestRecord {
@@ -517,20 +637,27 @@ mod tests {
         });
         let text = metrics.encode();
         for want in [
-            "kubeproxy_sync_proxy_rules_duration_seconds_count 1",
-            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} ",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"} ",
             "kubeproxy_sync_proxy_rules_service_changes_total 1",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 3",
             "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
-            "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 42",
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 1",
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
-            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total 0",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
-            "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"} 0",
-            "kubeproxy_network_programming_duration_seconds_count 1",
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total 1",
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 42",
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv6\",table=\"nat\"} 5",
+            "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv6\",table=\"filter\"} 3",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 0",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv4\"} 0",
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 2",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv6\",traffic_policy=\"external\"} 0",
+            "kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv4\",le=\"2\"} 0",
+            "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"} 1",
             "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
             "kubeproxy_proxy_livez_total{code=\"503\"} 1",
             "rest_client_requests_total{code=\"200\",host=\"10.0.0.1:6443\",method=\"GET\"} 1",

@@ -368,7 +368,7 @@ impl<I: Iptables> IptablesProxier<I> {
             full,
             ..SyncReport::default()
         };
-        let mut written = (0, 0);
+        let mut written = Vec::new();
         for family in self.families.clone() {
             let ctx = self.context(family, &state.node);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
@@ -413,8 +413,8 @@ impl<I: Iptables> IptablesProxier<I> {
                         "Reloaded iptables rules"
                     );
                     report.restore_lines += stats.lines;
-                    written.0 += stats.filter_rules;
-                    written.1 += stats.nat_rules;
+                    written.push((family, "filter", stats.filter_rules));
+                    written.push((family, "nat", stats.nat_rules));
                 }
                 Err(err) => {
                     self.needs_full_sync = true;
@@ -435,20 +435,24 @@ impl<I: Iptables> IptablesProxier<I> {
             changes.changed_services.len()
         };
         // Both in memory, from what each service programmed: no kernel read.
-        let (mut filter_rules, mut nat_rules) = (0, 0);
-        for programmed in self.programmed.values() {
-            filter_rules += programmed.base.filter.len();
-            nat_rules += programmed.base.nat.len() + programmed.base.nat_services_tail.len();
+        for (family, programmed) in &self.programmed {
+            let mut filter_rules = programmed.base.filter.len();
+            let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
+            let mut no_local = (0, 0);
             for service in programmed.services.values() {
-                report.no_local_endpoints.0 += service.no_local_endpoints_internal;
-                report.no_local_endpoints.1 += service.no_local_endpoints_external;
+                no_local.0 += service.no_local_endpoints_internal;
+                no_local.1 += service.no_local_endpoints_external;
                 filter_rules += service.filter.len();
                 nat_rules +=
                     service.nat.len() + service.chains.values().map(Vec::len).sum::<usize>();
             }
+            report.no_local_endpoints.push((*family, no_local));
+            report
+                .iptables_rules
+                .push((*family, "filter", filter_rules));
+            report.iptables_rules.push((*family, "nat", nat_rules));
         }
-        report.iptables_rules = vec![("filter", filter_rules), ("nat", nat_rules)];
-        report.iptables_written = vec![("filter", written.0), ("nat", written.1)];
+        report.iptables_written = written;
         Ok(report)
     }
 }

@@ -587,14 +587,11 @@ impl IpvsProxier {
                 self.sync_iptables(*family, rules)?;
             }
         }
-        let iptables_rules = ["filter", "nat"]
-            .into_iter()
-            .map(|table| {
-                let rules = per_family
-                    .iter()
-                    .map(|(_, text)| rule_lines(table_section(text, table)))
-                    .sum();
-                (table, rules)
+        let iptables_rules = per_family
+            .iter()
+            .flat_map(|(family, text)| {
+                ["filter", "nat"]
+                    .map(|table| (*family, table, rule_lines(table_section(text, table))))
             })
             .collect();
         self.applied = Some(Applied {

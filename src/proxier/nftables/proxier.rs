@@ -671,11 +671,13 @@ impl<N: Nftables> NftablesProxier<N> {
         } else {
             changes.changed_services.len()
         };
-        for programmed in self.programmed.values() {
+        for (family, programmed) in &self.programmed {
+            let mut no_local = (0, 0);
             for service in programmed.services.values() {
-                report.no_local_endpoints.0 += service.no_local_endpoints.0;
-                report.no_local_endpoints.1 += service.no_local_endpoints.1;
+                no_local.0 += service.no_local_endpoints.0;
+                no_local.1 += service.no_local_endpoints.1;
             }
+            report.no_local_endpoints.push((*family, no_local));
         }
         Ok(report)
     }

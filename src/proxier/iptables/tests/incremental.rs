@@ -105,7 +105,7 @@ pub(super) fn canonical(ipt: &FakeIptables) -> BTreeMap<String, Vec<String>> {
 
 /// Rules in our (KUBE-*) chains per table, as the kernel holds them: what the rule-count metric
 /// must say.
-pub(super) fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
+pub(super) fn kube_rules(ipt: &FakeIptables) -> Vec<(IpFamily, &'static str, usize)> {
     ["filter", "nat"]
         .into_iter()
         .map(|table| {
@@ -116,7 +116,7 @@ pub(super) fn kube_rules(ipt: &FakeIptables) -> Vec<(&'static str, usize)> {
                 .filter(|(chain, _)| chain.starts_with("KUBE-"))
                 .map(|(_, rules)| rules.len())
                 .sum();
-            (table, count)
+            (V4, table, count)
         })
         .collect()
 }

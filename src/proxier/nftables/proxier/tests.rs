@@ -152,7 +152,7 @@ fn a_full_sync_programs_the_rendered_table_and_its_golden() {
     assert_eq!(programmed(&p), golden);
     assert_eq!(
         report.no_local_endpoints,
-        (0, 1),
+        vec![(IpFamily::V4, (0, 1))],
         "svc2: external Local, none local"
     );
 }
