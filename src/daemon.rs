@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{KubeProxyConfiguration, ProxyMode, Settings};
+use crate::config::{KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::node_setup;
@@ -66,8 +66,6 @@ pub struct RunOptions {
     /// Exit when the configuration file changes (so the DaemonSet restarts us with it).
     pub exit_on_config_change: bool,
 }
-
-use crate::config::KUBERNETES_VERSION;
 
 /// `--version`'s line: upstream's form, so that scripts reading the second word get a
 /// Kubernetes version, and ours after it.

@@ -486,6 +486,7 @@ impl Metrics {
         self.serve(families);
         let seconds = elapsed.as_secs_f64();
         let now = SystemTime::now();
+        let synced_at = unix_seconds(now);
         for family in families {
             let label = [family.name()];
             self.sync_duration
@@ -500,9 +501,7 @@ impl Metrics {
                     .with_label_values(&label)
                     .observe(seconds);
             }
-            self.last_sync
-                .with_label_values(&label)
-                .set(unix_seconds(now));
+            self.last_sync.with_label_values(&label).set(synced_at);
             for trigger in trigger_times {
                 if let Ok(latency) = now.duration_since(*trigger) {
                     self.network_programming
@@ -516,12 +515,11 @@ impl Metrics {
                 .find(|(f, _)| f == family)
                 .map(|(_, counts)| *counts)
                 .unwrap_or_default();
-            self.no_local_endpoints
-                .with_label_values(&["internal", label[0]])
-                .set(internal as f64);
-            self.no_local_endpoints
-                .with_label_values(&["external", label[0]])
-                .set(external as f64);
+            for (policy, count) in [("internal", internal), ("external", external)] {
+                self.no_local_endpoints
+                    .with_label_values(&[policy, label[0]])
+                    .set(count as f64);
+            }
         }
         self.service_changes.inc_by(changes.0 as u64);
         self.endpoint_changes.inc_by(changes.1 as u64);
