@@ -250,6 +250,7 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         localhost_node_ports: true,
         node_port_addresses: NodePortAddresses::All,
         tcp_be_liberal: false,
+        nfacct: Default::default(),
     };
     let started = Instant::now();
     let rendered: usize = state

@@ -14,7 +14,7 @@ use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::conntrack::UdpConntrackCleaner;
-use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
+use crate::proxier::iptables::{IptablesProxier, IptablesSettings, NfacctCounters};
 use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::nftables::render::TABLE;
@@ -31,6 +31,7 @@ use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 use crate::sys::nf_events::{NfEvents, Scope};
+use crate::sys::nfacct::NetlinkNfacct;
 use crate::sys::nftables::SystemNftables;
 
 /// Why the daemon stopped with an error.
@@ -175,6 +176,18 @@ pub async fn run(
     let hard_fail = config.bind_address_hard_fail;
     if let Err(err) = metrics.feature_gates(&config.feature_gates) {
         warn!(error = %err, "Cannot export the feature gates");
+    }
+    if !options.dry_run && proxier.mode() == "iptables" {
+        let exported = NetlinkNfacct::open()
+            .map_err(|err| err.to_string())
+            .and_then(|reader| {
+                metrics
+                    .count_nfacct(Box::new(reader))
+                    .map_err(|err| err.to_string())
+            });
+        if let Err(err) = exported {
+            warn!(error = %err, "Cannot export the nfacct counters");
+        }
     }
     if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
         serve_health(listener, health.clone(), metrics.clone());
@@ -342,9 +355,17 @@ fn choose_proxier(
     }
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using iptables Proxier");
+    let mut settings = IptablesSettings::from_config(config);
+    settings.nfacct = match NetlinkNfacct::open() {
+        Ok(mut nfacct) => NfacctCounters::ensure(&mut nfacct),
+        Err(err) => {
+            error!(error = %err, "Failed to create nfacct runner, nfacct based metrics won't be available");
+            NfacctCounters::default()
+        }
+    };
     let proxier = IptablesProxier::new(
         SystemIptables::new(backend),
-        IptablesSettings::from_config(config),
+        settings,
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
     );

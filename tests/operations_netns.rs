@@ -343,3 +343,91 @@ async fn iptables_mode_removes_ipvs_leftovers_after_its_first_sync() {
     );
     daemon.stop().await;
 }
+
+/// A metric's value in a scrape, if it is there.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// A TCP segment with SYN and FIN both set (and no checksum): conntrack calls it INVALID.
+fn send_invalid_tcp(from: &support::netns::Netns, to: std::net::Ipv4Addr) {
+    from.run(move || {
+        use nix::sys::socket::{
+            AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket,
+        };
+        use std::os::fd::AsRawFd;
+        let raw = socket(
+            AddressFamily::Inet,
+            SockType::Raw,
+            SockFlag::empty(),
+            SockProtocol::Tcp,
+        )
+        .expect("raw socket");
+        let mut segment = [0u8; 20];
+        segment[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        segment[2..4].copy_from_slice(&8080u16.to_be_bytes());
+        segment[12] = 5 << 4; // data offset: 5 words
+        segment[13] = 0x03; // FIN | SYN
+        segment[14..16].copy_from_slice(&1024u16.to_be_bytes());
+        let target = SockaddrIn::from(std::net::SocketAddrV4::new(to, 0));
+        for _ in 0..3 {
+            sendto(raw.as_raw_fd(), &segment, &target, MsgFlags::empty()).expect("send");
+        }
+    });
+}
+
+/// Upstream's nfacct counters (kubeproxy_iptables_*_packets_total): the daemon creates the
+/// kernel's accounting objects in the node's namespace, its rules name them, and each scrape
+/// reads them; real packets move them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfacct_counters_count_real_packets() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let daemon = cluster.daemon(&cluster.config(""));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let node = &cluster.node;
+    let saved = node.output(&["iptables-nft-save"]);
+    let counted = |name: &str| {
+        saved
+            .lines()
+            .filter(|l| l.contains("-m nfacct") && l.contains(name))
+            .count()
+    };
+    assert_eq!(counted("ct_state_invalid_dropped_pkts"), 1, "{saved}");
+    // One per NodePort of the seed's services with endpoints (web tcp+udp, local).
+    assert_eq!(counted("localhost_nps_accepted_pkts"), 3, "{saved}");
+    let scrape = || {
+        http_get(node, addr("127.0.0.1:10249"), "/metrics")
+            .unwrap()
+            .1
+    };
+    const LOCALHOST: &str = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
+    const INVALID: &str = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
+    let before = scrape();
+    assert_eq!(metric_value(&before, LOCALHOST), Some(0.0), "{before}");
+    assert_eq!(metric_value(&before, INVALID), Some(0.0), "{before}");
+
+    // A connection to web's NodePort on 127.0.0.1, from the node itself.
+    let answer = support::netns::tcp_request(node, addr("127.0.0.1:30080"));
+    assert!(answer.is_ok(), "{answer:?}");
+    // Conntrack-invalid segments forwarded by the node towards a pod are dropped and counted.
+    let pod: std::net::Ipv4Addr = support::cluster::PODS[0].1.parse().unwrap();
+    send_invalid_tcp(&cluster.client, pod);
+    let moved = eventually(WAIT, || {
+        let text = scrape();
+        metric_value(&text, LOCALHOST).unwrap_or(0.0) >= 1.0
+            && metric_value(&text, INVALID).unwrap_or(0.0) >= 3.0
+    })
+    .await;
+    assert!(moved, "{}", scrape());
+    // A connection to the node's own address is not a localhost NodePort packet.
+    let before = metric_value(&scrape(), LOCALHOST).unwrap_or(0.0);
+    let answer = support::netns::tcp_request(node, addr(&format!("{NODE_IP}:30080")));
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_eq!(metric_value(&scrape(), LOCALHOST), Some(before));
+    daemon.stop().await;
+}

@@ -364,6 +364,15 @@ impl Metrics {
         })
     }
 
+    /// Exports the kernel's nfacct counters (iptables mode), read at each scrape.
+    pub fn count_nfacct(
+        &self,
+        reader: Box<dyn crate::sys::nfacct::Nfacct>,
+    ) -> prometheus::Result<()> {
+        self.registry
+            .register(Box::new(super::nfacct::NfacctCollector::new(reader)?))
+    }
+
     /// Records what the feature gates are, as `kubernetes_feature_enabled{name,stage}`.
     pub fn feature_gates(
         &self,

@@ -5,11 +5,13 @@
 mod health;
 mod http;
 mod metrics;
+mod nfacct;
 mod service_health;
 
 pub use health::ProxyHealth;
 pub use http::{Reply, ServerError, bind, serve};
 pub use metrics::Metrics;
+pub use nfacct::NfacctCollector;
 pub use service_health::ServiceHealthServers;
 pub use service_health::wanted as health_check_ports;
 

@@ -10,6 +10,7 @@ pub mod net;
 pub mod netlink;
 pub mod nf_events;
 pub mod nf_tables;
+pub mod nfacct;
 pub mod nft_netlink;
 pub mod nftables;
 pub mod nftables_fake;

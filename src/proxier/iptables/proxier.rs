@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
+use super::nfacct::NfacctCounters;
 use super::render::{
     BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext,
     ServiceRules, render_base, render_service,
@@ -41,6 +42,8 @@ pub struct IptablesSettings {
     pub tcp_be_liberal: bool,
     /// How often the canary chains are checked (syncPeriod).
     pub canary_interval: Duration,
+    /// The kernel's packet counters the rules may name (none until the daemon creates them).
+    pub nfacct: NfacctCounters,
 }
 
 impl IptablesSettings {
@@ -54,6 +57,7 @@ impl IptablesSettings {
             node_port_addresses: config.node_port_addresses.clone(),
             tcp_be_liberal: config.conntrack.tcp_be_liberal,
             canary_interval: config.iptables.sync_period.0,
+            nfacct: NfacctCounters::default(),
         }
     }
 }
@@ -165,6 +169,7 @@ impl<I: Iptables> IptablesProxier<I> {
             localhost_node_ports: self.settings.localhost_node_ports,
             node_port_addresses,
             tcp_be_liberal: self.settings.tcp_be_liberal,
+            nfacct: self.settings.nfacct,
         }
     }
 

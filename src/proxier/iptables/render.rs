@@ -3,6 +3,7 @@
 //! Rules are kept per service so a sync can rewrite only the services that changed.
 
 use super::names;
+use super::nfacct::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters};
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
     select_endpoints,
@@ -85,6 +86,8 @@ pub struct RenderContext {
     pub node_port_addresses: NodePortAddresses,
     /// conntrack.tcpBeLiberal: INVALID packets are not dropped.
     pub tcp_be_liberal: bool,
+    /// The kernel's packet counters that rules may name.
+    pub nfacct: NfacctCounters,
 }
 
 /// One rule in a chain: `-A <chain> <spec>`.
@@ -306,6 +309,17 @@ fn render_port(
     // NodePort.
     if let Some(node_port) = port.node_port {
         if has_endpoints {
+            // Counted separately when it comes to a loopback address (upstream's metric).
+            if ctx.family == IpFamily::V4
+                && ctx.localhost_node_ports
+                && ctx.nfacct.localhost_node_ports
+            {
+                let spec = format!(
+                    "{} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {LOCALHOST_NODEPORTS_ACCEPTED} -j {ext_chain}",
+                    comment(&name)
+                );
+                out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
+            }
             let spec = format!(
                 "{} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}",
                 comment(&name)
@@ -530,9 +544,14 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
         ));
     }
     if !ctx.tcp_be_liberal {
+        let counted = if ctx.nfacct.invalid_dropped {
+            format!(" -m nfacct --nfacct-name {CT_STATE_INVALID_DROPPED}")
+        } else {
+            String::new()
+        };
         base.filter.push(Rule::new(
             KUBE_FORWARD,
-            "-m conntrack --ctstate INVALID -j DROP".into(),
+            format!("-m conntrack --ctstate INVALID{counted} -j DROP"),
         ));
     }
     base.filter.push(Rule::new(

@@ -36,6 +36,7 @@ pub fn context() -> RenderContext {
         localhost_node_ports: true,
         node_port_addresses: NodePortAddresses::All,
         tcp_be_liberal: false,
+        nfacct: Default::default(),
     }
 }
 
