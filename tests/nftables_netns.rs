@@ -207,6 +207,24 @@ async fn real_packets_through_the_nftables_proxier() {
         .await
     );
 
+    // Hairpin: the pod reaches itself through its own Service, masqueraded (to the node's
+    // address on its link) so that the answer comes back through the node.
+    let hairpin = tcp_request(cluster.pod("pod-b1"), addr("10.96.0.30:80"));
+    assert!(
+        hairpin
+            .as_ref()
+            .is_ok_and(|a| a.starts_with("pod-b1 10.244.0.1:")),
+        "{hairpin:?}"
+    );
+    // Another pod is not masqueraded.
+    let direct = tcp_request(cluster.pod("pod-a1"), addr("10.96.0.30:80"));
+    assert!(
+        direct
+            .as_ref()
+            .is_ok_and(|a| a.starts_with("pod-b1 10.244.1.11:")),
+        "{direct:?}"
+    );
+
     // Service deleted: its chains are flushed, then deleted; nothing answers for it.
     cluster
         .api

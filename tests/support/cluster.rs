@@ -106,6 +106,15 @@ impl Cluster {
         }
     }
 
+    /// A pod's namespace, by name (PODS).
+    pub fn pod(&self, name: &str) -> &Netns {
+        let index = PODS
+            .iter()
+            .position(|(pod, _, _)| *pod == name)
+            .expect("a pod of PODS");
+        &self.pods[index].0
+    }
+
     /// Makes the cluster dual-stack: IPv6 on the node, the client and every pod (with a v6 echo
     /// server), and an IPv6 InternalIP on the Node. Call before starting a daemon.
     pub fn add_ipv6(&mut self) {

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::render::{
-    NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
+    HAIRPIN_CONNECTIONS, NftContext, Objects, TABLE, digest_of, render_base, render_service,
+    stamp_digests,
 };
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
@@ -434,8 +435,9 @@ impl<N: Nftables> NftablesProxier<N> {
         }))
         .collect();
         let mut stats = Stats::default();
+        // Every service is among the deltas: none elsewhere keeps an element.
         if let Some((text, written, removed)) =
-            transaction::partial(family_keyword(family), &deltas)
+            transaction::partial(family_keyword(family), &deltas, &|_| false)
         {
             self.apply(family, &text)
                 .map_err(|err| transaction_failure(err, &text, &services))?;
@@ -481,7 +483,18 @@ impl<N: Nftables> NftablesProxier<N> {
                 new: new.as_ref(),
             })
             .collect();
-        let Some((text, stats, removed)) = transaction::partial(family_keyword(family), &deltas)
+        // An endpoint's hairpin element stays while a service this sync leaves alone has it.
+        let kept_elsewhere = |key: &str| {
+            current.services.iter().any(|(service, objects)| {
+                !changes.changed_services.contains(service)
+                    && objects
+                        .elements
+                        .get(HAIRPIN_CONNECTIONS)
+                        .is_some_and(|elements| elements.contains_key(key))
+            })
+        };
+        let Some((text, stats, removed)) =
+            transaction::partial(family_keyword(family), &deltas, &kept_elsewhere)
         else {
             return Ok(Stats::default());
         };

@@ -26,6 +26,7 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
 pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 pub const REJECT_CHAIN: &str = "reject-chain";
 
@@ -256,6 +257,13 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             "NodePort traffic",
         ),
     ];
+    // Upstream 1.36's: connections DNATed to their own source, masqueraded in postrouting.
+    out.sets.insert(
+        HAIRPIN_CONNECTIONS.into(),
+        set(format!(
+            "{{ type {addr} . {addr} . inet_proto . inet_service ; comment \"service hairpin connections\" ; }}"
+        )),
+    );
     for (name, key, comment) in maps {
         out.sets.insert(
             name.into(),
@@ -315,6 +323,10 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     );
     let mark = format!("{:#x}", ctx.masquerade_mark);
     out.rule(MARK_FOR_MASQUERADE, format!("mark set mark or {mark}"));
+    out.rule(
+        "masquerading",
+        format!("ct status dnat {ip} saddr . {ip} daddr . meta l4proto . th dport @{HAIRPIN_CONNECTIONS} mark set mark or {mark}"),
+    );
     out.rule("masquerading", format!("mark and {mark} == 0 return"));
     out.rule("masquerading", format!("mark set mark xor {mark}"));
     out.rule("masquerading", "masquerade fully-random".into());
@@ -537,16 +549,25 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
         }
     }
 
-    // The policy chains and the endpoints' own chains.
+    // The policy chains, and the endpoints' own chains where session affinity needs them.
+    // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form):
+    // no endpoint chains and no jump, so a change of endpoints commits without the kernel
+    // re-validating every chain of the table; hairpin traffic is found in postrouting by
+    // @hairpin-connections instead of a rule per endpoint chain.
+    let affinity = port.session_affinity_seconds.is_some();
+    let mark_it = if affinity {
+        format!("jump {MARK_FOR_MASQUERADE}")
+    } else {
+        format!("mark set mark or {:#x}", ctx.masquerade_mark)
+    };
     let masquerade = if ctx.masquerade_all {
         Some(format!(
-            "{ip} daddr {cluster_ip} {proto} dport {} jump {MARK_FOR_MASQUERADE}",
+            "{ip} daddr {cluster_ip} {proto} dport {} {mark_it}",
             port.port
         ))
     } else {
-        ctx.local_matches().map(|(_, not_local)| {
-            format!("{ip} daddr {cluster_ip} {not_local} jump {MARK_FOR_MASQUERADE}")
-        })
+        ctx.local_matches()
+            .map(|(_, not_local)| format!("{ip} daddr {cluster_ip} {not_local} {mark_it}"))
     };
     for (chain, used, endpoints) in [
         (&cluster_chain, uses_cluster_chain, &selected.cluster),
@@ -563,23 +584,32 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
         }
         let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
         chosen.sort_by_key(|ep| ep.address());
-        if port.session_affinity_seconds.is_some() {
-            for ep in &chosen {
-                out.rule(
-                    chain,
-                    format!(
-                        "{ip} saddr @{} goto {}",
-                        names::affinity_set(name, ep),
-                        names::endpoint_chain(name, ep)
-                    ),
-                );
-            }
+        if !affinity {
+            out.rule(chain, destination_selection(ip, proto, &chosen));
+            continue;
+        }
+        for ep in &chosen {
+            out.rule(
+                chain,
+                format!(
+                    "{ip} saddr @{} goto {}",
+                    names::affinity_set(name, ep),
+                    names::endpoint_chain(name, ep)
+                ),
+            );
         }
         let targets: Vec<String> = chosen
             .iter()
             .map(|ep| names::endpoint_chain(name, ep))
             .collect();
         out.rule(chain, endpoint_selection(&targets));
+    }
+    if !affinity {
+        for ep in &selected.all_reachable {
+            let key = format!("{0} . {0} . {proto} . {1}", ep.ip, ep.port);
+            out.element(HAIRPIN_CONNECTIONS, key, String::new());
+        }
+        return;
     }
     for ep in &selected.all_reachable {
         let chain = names::endpoint_chain(name, ep);
@@ -646,6 +676,22 @@ pub fn digest_of(chain: &Chain) -> Option<&str> {
         let start = rule.find(DIGEST_PREFIX)?;
         rule[start..].split('"').next()
     })
+}
+
+/// The rule that DNATs to one of `endpoints` at random.
+fn destination_selection(ip: &str, proto: &str, endpoints: &[&Endpoint]) -> String {
+    let mut rule = format!(
+        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {{ ",
+        endpoints.len()
+    );
+    for (index, ep) in endpoints.iter().enumerate() {
+        if index > 0 {
+            rule.push_str(" , ");
+        }
+        let _ = write!(rule, "{index} : {} . {}", ep.ip, ep.port);
+    }
+    rule.push_str(" }");
+    rule
 }
 
 /// The rule that picks one of `targets` at random (upstream's form).

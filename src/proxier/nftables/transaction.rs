@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use super::render::{Chain, Elements, Objects, SetDef, TABLE};
+use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::model::NamespacedName;
 
 /// What a transaction removed that must be deleted later.
@@ -270,7 +270,15 @@ pub struct Delta<'a> {
 
 /// The partial sync: for each changed service, only the chains whose rules differ, the
 /// elements that differ and the affinity sets that come or go. `None` when nothing differs.
-pub fn partial(family: &str, deltas: &[Delta<'_>]) -> Option<(String, Stats, Removed)> {
+///
+/// An element of @hairpin-connections (an endpoint's address and port) may belong to several
+/// services at once: one that gives it up deletes it only if no service keeps it, neither one
+/// of `deltas` nor, as `kept_elsewhere` says, one outside them.
+pub fn partial(
+    family: &str,
+    deltas: &[Delta<'_>],
+    kept_elsewhere: &dyn Fn(&str) -> bool,
+) -> Option<(String, Stats, Removed)> {
     let empty = Objects::default();
     let pairs: Vec<(&Objects, &Objects)> = deltas
         .iter()
@@ -320,13 +328,27 @@ pub fn partial(family: &str, deltas: &[Delta<'_>]) -> Option<(String, Stats, Rem
         }
     }
     // Elements: deletions first, then additions.
+    let mut hairpins_kept: Option<BTreeSet<&String>> = None;
     for (old, new) in &pairs {
         for (set, elements) in &old.elements {
             let now = new.elements.get(set);
             for (key, rest) in elements {
-                if now.and_then(|e| e.get(key)) != Some(rest) {
-                    out.element("delete", set, key, rest);
+                if now.and_then(|e| e.get(key)) == Some(rest) {
+                    continue;
                 }
+                if set == HAIRPIN_CONNECTIONS {
+                    let kept = hairpins_kept.get_or_insert_with(|| {
+                        deltas
+                            .iter()
+                            .filter_map(|d| d.new?.elements.get(HAIRPIN_CONNECTIONS))
+                            .flat_map(|e| e.keys())
+                            .collect()
+                    });
+                    if kept.contains(key) || kept_elsewhere(key) {
+                        continue;
+                    }
+                }
+                out.element("delete", set, key, rest);
             }
         }
     }

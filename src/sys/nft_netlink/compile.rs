@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::expr::{
     DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL,
-    SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef, Verdict,
+    SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef,
 };
 use super::rule;
 use super::values::{self, Bound, Unsupported, parse_verdict, unquote};
@@ -366,6 +366,8 @@ impl Compiler {
         self.anonymous_in_rule += 1;
         let map_name = self.anonymous_name("map", self.anonymous_in_rule);
         let set_name = self.anonymous_name("set", self.anonymous_in_rule);
+        // A map's data other than a verdict: its type and length.
+        let mut data_type: Option<(u32, u32)> = None;
         let (name, flags, key_type, key_len, elements, size, udata, lookup) = match set {
             rule::AnonymousSet::VerdictMap {
                 targets,
@@ -378,7 +380,7 @@ impl Compiler {
                     .map(|(index, verdict)| Element {
                         key: (index as u32).to_ne_bytes().to_vec(),
                         bound: None,
-                        data: Some(verdict),
+                        data: Some(Data::Verdict(verdict)),
                         comment: None,
                     })
                     .collect();
@@ -398,6 +400,62 @@ impl Compiler {
                     },
                     inverted: false,
                 };
+                (
+                    map_name,
+                    SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
+                    TYPE_INTEGER,
+                    4,
+                    elements,
+                    size,
+                    udata,
+                    lookup,
+                )
+            }
+            rule::AnonymousSet::DestinationMap {
+                targets,
+                sreg,
+                dreg,
+            } => {
+                let ipv6 = scope.is_ipv6();
+                let elements: Vec<Element> = targets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (address, port))| {
+                        let mut data = values::address_bytes(address);
+                        data.extend(port.to_be_bytes());
+                        data.extend([0, 0]);
+                        Element {
+                            key: (index as u32).to_ne_bytes().to_vec(),
+                            bound: None,
+                            data: Some(Data::Value(data)),
+                            comment: None,
+                        }
+                    })
+                    .collect();
+                let size = elements.len() as u32;
+                // Key in host order (a numgen result); data an address and a port.
+                let udata = UserData::new()
+                    .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
+                    .host_u32(UDATA_SET_DATABYTEORDER, 0)
+                    .host_u32(UDATA_SET_DATA_INTERVAL, 0);
+                let lookup = Expr::Lookup {
+                    sreg,
+                    dreg: Some(dreg),
+                    set: SetRef {
+                        name: map_name.clone(),
+                        id: Some(id),
+                    },
+                    inverted: false,
+                };
+                let (address_type, address_len) = if ipv6 {
+                    (TYPE_IP6ADDR, 16)
+                } else {
+                    (TYPE_IPADDR, 4)
+                };
+                data_type = Some((
+                    address_type << TYPE_BITS | TYPE_INET_SERVICE,
+                    address_len + 4,
+                ));
                 (
                     map_name,
                     SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
@@ -472,8 +530,14 @@ impl Compiler {
             .u32(3, flags)
             .u32(4, key_type)
             .u32(5, key_len);
-        if flags & SET_MAP != 0 {
-            a.u32(6, DATA_VERDICT).u32(7, 0);
+        match data_type {
+            Some((kind, len)) => {
+                a.u32(6, kind).u32(7, len);
+            }
+            None if flags & SET_MAP != 0 => {
+                a.u32(6, DATA_VERDICT).u32(7, 0);
+            }
+            None => {}
         }
         a.u32(10, id)
             .nested(9, |desc| {
@@ -531,10 +595,14 @@ impl Compiler {
             if concatenated { 0 } else { BYTEORDER_BIG },
         );
         if is_map {
-            udata = udata
-                .host_u32(UDATA_SET_DATABYTEORDER, 0)
-                .record(UDATA_SET_KEY_TYPEOF, &[0, 4, 13, 0, 0, 0, 1, 0])
-                .host_u32(UDATA_SET_DATA_INTERVAL, 0);
+            udata = udata.host_u32(UDATA_SET_DATABYTEORDER, 0);
+        }
+        if concatenated {
+            // What nft records for a concatenated key (ours all end in inet_service).
+            udata = udata.record(UDATA_SET_KEY_TYPEOF, &[0, 4, 13, 0, 0, 0, 1, 0]);
+        }
+        if is_map {
+            udata = udata.host_u32(UDATA_SET_DATA_INTERVAL, 0);
         }
         if let Some(comment) = declared.comment {
             udata = udata.text(UDATA_SET_COMMENT, comment);
@@ -656,7 +724,7 @@ impl<'a> SetSpec<'a> {
 struct Element {
     key: Vec<u8>,
     bound: Option<Bound>,
-    data: Option<Verdict>,
+    data: Option<Data>,
     comment: Option<String>,
 }
 
@@ -685,7 +753,7 @@ impl Element {
         }
         let data = match rest {
             [] => None,
-            [":", verdict @ ..] => Some(parse_verdict(verdict)?),
+            [":", verdict @ ..] => Some(Data::Verdict(parse_verdict(verdict)?)),
             _ => return Err("unsupported element".into()),
         };
         if !add && (data.is_some() || comment.is_some()) {
@@ -718,8 +786,8 @@ fn encode_elements(a: &mut Attributes, elements: &[Element]) {
                             .bytes(),
                     );
                 }
-                if let Some(verdict) = &element.data {
-                    Data::Verdict(verdict.clone()).encode(2, e);
+                if let Some(data) = &element.data {
+                    data.encode(2, e);
                 }
                 if let Some(comment) = &element.comment {
                     e.raw(6, comment_udata(comment).bytes());

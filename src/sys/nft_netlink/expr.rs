@@ -25,6 +25,7 @@ pub const META_IIFNAME: u32 = 6;
 pub const META_L4PROTO: u32 = 16;
 /// Conntrack key: the state.
 pub const CT_STATE: u32 = 0;
+pub const CT_STATUS: u32 = 2;
 /// Verdict codes.
 pub const NF_DROP: i32 = 0;
 pub const NFT_JUMP: i32 = -3;
@@ -141,6 +142,13 @@ pub enum Expr {
         addr: u32,
         port: u32,
     },
+    /// DNAT to the address and port a map lookup left in these registers (nft sends no range
+    /// flags for it).
+    DnatRange {
+        family: u8,
+        addr: u32,
+        port: u32,
+    },
     /// Masquerade with these NAT range flags.
     Masq {
         flags: u32,
@@ -172,7 +180,7 @@ impl Expr {
             Expr::Immediate { .. } => "immediate",
             Expr::Lookup { .. } => "lookup",
             Expr::Numgen { .. } => "numgen",
-            Expr::Dnat { .. } => "nat",
+            Expr::Dnat { .. } | Expr::DnatRange { .. } => "nat",
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
             Expr::FibAddressType { .. } => "fib",
@@ -256,6 +264,14 @@ impl Expr {
                     .u32(3, *addr)
                     .u32(5, *port)
                     .u32(7, 2);
+            }
+            Expr::DnatRange { family, addr, port } => {
+                // Type DNAT (1) and the registers only: the kernel sets the range flags and
+                // maxima itself (it lists them as `flags 0x3`).
+                out.u32(1, 1)
+                    .u32(2, u32::from(*family))
+                    .u32(3, *addr)
+                    .u32(5, *port);
             }
             Expr::Masq { flags } => {
                 out.u32(1, *flags);

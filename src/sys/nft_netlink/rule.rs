@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use super::expr::{
-    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, Data, Expr, META_IIFNAME,
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, Data, Expr, META_IIFNAME,
     META_L4PROTO, META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT, SetRef, Verdict,
 };
 use super::values::{self, AddressMatch, Unsupported, check_family, parse_verdict, unquote};
@@ -18,6 +18,8 @@ const ICMP_PORT_UNREACH: u8 = 3;
 const ICMPV6_PORT_UNREACH: u8 = 4;
 /// Conntrack state bit "new".
 const CT_STATE_NEW: u32 = 8;
+/// Conntrack status bit "destination NAT done" (IPS_DST_NAT).
+const CT_STATUS_DNAT: u32 = 0x20;
 /// The length nft compares an interface name with (IFNAMSIZ).
 const IFNAMSIZ: usize = 16;
 
@@ -27,6 +29,13 @@ pub enum AnonymousSet {
     /// `numgen ... vmap { 0 : goto A , 1 : goto B }`: index -> verdict.
     VerdictMap {
         targets: Vec<Verdict>,
+        sreg: u32,
+        dreg: u32,
+    },
+    /// `dnat ip addr . port to numgen ... map { 0 : A . P , 1 : B . Q }`: index -> address and
+    /// port.
+    DestinationMap {
+        targets: Vec<(IpAddr, u16)>,
         sreg: u32,
         dreg: u32,
     },
@@ -145,15 +154,15 @@ impl<'a> Builder<'_, 'a> {
         let word = self.next()?;
         match word {
             "ct" => {
-                self.expect("state")?;
-                self.expect("new")?;
-                self.emit(Expr::Ct {
-                    key: CT_STATE,
-                    dreg: REG_1,
-                });
+                let (key, bit) = match (self.next()?, self.next()?) {
+                    ("state", "new") => (CT_STATE, CT_STATE_NEW),
+                    ("status", "dnat") => (CT_STATUS, CT_STATUS_DNAT),
+                    (key, value) => return Err(format!("unsupported ct match {key} {value}")),
+                };
+                self.emit(Expr::Ct { key, dreg: REG_1 });
                 self.emit(Expr::Bitwise {
                     reg: REG_1,
-                    mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+                    mask: bit.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
                     boolean_op: false,
                 });
@@ -273,8 +282,12 @@ impl<'a> Builder<'_, 'a> {
                 });
             }
             "dnat" => {
-                self.expect("to")?;
-                self.dnat()?;
+                if self.peek() == Some(self.address_family_word()) {
+                    self.dnat_map()?;
+                } else {
+                    self.expect("to")?;
+                    self.dnat()?;
+                }
             }
             "masquerade" => {
                 self.expect("fully-random")?;
@@ -437,11 +450,23 @@ impl<'a> Builder<'_, 'a> {
         Ok(())
     }
 
-    /// `[... .] meta l4proto . th dport vmap @MAP`, the address (if any) already loaded:
-    /// `offset` bytes of the concatenation are taken.
-    fn l4_concatenation(&mut self, offset: usize) -> Result<(), Unsupported> {
+    /// `[ADDRESS . [ADDRESS .]] meta l4proto . th dport vmap @MAP` or `... @SET`, the first
+    /// address (if any) already loaded: `offset` bytes of the concatenation are taken.
+    fn l4_concatenation(&mut self, mut offset: usize) -> Result<(), Unsupported> {
         if offset > 0 {
             self.expect(".")?;
+            if self.peek() == Some(self.address_family_word()) {
+                self.position += 1;
+                let source = match self.next()? {
+                    "saddr" => true,
+                    "daddr" => false,
+                    other => return Err(format!("unsupported address key {other:?}")),
+                };
+                let (_, length) = self.address_field(source);
+                self.load_address(source, register_at(offset), length);
+                offset += length as usize;
+                self.expect(".")?;
+            }
             self.expect("meta")?;
             self.expect("l4proto")?;
         }
@@ -458,16 +483,19 @@ impl<'a> Builder<'_, 'a> {
             offset: 2,
             len: 2,
         });
-        self.expect("vmap")?;
-        let map = self
+        let verdict = self.peek() == Some("vmap");
+        if verdict {
+            self.position += 1;
+        }
+        let set = self
             .next()?
             .strip_prefix('@')
-            .ok_or_else(|| "expected @map".to_string())?;
+            .ok_or_else(|| "expected @set or vmap @map".to_string())?;
         self.emit(Expr::Lookup {
             sreg: REG_1,
-            dreg: Some(REG_VERDICT),
+            dreg: verdict.then_some(REG_VERDICT),
             set: SetRef {
-                name: map.to_string(),
+                name: set.to_string(),
                 id: None,
             },
             inverted: false,
@@ -566,6 +594,69 @@ impl<'a> Builder<'_, 'a> {
                 sreg: REG_1,
                 dreg: REG_VERDICT,
             }));
+        Ok(())
+    }
+
+    /// `ip addr . port to numgen random mod N map { 0 : A . P , 1 : B . Q }` (after `dnat`):
+    /// the address and port come from an anonymous map indexed by the random number.
+    fn dnat_map(&mut self) -> Result<(), Unsupported> {
+        self.position += 1;
+        for word in ["addr", ".", "port", "to", "numgen", "random", "mod"] {
+            self.expect(word)?;
+        }
+        let modulus: u32 = self
+            .next()?
+            .parse()
+            .map_err(|_| "not a modulus".to_string())?;
+        self.expect("map")?;
+        self.expect("{")?;
+        let mut targets = Vec::new();
+        loop {
+            let index: usize = self
+                .next()?
+                .parse()
+                .map_err(|_| "not an index".to_string())?;
+            if index != targets.len() {
+                return Err("map indexes out of order".into());
+            }
+            self.expect(":")?;
+            let address: IpAddr = self
+                .next()?
+                .parse()
+                .map_err(|_| "not an address".to_string())?;
+            if address.is_ipv6() != self.ipv6 {
+                return Err("an address of the other family".into());
+            }
+            self.expect(".")?;
+            let port: u16 = self.next()?.parse().map_err(|_| "not a port".to_string())?;
+            targets.push((address, port));
+            match self.next()? {
+                "," => continue,
+                "}" => break,
+                other => return Err(format!("unexpected {other:?} in a map")),
+            }
+        }
+        if targets.len() as u32 != modulus {
+            return Err("the modulus is not the number of targets".into());
+        }
+        self.emit(Expr::Numgen {
+            dreg: REG_1,
+            modulus,
+        });
+        self.out
+            .exprs
+            .push(Part::AnonymousSet(AnonymousSet::DestinationMap {
+                targets,
+                sreg: REG_1,
+                dreg: REG_1,
+            }));
+        // The port follows the address in the map's data.
+        let (_, length) = self.address_field(false);
+        self.emit(Expr::DnatRange {
+            family: if self.ipv6 { 10 } else { 2 },
+            addr: REG_1,
+            port: register_at(length as usize),
+        });
         Ok(())
     }
 

@@ -86,7 +86,8 @@ fn a_partial_sync_writes_only_differences() {
             &[Delta {
                 old: Some(svc1),
                 new: Some(svc1)
-            }]
+            }],
+            &|_| false,
         )
         .is_none()
     );
@@ -97,6 +98,7 @@ fn a_partial_sync_writes_only_differences() {
             old: Some(svc1),
             new: None,
         }],
+        &|_| false,
     )
     .unwrap();
     assert_eq!(removed.chains.len(), svc1.chains.len());
@@ -110,6 +112,7 @@ fn a_partial_sync_writes_only_differences() {
             old: None,
             new: Some(svc5),
         }],
+        &|_| false,
     )
     .unwrap();
     assert!(position(&text, "add set ip kube-proxy affinity-") < position(&text, "add rule"));
@@ -120,7 +123,58 @@ fn a_partial_sync_writes_only_differences() {
             old: Some(svc5),
             new: None,
         }],
+        &|_| false,
     )
     .unwrap();
     assert!(position(&text, "flush chain") < position(&text, "delete set ip kube-proxy affinity-"));
+}
+
+#[test]
+fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
+    let services = rendered();
+    let svc3 = &services[&NamespacedName::new("ns3", "svc3")];
+    let hairpin = svc3.elements.get(HAIRPIN_CONNECTIONS).unwrap();
+    let key = hairpin.keys().next().unwrap().clone();
+    // svc3 goes; another service outside this sync has the same endpoint.
+    let gone = Delta {
+        old: Some(svc3),
+        new: None,
+    };
+    let (text, _, _) = partial("ip", &[gone], &|k| k == key).unwrap();
+    assert!(!text.contains(&format!("{{ {key} }}")), "{text}");
+    let gone = Delta {
+        old: Some(svc3),
+        new: None,
+    };
+    let (text, _, _) = partial("ip", &[gone], &|_| false).unwrap();
+    assert!(
+        text.contains(&format!(
+            "delete element ip kube-proxy {HAIRPIN_CONNECTIONS} {{ {key} }}"
+        )),
+        "{text}"
+    );
+    // Another service of this sync takes the endpoint over.
+    let mut other = svc3.clone();
+    other.chains = Default::default();
+    let (text, _, _) = partial(
+        "ip",
+        &[
+            Delta {
+                old: Some(svc3),
+                new: None,
+            },
+            Delta {
+                old: None,
+                new: Some(&other),
+            },
+        ],
+        &|_| false,
+    )
+    .unwrap();
+    assert!(
+        !text.contains(&format!(
+            "delete element ip kube-proxy {HAIRPIN_CONNECTIONS}"
+        )),
+        "{text}"
+    );
 }
