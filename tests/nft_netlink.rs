@@ -8,7 +8,9 @@ mod support;
 
 use std::path::Path;
 
+use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::sys::nftables::{NftError, Nftables, SystemNftables};
+use kube_proxy_rs::sys::nftables_fake::FakeNftables;
 use support::netns::{Netns, require_netns};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/nft");
@@ -236,4 +238,43 @@ fn captures_of_nfts_messages_are_current() {
     }
     let ns = Netns::new("nl-capture");
     store("remove-tables.batch", capture(&ns, "remove-tables.nft"));
+}
+
+/// The elements of our sets and maps read back from the kernel are the text they were written
+/// with (keys, comments, verdicts, concatenations, both families): what a restart compares.
+#[test]
+fn elements_read_back_as_they_were_written() {
+    require_netns();
+    for (family, keyword) in [(IpFamily::V4, "ip"), (IpFamily::V6, "ip6")] {
+        let ns = Netns::new("nl-elements");
+        let mut fake = FakeNftables::default();
+        let mut sets = Vec::new();
+        for step in [
+            format!("corpus-{keyword}.nft"),
+            format!("changes-{keyword}.nft"),
+        ] {
+            let text = read(&step);
+            apply_netlink(&ns, &text).unwrap_or_else(|err| panic!("{step}: {err}"));
+            fake.apply(&text).unwrap();
+            for line in text.lines() {
+                let words: Vec<&str> = line.splitn(6, ' ').collect();
+                if let ["add", "set" | "map", _, "kube-proxy", name, spec] = words.as_slice()
+                    && !spec.contains("dynamic")
+                {
+                    sets.push((name.to_string(), spec.to_string()));
+                }
+            }
+        }
+        let wanted = fake.elements(family, "kube-proxy", &sets).unwrap();
+        let sets_for_thread = sets.clone();
+        let read = ns.run(move || {
+            SystemNftables::netlink_only().elements(family, "kube-proxy", &sets_for_thread)
+        });
+        let read = read.unwrap_or_else(|err| panic!("{keyword}: {err}"));
+        assert_eq!(read, wanted, "{keyword}");
+        assert!(
+            read.values().map(|e| e.len()).sum::<usize>() > 10,
+            "{keyword}: {read:?}"
+        );
+    }
 }

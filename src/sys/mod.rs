@@ -11,6 +11,7 @@ pub mod netlink;
 pub mod nf_events;
 pub mod nf_tables;
 pub mod nfacct;
+pub mod nft_elements;
 pub mod nft_netlink;
 pub mod nftables;
 pub mod nftables_fake;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::iptables::input_context;
 use super::netlink::NetlinkError;
 use super::nf_tables;
+use super::nft_elements::{self, KeyLayout};
 use super::nft_netlink;
 use super::process::{Tool, ToolError};
 use crate::model::IpFamily;
@@ -41,6 +42,14 @@ pub enum NftError {
         family: &'static str,
         #[source]
         source: NetlinkError,
+    },
+    /// A set's elements could not be read as text.
+    #[error("reading the elements of table {family} {table}: {source}")]
+    Elements {
+        table: String,
+        family: &'static str,
+        #[source]
+        source: nft_elements::ElementsError,
     },
 }
 
@@ -82,10 +91,21 @@ pub trait Nftables: Send {
         table: &str,
         chains: &BTreeSet<String>,
     ) -> Result<RuleComments, NftError>;
+    /// The elements of `sets` (name and declaration) in `table` of `family`, as this program
+    /// writes them.
+    fn elements(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        sets: &[(String, String)],
+    ) -> Result<SetElements, NftError>;
 }
 
 /// Per chain: its rule count and its rules' comments.
 pub type RuleComments = BTreeMap<String, (usize, Vec<String>)>;
+
+/// Per set: key -> the text after the key (` comment "..." : goto chain`, or empty).
+pub type SetElements = BTreeMap<String, BTreeMap<String, String>>;
 
 /// How [`SystemNftables`] writes a transaction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -202,6 +222,32 @@ impl Nftables for SystemNftables {
             family: family_keyword(family),
             source,
         })
+    }
+
+    fn elements(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        sets: &[(String, String)],
+    ) -> Result<SetElements, NftError> {
+        let failed = |source| NftError::Elements {
+            table: table.to_string(),
+            family: family_keyword(family),
+            source,
+        };
+        let mut out = SetElements::new();
+        for (name, spec) in sets {
+            let layout = KeyLayout::from_spec(spec).ok_or_else(|| {
+                failed(nft_elements::ElementsError::Undecodable {
+                    set: name.clone(),
+                    what: format!("a declaration this program does not write: {spec}"),
+                })
+            })?;
+            let elements =
+                nft_elements::set_elements(family, table, name, &layout).map_err(failed)?;
+            out.insert(name.clone(), elements);
+        }
+        Ok(out)
     }
 }
 

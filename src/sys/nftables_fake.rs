@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::nftables::{NftError, Nftables, RuleComments, TableNames, family_keyword};
+use super::nftables::{NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword};
 use crate::model::IpFamily;
 
 /// A set or map: its spec and elements (key -> the text after it, as written).
@@ -36,6 +36,8 @@ pub struct FakeNftables {
     pub name_reads: usize,
     /// How many rule reads were made.
     pub rule_reads: usize,
+    /// How many element reads were made.
+    pub element_reads: usize,
 }
 
 impl FakeNftables {
@@ -121,6 +123,32 @@ impl Nftables for FakeNftables {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    fn elements(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        sets: &[(String, String)],
+    ) -> Result<SetElements, NftError> {
+        self.element_reads += 1;
+        Ok(self.set_elements(family, table, sets))
+    }
+}
+
+impl FakeNftables {
+    fn set_elements(
+        &self,
+        family: IpFamily,
+        table: &str,
+        sets: &[(String, String)],
+    ) -> SetElements {
+        let Some(table) = self.table(family, table) else {
+            return SetElements::new();
+        };
+        sets.iter()
+            .filter_map(|(name, _)| Some((name.clone(), table.sets.get(name)?.elements.clone())))
+            .collect()
     }
 }
 

@@ -371,10 +371,30 @@ impl<N: Nftables> NftablesProxier<N> {
                         "Kept chains an earlier run programmed as they are"
                     );
                 }
+                // The top-level sets and maps an earlier run filled: read, so that only
+                // the elements that differ are written.
+                let top_level: Vec<(String, String)> = base
+                    .sets
+                    .iter()
+                    .filter(|(name, _)| names.sets.contains(*name))
+                    .map(|(name, set)| (name.clone(), set.spec.clone()))
+                    .collect();
+                let elements = if top_level.is_empty() {
+                    None
+                } else {
+                    match self.nft.elements(family, TABLE, &top_level) {
+                        Ok(elements) => Some(elements),
+                        Err(err) => {
+                            warn!(?family, error = %err, "Cannot read our sets' elements back; refilling them");
+                            None
+                        }
+                    }
+                };
                 Existing {
                     chains: names.chains,
                     sets: names.sets,
                     adopted,
+                    elements,
                 }
             }
         };

@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 
 use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::model::NamespacedName;
+use crate::sys::nftables::SetElements;
 
 /// What a transaction removed that must be deleted later.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,6 +91,9 @@ pub struct Existing {
     pub sets: BTreeSet<String>,
     /// Chains that already hold exactly the rules they are to hold: not written.
     pub adopted: BTreeSet<String>,
+    /// The elements the top-level sets and maps hold, when read (a restart): only the
+    /// differences are written instead of flushing and refilling them.
+    pub elements: Option<SetElements>,
 }
 
 /// How many chains one transaction of a full sync's service part holds. Each `numgen ... vmap`
@@ -204,9 +208,12 @@ pub fn full(
     for name in &stale_chains {
         out.line("flush", "chain", name, "");
     }
+    let present = existing.elements.as_ref().filter(|_| !recreate);
     if !recreate {
         for (name, set) in &base.sets {
-            out.line("flush", set.kind, name, "");
+            if present.is_none_or(|p| !p.contains_key(name)) {
+                out.line("flush", set.kind, name, "");
+            }
         }
     }
     for (name, chain) in &base.chains {
@@ -214,13 +221,29 @@ pub fn full(
     }
     // A key two services claim (a NodePort or an IP given twice, which the API server never
     // allows) goes to the first: adding it again with other data would fail the transaction.
-    let mut added: BTreeSet<(&String, &String)> = BTreeSet::new();
+    let mut wanted: BTreeMap<&String, BTreeMap<&String, &String>> = BTreeMap::new();
     for objects in all() {
         for (set, elements) in &objects.elements {
+            let wanted = wanted.entry(set).or_default();
             for (key, rest) in elements {
-                if added.insert((set, key)) {
-                    out.element("add", set, key, rest);
-                }
+                wanted.entry(key).or_insert(rest);
+            }
+        }
+    }
+    // Sets read back: what differs goes (deletions first), then what is missing comes.
+    for (set, present) in present.into_iter().flatten() {
+        let wanted = wanted.get(set);
+        for (key, rest) in present {
+            if wanted.and_then(|w| w.get(key)) != Some(&rest) {
+                out.element("delete", set, key, rest);
+            }
+        }
+    }
+    for (set, elements) in &wanted {
+        let present = present.and_then(|p| p.get(*set));
+        for (key, rest) in elements {
+            if present.and_then(|p| p.get(*key)) != Some(*rest) {
+                out.element("add", set, key, rest);
             }
         }
     }

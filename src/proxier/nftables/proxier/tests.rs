@@ -469,6 +469,10 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     second.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(second.nft.rule_reads, 1);
     assert_eq!(rewritten(&second.nft), BTreeSet::new());
+    // The sets' and maps' elements were read back and are all right: none written.
+    assert_eq!(second.nft.element_reads, 1);
+    let written = second.nft.transactions.concat();
+    assert!(!written.contains(" element "), "{written}");
     assert_table(&mut second, &state);
 
     // svc4 gained an endpoint and someone inserted a rule into svc1's chain: exactly those are

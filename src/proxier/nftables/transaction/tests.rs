@@ -5,6 +5,7 @@ use super::*;
 use crate::proxier::iptables::tests::golden::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};
+use crate::sys::nftables::SetElements;
 
 fn rendered() -> BTreeMap<NamespacedName, Objects> {
     let ctx = context();
@@ -36,6 +37,7 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         .into(),
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
         adopted: Default::default(),
+        elements: None,
     };
     let (transactions, stats, removed) = full("ip", &base, &services, &existing, false);
     assert_eq!(
@@ -176,5 +178,66 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
             "delete element ip kube-proxy {HAIRPIN_CONNECTIONS}"
         )),
         "{text}"
+    );
+}
+
+#[test]
+fn a_restart_writes_only_the_elements_that_differ() {
+    let base = render_base(&context());
+    let services = rendered();
+    // What an earlier run left: everything as wanted, but one stale element, one element with
+    // other data and one missing.
+    let mut present: SetElements = SetElements::new();
+    for objects in std::iter::once(&base).chain(services.values()) {
+        for (set, elements) in &objects.elements {
+            present
+                .entry(set.clone())
+                .or_default()
+                .extend(elements.iter().map(|(k, r)| (k.clone(), r.clone())));
+        }
+    }
+    let service_ips = present.get_mut("service-ips").unwrap();
+    let (changed, _) = service_ips
+        .iter()
+        .next()
+        .map(|(k, r)| (k.clone(), r.clone()))
+        .unwrap();
+    service_ips.insert(
+        changed.clone(),
+        " : goto service-OTHER000-ns/x/tcp/p80".into(),
+    );
+    service_ips.insert("10.99.0.1 . tcp . 80".into(), " : goto service-OLD".into());
+    let cluster_ips = present.get_mut("cluster-ips").unwrap();
+    let missing = cluster_ips.keys().next().unwrap().clone();
+    cluster_ips.remove(&missing);
+    let existing = Existing {
+        chains: base.chains.keys().cloned().collect(),
+        sets: base.sets.keys().cloned().collect(),
+        adopted: Default::default(),
+        elements: Some(present),
+    };
+    let (transactions, _, _) = full("ip", &base, &services, &existing, false);
+    let all = transactions.concat();
+    let elements: Vec<&str> = all
+        .lines()
+        .filter(|l| {
+            l.contains(" element ") || l.starts_with("flush set") || l.starts_with("flush map")
+        })
+        .collect();
+    assert_eq!(
+        elements,
+        [
+            format!("delete element ip kube-proxy service-ips {{ {changed} }}").as_str(),
+            "delete element ip kube-proxy service-ips { 10.99.0.1 . tcp . 80 }",
+            format!("add element ip kube-proxy cluster-ips {{ {missing} }}").as_str(),
+            format!(
+                "add element ip kube-proxy service-ips {{ {changed}{} }}",
+                services
+                    .values()
+                    .find_map(|o| o.elements.get("service-ips")?.get(&changed))
+                    .unwrap()
+            )
+            .as_str(),
+        ]
     );
 }
