@@ -3,7 +3,8 @@
 //! that a restart writes only the elements that differ instead of refilling every set.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{
     DecodeError, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable, NlaBuffer, NlasIterator,
@@ -57,22 +58,31 @@ impl Component {
         }
     }
 
-    fn text(self, bytes: &[u8]) -> Option<String> {
-        Some(match self {
+    /// Appends its text to `out`.
+    fn write(self, bytes: &[u8], out: &mut String) -> Option<()> {
+        match self {
             Component::Ipv4 => {
-                Ipv4Addr::from(<[u8; 4]>::try_from(bytes.get(..4)?).ok()?).to_string()
+                let address = Ipv4Addr::from(<[u8; 4]>::try_from(bytes.get(..4)?).ok()?);
+                write!(out, "{address}").ok()
             }
             Component::Ipv6 => {
-                IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(bytes.get(..16)?).ok()?)).to_string()
+                let address = Ipv6Addr::from(<[u8; 16]>::try_from(bytes.get(..16)?).ok()?);
+                write!(out, "{address}").ok()
             }
-            Component::Protocol => match bytes.first()? {
-                6 => "tcp".into(),
-                17 => "udp".into(),
-                132 => "sctp".into(),
-                _ => return None,
-            },
-            Component::Port => u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]).to_string(),
-        })
+            Component::Protocol => {
+                out.push_str(match bytes.first()? {
+                    6 => "tcp",
+                    17 => "udp",
+                    132 => "sctp",
+                    _ => return None,
+                });
+                Some(())
+            }
+            Component::Port => {
+                let port = u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]);
+                write!(out, "{port}").ok()
+            }
+        }
     }
 }
 
@@ -107,14 +117,17 @@ impl KeyLayout {
     /// A key's text, as this program writes it.
     pub fn key_text(&self, bytes: &[u8]) -> Option<String> {
         let concatenated = self.0.len() > 1;
-        let mut parts = Vec::with_capacity(self.0.len());
+        let mut text = String::with_capacity(48);
         let mut offset = 0;
-        for component in &self.0 {
+        for (index, component) in self.0.iter().enumerate() {
+            if index > 0 {
+                text.push_str(" . ");
+            }
             let len = component.len(concatenated);
-            parts.push(component.text(bytes.get(offset..offset + len)?)?);
+            component.write(bytes.get(offset..offset + len)?, &mut text)?;
             offset += len;
         }
-        (offset == bytes.len()).then(|| parts.join(" . "))
+        (offset == bytes.len()).then_some(text)
     }
 }
 
@@ -243,7 +256,7 @@ pub fn decode(
     table: &str,
     set: &str,
     layout: &KeyLayout,
-    out: &mut BTreeMap<String, String>,
+    out: &mut Vec<(String, String)>,
 ) -> Result<(), String> {
     if reply.message_type & 0xff != NFT_MSG_NEWSETELEM {
         return Ok(());
@@ -291,7 +304,7 @@ pub fn decode(
         if let Some(verdict) = verdict {
             rest.push_str(&format!(" : {verdict}"));
         }
-        out.insert(key.ok_or("an element without a key")?, rest);
+        out.push((key.ok_or("an element without a key")?, rest));
     }
     Ok(())
 }
@@ -313,7 +326,7 @@ pub fn set_elements(
             Err(err) => return Err(err.into()),
         }
     };
-    let mut elements = BTreeMap::new();
+    let mut elements = Vec::new();
     for reply in &replies {
         decode(reply, table, set, layout, &mut elements).map_err(|what| {
             ElementsError::Undecodable {
@@ -322,7 +335,7 @@ pub fn set_elements(
             }
         })?;
     }
-    Ok(elements)
+    Ok(elements.into_iter().collect())
 }
 
 #[cfg(test)]
@@ -383,7 +396,7 @@ mod tests {
             message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWSETELEM,
             payload,
         };
-        let mut out = BTreeMap::new();
+        let mut out = Vec::new();
         decode(
             &reply,
             "kube-proxy",
@@ -394,13 +407,13 @@ mod tests {
         .unwrap();
         assert_eq!(
             out,
-            BTreeMap::from([(
+            [(
                 "172.30.0.46 . tcp . 80".to_string(),
                 " comment \"ns6/svc6:p80\" : goto reject-chain".to_string()
-            )])
+            )]
         );
         // Another set's reply is not this set's.
-        let mut other = BTreeMap::new();
+        let mut other = Vec::new();
         decode(&reply, "kube-proxy", "service-ips", &layout, &mut other).unwrap();
         assert!(other.is_empty());
     }

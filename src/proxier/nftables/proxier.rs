@@ -27,7 +27,9 @@ use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
 use crate::sys::nf_events::ChangeEvents;
-use crate::sys::nftables::{NftError, Nftables, RuleComments, family_keyword};
+use crate::sys::nftables::{
+    NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword,
+};
 
 /// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
 /// chain a just-deleted map element pointed to is still in use for a moment).
@@ -299,30 +301,53 @@ impl<N: Nftables> NftablesProxier<N> {
         state: &ProxyState,
     ) -> Result<Stats, Failure> {
         let base = render_base(&ctx);
-        // A quarantined service keeps what the kernel last accepted for it.
-        let previous = self.programmed.get(&family);
-        let services: BTreeMap<NamespacedName, Objects> = state
-            .services
+        // What the table holds is known from memory when memory is exact; else (at start, an
+        // earlier run's objects, and after a failure) it is read: names, and the top-level
+        // sets' elements, while the services render on the other core.
+        let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
+        let top_level: Vec<(String, String)> = base
+            .sets
             .iter()
-            .filter_map(|(key, ports)| {
-                let objects = if self.quarantine.contains(key) {
-                    previous?.services.get(key)?.clone()
-                } else {
-                    service_objects(ports, state.endpoints.get(key), &ctx)
-                };
-                (!objects.is_empty()).then(|| (key.clone(), objects))
-            })
+            .map(|(name, set)| (name.clone(), set.spec.clone()))
             .collect();
+        let quarantine = &self.quarantine;
+        let previous = self.programmed.get(&family);
+        let nft = &mut self.nft;
+        let (services, read) = std::thread::scope(|scope| {
+            let reader = (!from_memory)
+                .then(|| scope.spawn(move || read_names_and_elements(nft, family, top_level)));
+            // A quarantined service keeps what the kernel last accepted for it.
+            let services: BTreeMap<NamespacedName, Objects> = state
+                .services
+                .iter()
+                .filter_map(|(key, ports)| {
+                    let objects = if quarantine.contains(key) {
+                        previous?.services.get(key)?.clone()
+                    } else {
+                        service_objects(ports, state.endpoints.get(key), &ctx)
+                    };
+                    (!objects.is_empty()).then(|| (key.clone(), objects))
+                })
+                .collect();
+            let read = reader.map(|reader| {
+                reader.join().unwrap_or_else(|_| {
+                    Err(Failure::unattributed("the reader of our table panicked"))
+                })
+            });
+            (services, read)
+        });
         // Memory is exact and the kernel reports every change other programs make: a full
         // sync (the hourly one, a Node change) writes only what differs from what is
         // programmed, as a partial sync over every service and the base.
-        if self.events.is_some() && self.known.contains(&family) && !self.recreate {
+        if self.events.is_some() && from_memory && !self.recreate {
             return self.diff_sync(family, ctx, base, services);
         }
-        // What the table holds: from memory when it is exact, else read (names only, our
-        // table only): at start (an earlier run's objects) and after a failure.
-        let existing = match self.programmed.get(&family) {
-            Some(programmed) if self.known.contains(&family) => {
+        let existing = match read {
+            None => {
+                let programmed = self
+                    .programmed
+                    .get(&family)
+                    .ok_or_else(|| Failure::unattributed("no full sync yet"))?;
                 let mut existing = Existing::default();
                 for objects in std::iter::once(&programmed.base).chain(programmed.services.values())
                 {
@@ -337,11 +362,8 @@ impl<N: Nftables> NftablesProxier<N> {
                 );
                 existing
             }
-            _ => {
-                let names = self
-                    .nft
-                    .names(family, TABLE)
-                    .map_err(Failure::unattributed)?;
+            Some(read) => {
+                let (names, elements) = read?;
                 // A restart: chains an earlier run wrote that are exactly what we would write
                 // (same digest, same rule count) stay as they are.
                 // Only chains that exist and that we would write with a digest are read.
@@ -371,25 +393,6 @@ impl<N: Nftables> NftablesProxier<N> {
                         "Kept chains an earlier run programmed as they are"
                     );
                 }
-                // The top-level sets and maps an earlier run filled: read, so that only
-                // the elements that differ are written.
-                let top_level: Vec<(String, String)> = base
-                    .sets
-                    .iter()
-                    .filter(|(name, _)| names.sets.contains(*name))
-                    .map(|(name, set)| (name.clone(), set.spec.clone()))
-                    .collect();
-                let elements = if top_level.is_empty() {
-                    None
-                } else {
-                    match self.nft.elements(family, TABLE, &top_level) {
-                        Ok(elements) => Some(elements),
-                        Err(err) => {
-                            warn!(?family, error = %err, "Cannot read our sets' elements back; refilling them");
-                            None
-                        }
-                    }
-                };
                 Existing {
                     chains: names.chains,
                     sets: names.sets,
@@ -732,6 +735,31 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 
 /// One service's objects as this proxier writes them: rendered, each chain stamped with its
 /// digest.
+/// Our table's names and the elements of those of `top_level` (name, declaration) it holds
+/// (`None` when they cannot be read: the sets are then refilled).
+fn read_names_and_elements<N: Nftables>(
+    nft: &mut N,
+    family: IpFamily,
+    top_level: Vec<(String, String)>,
+) -> Result<(TableNames, Option<SetElements>), Failure> {
+    let names = nft.names(family, TABLE).map_err(Failure::unattributed)?;
+    let present: Vec<(String, String)> = top_level
+        .into_iter()
+        .filter(|(name, _)| names.sets.contains(name))
+        .collect();
+    if present.is_empty() {
+        return Ok((names, None));
+    }
+    let elements = match nft.elements(family, TABLE, &present) {
+        Ok(elements) => Some(elements),
+        Err(err) => {
+            warn!(?family, error = %err, "Cannot read our sets' elements back; refilling them");
+            None
+        }
+    };
+    Ok((names, elements))
+}
+
 fn service_objects(
     ports: &crate::model::ServicePortMap,
     endpoints: Option<&crate::model::EndpointsMap>,
