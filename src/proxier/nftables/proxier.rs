@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::render::{
-    HAIRPIN_CONNECTIONS, NftContext, Objects, TABLE, digest_of, render_base, render_service,
-    stamp_digests,
+    NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
@@ -460,7 +459,7 @@ impl<N: Nftables> NftablesProxier<N> {
         let mut stats = Stats::default();
         // Every service is among the deltas: none elsewhere keeps an element.
         if let Some((text, written, removed)) =
-            transaction::partial(family_keyword(family), &deltas, &|_| false)
+            transaction::partial(family_keyword(family), &deltas, &|_, _| false)
         {
             self.apply(family, &text)
                 .map_err(|err| transaction_failure(err, &text, &services))?;
@@ -506,18 +505,18 @@ impl<N: Nftables> NftablesProxier<N> {
                 new: new.as_ref(),
             })
             .collect();
-        // An endpoint's hairpin element stays while a service this sync leaves alone has it.
-        let kept_elsewhere = |key: &str| {
-            current.services.iter().any(|(service, objects)| {
-                !changes.changed_services.contains(service)
-                    && objects
-                        .elements
-                        .get(HAIRPIN_CONNECTIONS)
-                        .is_some_and(|elements| elements.contains_key(key))
-            })
-        };
+        // Elements the services this sync leaves alone hold: a few lookups scan them, more
+        // build an index once.
+        let others: Vec<&Objects> = current
+            .services
+            .iter()
+            .filter(|(service, _)| !changes.changed_services.contains(*service))
+            .map(|(_, objects)| objects)
+            .collect();
+        let held_elsewhere = HeldElsewhere::new(&others);
+        let held_elsewhere = |set: &str, key: &str| held_elsewhere.holds(set, key);
         let Some((text, stats, removed)) =
-            transaction::partial(family_keyword(family), &deltas, &kept_elsewhere)
+            transaction::partial(family_keyword(family), &deltas, &held_elsewhere)
         else {
             return Ok(Stats::default());
         };
@@ -735,6 +734,50 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 
 /// One service's objects as this proxier writes them: rendered, each chain stamped with its
 /// digest.
+/// Whether one of some services holds an element: a scan for the first few questions (a
+/// small sync asks one or two), then an index of every element they hold.
+struct HeldElsewhere<'a> {
+    services: &'a [&'a Objects],
+    asked: std::cell::Cell<usize>,
+    index: std::cell::OnceCell<std::collections::HashSet<(&'a str, &'a str)>>,
+}
+
+impl<'a> HeldElsewhere<'a> {
+    /// Questions answered by scanning before the index is built.
+    const SCANS: usize = 16;
+
+    fn new(services: &'a [&'a Objects]) -> Self {
+        HeldElsewhere {
+            services,
+            asked: std::cell::Cell::new(0),
+            index: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn holds(&self, set: &str, key: &str) -> bool {
+        self.asked.set(self.asked.get() + 1);
+        if self.asked.get() <= Self::SCANS {
+            return self.services.iter().any(|objects| {
+                objects
+                    .elements
+                    .get(set)
+                    .is_some_and(|elements| elements.contains_key(key))
+            });
+        }
+        self.index
+            .get_or_init(|| {
+                self.services
+                    .iter()
+                    .flat_map(|objects| objects.elements.iter())
+                    .flat_map(|(set, elements)| {
+                        elements.keys().map(move |key| (set.as_str(), key.as_str()))
+                    })
+                    .collect()
+            })
+            .contains(&(set, key))
+    }
+}
+
 /// Our table's names and the elements of those of `top_level` (name, declaration) it holds
 /// (`None` when they cannot be read: the sets are then refilled).
 fn read_names_and_elements<N: Nftables>(

@@ -294,13 +294,16 @@ pub struct Delta<'a> {
 /// The partial sync: for each changed service, only the chains whose rules differ, the
 /// elements that differ and the affinity sets that come or go. `None` when nothing differs.
 ///
-/// An element of @hairpin-connections (an endpoint's address and port) may belong to several
-/// services at once: one that gives it up deletes it only if no service keeps it, neither one
-/// of `deltas` nor, as `kept_elsewhere` says, one outside them.
+/// An element may belong to several services: always for @hairpin-connections (an endpoint's
+/// address and port), and for a map key two services claim (a NodePort or an address given
+/// twice, which the API server never allows). An element a service outside `deltas` holds
+/// (`held_elsewhere(set, key)`) is neither deleted nor added again: the kernel holds that
+/// service's, as a full sync gives a key to its first claimant. A hairpin element one of
+/// `deltas` keeps is not deleted either.
 pub fn partial(
     family: &str,
     deltas: &[Delta<'_>],
-    kept_elsewhere: &dyn Fn(&str) -> bool,
+    held_elsewhere: &dyn Fn(&str, &str) -> bool,
 ) -> Option<(String, Stats, Removed)> {
     let empty = Objects::default();
     let pairs: Vec<(&Objects, &Objects)> = deltas
@@ -367,9 +370,12 @@ pub fn partial(
                             .flat_map(|e| e.keys())
                             .collect()
                     });
-                    if kept.contains(key) || kept_elsewhere(key) {
+                    if kept.contains(key) {
                         continue;
                     }
+                }
+                if held_elsewhere(set, key) {
+                    continue;
                 }
                 out.element("delete", set, key, rest);
             }
@@ -379,7 +385,7 @@ pub fn partial(
         for (set, elements) in &new.elements {
             let was: Option<&Elements> = old.elements.get(set);
             for (key, rest) in elements {
-                if was.and_then(|e| e.get(key)) != Some(rest) {
+                if was.and_then(|e| e.get(key)) != Some(rest) && !held_elsewhere(set, key) {
                     out.element("add", set, key, rest);
                 }
             }

@@ -516,3 +516,29 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     );
     assert_table(&mut third, &state);
 }
+
+#[test]
+fn a_key_another_service_holds_goes_to_the_first_in_partial_syncs_too() {
+    let mut state = state();
+    let mut p = proxier(FakeNftables::default());
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    // A Service claiming ns3/svc3's NodePort (the API server forbids it; a test server may not):
+    // the rest of it is programmed, the NodePort stays ns3/svc3's.
+    let late = svc("ns9", "late", "172.30.0.99", |s| s.node_port = Some(3003))
+        .with_endpoints(vec![ep("10.180.9.1", 80, "")]);
+    state.services.insert(late.key.clone(), late.ports);
+    state.endpoints.insert(late.key.clone(), late.endpoints);
+    let report = p.sync(&state, &changed(&[&late.key])).unwrap();
+    assert!(!report.full, "no failure, no full sync");
+    assert_eq!(report.skipped_services, 0);
+    let table = p.nft.table(IpFamily::V4, "kube-proxy").unwrap();
+    assert!(table.sets["cluster-ips"].elements.contains_key("172.30.0.99"));
+    let nodeport = &table.sets["service-nodeports"].elements["tcp . 3003"];
+    assert!(nodeport.contains("ns3/svc3"), "{nodeport}");
+    // Deleting the late one leaves ns3/svc3's NodePort alone.
+    state.services.remove(&late.key);
+    state.endpoints.remove(&late.key);
+    p.sync(&state, &changed(&[&late.key])).unwrap();
+    let table = p.nft.table(IpFamily::V4, "kube-proxy").unwrap();
+    assert!(table.sets["service-nodeports"].elements["tcp . 3003"].contains("ns3/svc3"));
+}

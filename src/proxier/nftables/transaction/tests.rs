@@ -89,7 +89,7 @@ fn a_partial_sync_writes_only_differences() {
                 old: Some(svc1),
                 new: Some(svc1)
             }],
-            &|_| false,
+            &|_, _| false,
         )
         .is_none()
     );
@@ -100,7 +100,7 @@ fn a_partial_sync_writes_only_differences() {
             old: Some(svc1),
             new: None,
         }],
-        &|_| false,
+        &|_, _| false,
     )
     .unwrap();
     assert_eq!(removed.chains.len(), svc1.chains.len());
@@ -114,7 +114,7 @@ fn a_partial_sync_writes_only_differences() {
             old: None,
             new: Some(svc5),
         }],
-        &|_| false,
+        &|_, _| false,
     )
     .unwrap();
     assert!(position(&text, "add set ip kube-proxy affinity-") < position(&text, "add rule"));
@@ -125,7 +125,7 @@ fn a_partial_sync_writes_only_differences() {
             old: Some(svc5),
             new: None,
         }],
-        &|_| false,
+        &|_, _| false,
     )
     .unwrap();
     assert!(position(&text, "flush chain") < position(&text, "delete set ip kube-proxy affinity-"));
@@ -142,13 +142,16 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
         old: Some(svc3),
         new: None,
     };
-    let (text, _, _) = partial("ip", &[gone], &|k| k == key).unwrap();
+    let (text, _, _) = partial("ip", &[gone], &|set, k| {
+        set == HAIRPIN_CONNECTIONS && k == key
+    })
+    .unwrap();
     assert!(!text.contains(&format!("{{ {key} }}")), "{text}");
     let gone = Delta {
         old: Some(svc3),
         new: None,
     };
-    let (text, _, _) = partial("ip", &[gone], &|_| false).unwrap();
+    let (text, _, _) = partial("ip", &[gone], &|_, _| false).unwrap();
     assert!(
         text.contains(&format!(
             "delete element ip kube-proxy {HAIRPIN_CONNECTIONS} {{ {key} }}"
@@ -170,7 +173,7 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
                 new: Some(&other),
             },
         ],
-        &|_| false,
+        &|_, _| false,
     )
     .unwrap();
     assert!(
