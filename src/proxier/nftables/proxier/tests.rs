@@ -532,7 +532,11 @@ fn a_key_another_service_holds_goes_to_the_first_in_partial_syncs_too() {
     assert!(!report.full, "no failure, no full sync");
     assert_eq!(report.skipped_services, 0);
     let table = p.nft.table(IpFamily::V4, "kube-proxy").unwrap();
-    assert!(table.sets["cluster-ips"].elements.contains_key("172.30.0.99"));
+    assert!(
+        table.sets["cluster-ips"]
+            .elements
+            .contains_key("172.30.0.99")
+    );
     let nodeport = &table.sets["service-nodeports"].elements["tcp . 3003"];
     assert!(nodeport.contains("ns3/svc3"), "{nodeport}");
     // Deleting the late one leaves ns3/svc3's NodePort alone.
