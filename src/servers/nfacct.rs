@@ -4,6 +4,7 @@
 //! give (no nfnetlink_acct, the object missing) is left out of the scrape, as upstream does.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{IntCounter, proto};
@@ -32,7 +33,7 @@ pub struct NfacctCollector {
     counters: Vec<(&'static str, IntCounter)>,
     descs: Vec<Desc>,
     /// Whether a failed read was logged (once: a scrape every few seconds would flood the log).
-    warned: Mutex<bool>,
+    warned: AtomicBool,
 }
 
 impl NfacctCollector {
@@ -48,7 +49,7 @@ impl NfacctCollector {
             reader: Mutex::new(reader),
             counters,
             descs,
-            warned: Mutex::new(false),
+            warned: AtomicBool::new(false),
         })
     }
 }
@@ -69,10 +70,8 @@ impl Collector for NfacctCollector {
                     families.extend(counter.collect());
                 }
                 Err(err) => {
-                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-                    if !*warned {
+                    if !self.warned.swap(true, Ordering::Relaxed) {
                         warn!(error = %err, "Failed to collect nfacct counter");
-                        *warned = true;
                     }
                 }
             }

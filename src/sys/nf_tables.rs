@@ -21,8 +21,8 @@ const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_USERDATA: u16 = 7;
-/// In a rule's user data (libnftnl's TLVs), the comment.
-const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
+/// In a rule's or an element's user data (libnftnl's TLVs), the comment.
+const NFTNL_UDATA_COMMENT: u8 = 0;
 const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_GETSET: u16 = 10;
 /// The table attribute of chain and set messages alike.
@@ -149,15 +149,11 @@ impl NetlinkDeserializable for ChainMessage {
         let name_attribute = message.name_attribute();
         for attribute in NlasIterator::new(attributes) {
             let attribute: NlaBuffer<&[u8]> = attribute?;
-            let text = || {
-                let value = attribute.value();
-                let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-                String::from_utf8_lossy(&value[..end]).into_owned()
-            };
+            let text = || nul_terminated(attribute.value());
             match attribute.kind() {
                 NFTA_TABLE => message.table = Some(text()),
                 kind if kind == name_attribute => message.name = Some(text()),
-                NFTA_RULE_USERDATA if is_rule => message.comment = rule_comment(attribute.value()),
+                NFTA_RULE_USERDATA if is_rule => message.comment = udata_comment(attribute.value()),
                 _ => {}
             }
         }
@@ -224,15 +220,11 @@ fn read_chains(
             name: Some(chain.to_string()),
             ..ChainMessage::rule_dump_request(family, table)
         };
-        let mut attempt = 1;
-        let replies = loop {
-            match connection.request(request.clone(), true) {
-                Ok(replies) => break replies,
-                Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
-                // The chain is gone: it holds nothing.
-                Err(err) if err.errno() == Some(nix::libc::ENOENT) => break Vec::new(),
-                Err(err) => return Err(err),
-            }
+        let replies = match dump(&mut connection, request) {
+            Ok(replies) => replies,
+            // The chain is gone: it holds nothing.
+            Err(err) if err.errno() == Some(nix::libc::ENOENT) => Vec::new(),
+            Err(err) => return Err(err),
         };
         let entry: &mut (usize, Vec<String>) = found.entry(chain.to_string()).or_default();
         for reply in replies {
@@ -249,33 +241,50 @@ fn read_chains(
     Ok(found)
 }
 
-/// The comment in a rule's user data: type-length-value records, type and length a byte each.
-fn rule_comment(userdata: &[u8]) -> Option<String> {
+/// The comment in a rule's or an element's user data (libnftnl's type-length-value records,
+/// type and length a byte each; the comment is type 0 in both).
+pub(crate) fn udata_comment(userdata: &[u8]) -> Option<String> {
     let mut rest = userdata;
     while let [kind, length, tail @ ..] = rest {
         let length = usize::from(*length);
         let value = tail.get(..length)?;
-        if *kind == NFTNL_UDATA_RULE_COMMENT {
-            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-            return Some(String::from_utf8_lossy(&value[..end]).into_owned());
+        if *kind == NFTNL_UDATA_COMMENT {
+            return Some(nul_terminated(value));
         }
         rest = &tail[length..];
     }
     None
 }
 
-fn dump_names(request: ChainMessage, reply_type: u16) -> Result<BTreeSet<String>, NetlinkError> {
-    let table = request.table.clone().unwrap_or_default();
-    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+/// A string attribute's text, up to its NUL.
+pub(crate) fn nul_terminated(value: &[u8]) -> String {
+    let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+    String::from_utf8_lossy(&value[..end]).into_owned()
+}
+
+/// The replies to a dump request, asked again when the ruleset's changes interrupt it.
+pub(crate) fn dump<I>(connection: &mut Connection, request: I) -> Result<Vec<I>, NetlinkError>
+where
+    I: Clone + NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    <I as NetlinkDeserializable>::Error: std::fmt::Display,
+{
     let mut attempt = 1;
     loop {
         match connection.request(request.clone(), true) {
-            Ok(replies) => return Ok(names_in(&table, reply_type, replies)),
-            // Some dumps (sets) answer a missing table with ENOENT: it has no objects.
-            Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeSet::new()),
             Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
-            Err(err) => return Err(err),
+            result => return result,
         }
+    }
+}
+
+fn dump_names(request: ChainMessage, reply_type: u16) -> Result<BTreeSet<String>, NetlinkError> {
+    let table = request.table.clone().unwrap_or_default();
+    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    match dump(&mut connection, request) {
+        Ok(replies) => Ok(names_in(&table, reply_type, replies)),
+        // Some dumps (sets) answer a missing table with ENOENT: it has no objects.
+        Err(err) if err.errno() == Some(nix::libc::ENOENT) => Ok(BTreeSet::new()),
+        Err(err) => Err(err),
     }
 }
 

@@ -11,6 +11,7 @@ use netlink_packet_netfilter::{
     NetfilterSubsystem,
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
+use nix::libc;
 
 use super::netlink::{Connection, NetlinkError};
 
@@ -22,9 +23,6 @@ const MSG_GET: u8 = 1;
 /// NFACCT_NAME (a NUL-terminated string) and NFACCT_PKTS (a big-endian u64).
 const ATTR_NAME: u16 = 1;
 const ATTR_PKTS: u16 = 2;
-/// An object of that name exists already (NLM_F_EXCL, or a create without NLM_F_REPLACE).
-const EEXIST: i32 = 17;
-const EBUSY: i32 = 16;
 /// The kernel's NFACCT_NAME_MAX, with the terminating NUL.
 pub const NAME_MAX: usize = 32;
 
@@ -98,7 +96,8 @@ impl Nfacct for NetlinkNfacct {
             .request_with_flags(request, false, NLM_F_CREATE)
         {
             Ok(_) => Ok(()),
-            Err(err) if matches!(err.errno(), Some(EEXIST | EBUSY)) => Ok(()),
+            // An object of that name exists already: EBUSY to a create without NLM_F_REPLACE.
+            Err(err) if matches!(err.errno(), Some(libc::EEXIST | libc::EBUSY)) => Ok(()),
             Err(source) => Err(NfacctError::Netlink {
                 name: name.to_string(),
                 source,
@@ -112,7 +111,7 @@ impl Nfacct for NetlinkNfacct {
             self.connection
                 .request(request, false)
                 .map_err(|source| match source.errno() {
-                    Some(2) => NfacctError::Missing(name.to_string()),
+                    Some(libc::ENOENT) => NfacctError::Missing(name.to_string()),
                     _ => NfacctError::Netlink {
                         name: name.to_string(),
                         source,
@@ -137,7 +136,7 @@ impl Nfacct for FakeNfacct {
         if self.unsupported {
             return Err(NfacctError::Netlink {
                 name: name.to_string(),
-                source: NetlinkError::Errno(95),
+                source: NetlinkError::Errno(libc::EOPNOTSUPP),
             });
         }
         self.counters.entry(name.to_string()).or_insert(0);

@@ -12,6 +12,8 @@ use netlink_packet_core::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::netlink::{Connection, NetlinkError};
+use super::nf_tables::{dump, nul_terminated, udata_comment};
+use super::nft_netlink::{KeyType, protocol_name, verdict_text};
 use crate::model::IpFamily;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -28,60 +30,34 @@ const DATA_VALUE: u16 = 1;
 const DATA_VERDICT: u16 = 2;
 const VERDICT_CODE: u16 = 1;
 const VERDICT_CHAIN: u16 = 2;
-/// In an element's user data (libnftnl's TLVs), the comment.
-const UDATA_ELEM_COMMENT: u8 = 0;
-/// A dump the ruleset's changes interrupt is read again, this many times at most.
-const DUMP_ATTEMPTS: usize = 5;
 
-/// One component of a set's key, as its declaration names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Component {
-    Ipv4,
-    Ipv6,
-    Protocol,
-    Port,
+/// Bytes a key component takes in a key: alone, or padded to four in a concatenation.
+fn len_in_key(kind: KeyType, concatenated: bool) -> usize {
+    if concatenated {
+        kind.value_len().div_ceil(4) * 4
+    } else {
+        kind.value_len()
+    }
 }
 
-impl Component {
-    /// Bytes it takes alone, and in a concatenation (padded to four).
-    fn len(self, concatenated: bool) -> usize {
-        let len: usize = match self {
-            Component::Ipv4 => 4,
-            Component::Ipv6 => 16,
-            Component::Protocol => 1,
-            Component::Port => 2,
-        };
-        if concatenated {
-            len.div_ceil(4) * 4
-        } else {
-            len
+/// Appends a key component's text to `out`.
+fn write_component(kind: KeyType, bytes: &[u8], out: &mut String) -> Option<()> {
+    match kind {
+        KeyType::Ipv4 => {
+            let address = Ipv4Addr::from(<[u8; 4]>::try_from(bytes.get(..4)?).ok()?);
+            write!(out, "{address}").ok()
         }
-    }
-
-    /// Appends its text to `out`.
-    fn write(self, bytes: &[u8], out: &mut String) -> Option<()> {
-        match self {
-            Component::Ipv4 => {
-                let address = Ipv4Addr::from(<[u8; 4]>::try_from(bytes.get(..4)?).ok()?);
-                write!(out, "{address}").ok()
-            }
-            Component::Ipv6 => {
-                let address = Ipv6Addr::from(<[u8; 16]>::try_from(bytes.get(..16)?).ok()?);
-                write!(out, "{address}").ok()
-            }
-            Component::Protocol => {
-                out.push_str(match bytes.first()? {
-                    6 => "tcp",
-                    17 => "udp",
-                    132 => "sctp",
-                    _ => return None,
-                });
-                Some(())
-            }
-            Component::Port => {
-                let port = u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]);
-                write!(out, "{port}").ok()
-            }
+        KeyType::Ipv6 => {
+            let address = Ipv6Addr::from(<[u8; 16]>::try_from(bytes.get(..16)?).ok()?);
+            write!(out, "{address}").ok()
+        }
+        KeyType::Protocol => {
+            out.push_str(protocol_name(*bytes.first()?)?);
+            Some(())
+        }
+        KeyType::Port => {
+            let port = u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]);
+            write!(out, "{port}").ok()
         }
     }
 }
@@ -89,7 +65,7 @@ impl Component {
 /// How a set's keys are laid out, from its declaration (`{ type ipv4_addr . inet_proto .
 /// inet_service : verdict ; ... }`); `None` for a type this program never declares.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyLayout(Vec<Component>);
+pub struct KeyLayout(Vec<KeyType>);
 
 impl KeyLayout {
     pub fn from_spec(spec: &str) -> Option<KeyLayout> {
@@ -103,13 +79,7 @@ impl KeyLayout {
         let key = types.split(" : ").next()?;
         let components = key
             .split(" . ")
-            .map(|word| match word.trim() {
-                "ipv4_addr" => Some(Component::Ipv4),
-                "ipv6_addr" => Some(Component::Ipv6),
-                "inet_proto" => Some(Component::Protocol),
-                "inet_service" => Some(Component::Port),
-                _ => None,
-            })
+            .map(|word| KeyType::parse(word.trim()))
             .collect::<Option<Vec<_>>>()?;
         (!components.is_empty()).then_some(KeyLayout(components))
     }
@@ -119,12 +89,12 @@ impl KeyLayout {
         let concatenated = self.0.len() > 1;
         let mut text = String::with_capacity(48);
         let mut offset = 0;
-        for (index, component) in self.0.iter().enumerate() {
+        for (index, kind) in self.0.iter().enumerate() {
             if index > 0 {
                 text.push_str(" . ");
             }
-            let len = component.len(concatenated);
-            component.write(bytes.get(offset..offset + len)?, &mut text)?;
+            let len = len_in_key(*kind, concatenated);
+            write_component(*kind, bytes.get(offset..offset + len)?, &mut text)?;
             offset += len;
         }
         (offset == bytes.len()).then_some(text)
@@ -209,45 +179,19 @@ fn nested(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
         })
 }
 
-fn text(value: &[u8]) -> String {
-    let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-    String::from_utf8_lossy(&value[..end]).into_owned()
-}
-
-/// A verdict's text: `goto chain`, `drop`, ...
-fn verdict_text(value: &[u8]) -> Option<String> {
+/// A verdict's text: `goto chain`, `drop`, `jump chain`.
+fn verdict(value: &[u8]) -> Option<String> {
     let (_, verdict) = nested(value).find(|(kind, _)| *kind == DATA_VERDICT)?;
     let mut code = None;
     let mut chain = None;
     for (kind, value) in nested(verdict) {
         match kind {
             VERDICT_CODE => code = Some(i32::from_be_bytes(value.get(..4)?.try_into().ok()?)),
-            VERDICT_CHAIN => chain = Some(text(value)),
+            VERDICT_CHAIN => chain = Some(nul_terminated(value)),
             _ => {}
         }
     }
-    Some(match (code?, chain) {
-        (0, _) => "drop".into(),
-        (1, _) => "accept".into(),
-        (-5, _) => "return".into(),
-        (-3, Some(chain)) => format!("jump {chain}"),
-        (-4, Some(chain)) => format!("goto {chain}"),
-        _ => return None,
-    })
-}
-
-/// An element's comment, from its user data.
-fn element_comment(userdata: &[u8]) -> Option<String> {
-    let mut rest = userdata;
-    while let [kind, length, tail @ ..] = rest {
-        let length = usize::from(*length);
-        let value = tail.get(..length)?;
-        if *kind == UDATA_ELEM_COMMENT {
-            return Some(text(value));
-        }
-        rest = &tail[length..];
-    }
-    None
+    verdict_text(code?, chain.as_deref())
 }
 
 /// The elements a reply carries for `table`/`set`: key text -> the text after the key.
@@ -266,8 +210,8 @@ pub fn decode(
     let mut list = None;
     for (kind, value) in nested(attributes) {
         match kind {
-            LIST_TABLE => names.0 = Some(text(value)),
-            LIST_SET => names.1 = Some(text(value)),
+            LIST_TABLE => names.0 = Some(nul_terminated(value)),
+            LIST_SET => names.1 = Some(nul_terminated(value)),
             LIST_ELEMENTS => list = Some(value),
             _ => {}
         }
@@ -288,13 +232,13 @@ pub fn decode(
                     key = Some(layout.key_text(bytes).ok_or("a key of another layout")?);
                 }
                 ELEM_DATA => {
-                    verdict = Some(verdict_text(value).ok_or("data that is not a verdict")?)
+                    verdict = Some(self::verdict(value).ok_or("data that is not a verdict")?)
                 }
                 ELEM_FLAGS if value.iter().any(|b| *b != 0) => {
                     return Err("an interval or catch-all element".into());
                 }
                 ELEM_USERDATA => {
-                    if let Some(comment) = element_comment(value) {
+                    if let Some(comment) = udata_comment(value) {
                         rest.push_str(&format!(" comment \"{comment}\""));
                     }
                 }
@@ -318,14 +262,7 @@ pub fn set_elements(
 ) -> Result<BTreeMap<String, String>, ElementsError> {
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
     let request = ElementsMessage::dump_request(family, table, set);
-    let mut attempt = 1;
-    let replies = loop {
-        match connection.request(request.clone(), true) {
-            Ok(replies) => break replies,
-            Err(NetlinkError::DumpInterrupted) if attempt < DUMP_ATTEMPTS => attempt += 1,
-            Err(err) => return Err(err.into()),
-        }
-    };
+    let replies = dump(&mut connection, request)?;
     let mut elements = Vec::new();
     for reply in &replies {
         decode(reply, table, set, layout, &mut elements).map_err(|what| {
@@ -383,7 +320,7 @@ mod tests {
         let mut verdict = attribute(VERDICT_CODE, &(-4i32).to_be_bytes());
         verdict.extend(attribute(VERDICT_CHAIN, b"reject-chain\0"));
         let data = attribute(ELEM_DATA, &attribute(DATA_VERDICT, &verdict));
-        let mut comment = vec![UDATA_ELEM_COMMENT, 13];
+        let mut comment = vec![0, 13]; // libnftnl: the comment (type 0), 13 bytes
         comment.extend(b"ns6/svc6:p80\0");
         let mut element = key;
         element.extend(data);

@@ -304,17 +304,12 @@ impl<N: Nftables> NftablesProxier<N> {
         // earlier run's objects, and after a failure) it is read: names, and the top-level
         // sets' elements, while the services render on the other core.
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
-        let top_level: Vec<(String, String)> = base
-            .sets
-            .iter()
-            .map(|(name, set)| (name.clone(), set.spec.clone()))
-            .collect();
         let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
         let nft = &mut self.nft;
         let (services, read) = std::thread::scope(|scope| {
-            let reader = (!from_memory)
-                .then(|| scope.spawn(move || read_names_and_elements(nft, family, top_level)));
+            let reader =
+                (!from_memory).then(|| scope.spawn(|| read_names_and_elements(nft, family, &base)));
             // A quarantined service keeps what the kernel last accepted for it.
             let services: BTreeMap<NamespacedName, Objects> = state
                 .services
@@ -778,17 +773,19 @@ impl<'a> HeldElsewhere<'a> {
     }
 }
 
-/// Our table's names and the elements of those of `top_level` (name, declaration) it holds
+/// Our table's names and the elements of the top-level sets and maps of `base` it holds
 /// (`None` when they cannot be read: the sets are then refilled).
 fn read_names_and_elements<N: Nftables>(
     nft: &mut N,
     family: IpFamily,
-    top_level: Vec<(String, String)>,
+    base: &Objects,
 ) -> Result<(TableNames, Option<SetElements>), Failure> {
     let names = nft.names(family, TABLE).map_err(Failure::unattributed)?;
-    let present: Vec<(String, String)> = top_level
-        .into_iter()
-        .filter(|(name, _)| names.sets.contains(name))
+    let present: Vec<(String, String)> = base
+        .sets
+        .iter()
+        .filter(|(name, _)| names.sets.contains(*name))
+        .map(|(name, set)| (name.clone(), set.spec.clone()))
         .collect();
     if present.is_empty() {
         return Ok((names, None));

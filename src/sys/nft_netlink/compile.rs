@@ -10,7 +10,7 @@ use super::expr::{
     SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef,
 };
 use super::rule;
-use super::values::{self, Bound, Unsupported, parse_verdict, unquote};
+use super::values::{self, Bound, KeyType, Unsupported, parse_verdict, unquote};
 use super::wire::{
     Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
     NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
@@ -22,10 +22,9 @@ const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 /// nft's data type numbers (for set key types), and the bits a concatenation shifts each by.
 const TYPE_INTEGER: u32 = 4;
-const TYPE_IPADDR: u32 = 7;
-const TYPE_IP6ADDR: u32 = 8;
-const TYPE_INET_PROTOCOL: u32 = 12;
-const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_IPADDR: u32 = KeyType::Ipv4.number();
+const TYPE_IP6ADDR: u32 = KeyType::Ipv6.number();
+const TYPE_INET_SERVICE: u32 = KeyType::Port.number();
 const TYPE_BITS: u32 = 6;
 /// libnftnl's user data record types.
 const UDATA_COMMENT: u8 = 0;
@@ -356,6 +355,48 @@ impl Compiler {
         self.last_set_id
     }
 
+    /// The parts of an anonymous map a `numgen` result indexes (keys 0, 1, ... in host order):
+    /// name, flags, key type and length, elements, size, user data and the rule's lookup.
+    fn numgen_map(
+        name: String,
+        id: u32,
+        data: Vec<Data>,
+        udata: UserData,
+        sreg: u32,
+        dreg: u32,
+    ) -> AnonymousParts {
+        let elements: Vec<Element> = data
+            .into_iter()
+            .enumerate()
+            .map(|(index, data)| Element {
+                key: (index as u32).to_ne_bytes().to_vec(),
+                bound: None,
+                data: Some(data),
+                comment: None,
+            })
+            .collect();
+        let size = elements.len() as u32;
+        let lookup = Expr::Lookup {
+            sreg,
+            dreg: Some(dreg),
+            set: SetRef {
+                name: name.clone(),
+                id: Some(id),
+            },
+            inverted: false,
+        };
+        (
+            name,
+            SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
+            TYPE_INTEGER,
+            4,
+            elements,
+            size,
+            udata,
+            lookup,
+        )
+    }
+
     /// Declares a rule's anonymous set or map and its elements; returns the rule's lookup.
     fn anonymous_set(
         &mut self,
@@ -374,80 +415,35 @@ impl Compiler {
                 sreg,
                 dreg,
             } => {
-                let elements: Vec<Element> = targets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(index, verdict)| Element {
-                        key: (index as u32).to_ne_bytes().to_vec(),
-                        bound: None,
-                        data: Some(Data::Verdict(verdict)),
-                        comment: None,
-                    })
-                    .collect();
-                let size = elements.len() as u32;
-                // Key in host order (a numgen result), data a verdict (nft's typeof records).
+                let data = targets.into_iter().map(Data::Verdict).collect();
+                // Data a verdict (nft's typeof record of it).
                 let udata = UserData::new()
                     .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
                     .host_u32(UDATA_SET_DATABYTEORDER, 0)
                     .record(UDATA_SET_DATA_TYPEOF, &[0, 4, 1, 0, 0, 0, 1, 0])
                     .host_u32(UDATA_SET_DATA_INTERVAL, 0);
-                let lookup = Expr::Lookup {
-                    sreg,
-                    dreg: Some(dreg),
-                    set: SetRef {
-                        name: map_name.clone(),
-                        id: Some(id),
-                    },
-                    inverted: false,
-                };
-                (
-                    map_name,
-                    SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
-                    TYPE_INTEGER,
-                    4,
-                    elements,
-                    size,
-                    udata,
-                    lookup,
-                )
+                Self::numgen_map(map_name, id, data, udata, sreg, dreg)
             }
             rule::AnonymousSet::DestinationMap {
                 targets,
                 sreg,
                 dreg,
             } => {
-                let ipv6 = scope.is_ipv6();
-                let elements: Vec<Element> = targets
+                let data = targets
                     .into_iter()
-                    .enumerate()
-                    .map(|(index, (address, port))| {
+                    .map(|(address, port)| {
                         let mut data = values::address_bytes(address);
                         data.extend(port.to_be_bytes());
                         data.extend([0, 0]);
-                        Element {
-                            key: (index as u32).to_ne_bytes().to_vec(),
-                            bound: None,
-                            data: Some(Data::Value(data)),
-                            comment: None,
-                        }
+                        Data::Value(data)
                     })
                     .collect();
-                let size = elements.len() as u32;
-                // Key in host order (a numgen result); data an address and a port.
+                // Data an address and a port.
                 let udata = UserData::new()
                     .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
                     .host_u32(UDATA_SET_DATABYTEORDER, 0)
                     .host_u32(UDATA_SET_DATA_INTERVAL, 0);
-                let lookup = Expr::Lookup {
-                    sreg,
-                    dreg: Some(dreg),
-                    set: SetRef {
-                        name: map_name.clone(),
-                        id: Some(id),
-                    },
-                    inverted: false,
-                };
-                let (address_type, address_len) = if ipv6 {
+                let (address_type, address_len) = if scope.is_ipv6() {
                     (TYPE_IP6ADDR, 16)
                 } else {
                     (TYPE_IPADDR, 4)
@@ -456,16 +452,7 @@ impl Compiler {
                     address_type << TYPE_BITS | TYPE_INET_SERVICE,
                     address_len + 4,
                 ));
-                (
-                    map_name,
-                    SET_ANONYMOUS | SET_CONSTANT | SET_MAP,
-                    TYPE_INTEGER,
-                    4,
-                    elements,
-                    size,
-                    udata,
-                    lookup,
-                )
+                Self::numgen_map(map_name, id, data, udata, sreg, dreg)
             }
             rule::AnonymousSet::Addresses {
                 matches,
@@ -633,6 +620,9 @@ impl Compiler {
     }
 }
 
+/// An anonymous set's name, flags, key type and length, elements, size, user data, lookup.
+type AnonymousParts = (String, u32, u32, u32, Vec<Element>, u32, UserData, Expr);
+
 /// A named set's declaration: `type T [. T ...] [: verdict] ; [flags dynamic,timeout ;]
 /// [timeout Ns ;] [comment "..." ;]`.
 struct SetSpec<'a> {
@@ -674,15 +664,11 @@ impl<'a> SetSpec<'a> {
                             }
                             continue;
                         }
-                        let (number, length) = match *word {
-                            "ipv4_addr" => (TYPE_IPADDR, 4),
-                            "ipv6_addr" => (TYPE_IP6ADDR, 16),
-                            "inet_proto" => (TYPE_INET_PROTOCOL, 4),
-                            "inet_service" => (TYPE_INET_SERVICE, 4),
-                            other => return Err(format!("unknown set type {other:?}")),
-                        };
-                        parsed.key_type = parsed.key_type << TYPE_BITS | number;
-                        parsed.key_len += length;
+                        let kind = KeyType::parse(word)
+                            .ok_or_else(|| format!("unknown set type {word:?}"))?;
+                        parsed.key_type = parsed.key_type << TYPE_BITS | kind.number();
+                        // Each component of a key takes four bytes or more.
+                        parsed.key_len += kind.value_len().div_ceil(4) as u32 * 4;
                         parsed.components += 1;
                     }
                     if parsed.components == 1

@@ -19,6 +19,7 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
 pub use compile::{AnonymousNames, CompileError, Compiled, compile, compile_with};
+pub use values::{KeyType, protocol_name, verdict_text};
 pub use wire::{Message, batch};
 
 /// Netlink's error message type.

@@ -551,42 +551,55 @@ impl<'a> Builder<'_, 'a> {
         Ok(())
     }
 
-    /// `numgen random mod N vmap { 0 : goto A , 1 : goto B }`.
-    fn numgen(&mut self) -> Result<(), Unsupported> {
+    /// `random mod N MAP { 0 : ENTRY , 1 : ENTRY }` after `numgen`, where MAP is `map` or `vmap`:
+    /// the entries, as many as the modulus, in index order; the numgen expression is emitted.
+    fn numgen_entries<T>(
+        &mut self,
+        map: &str,
+        mut entry: impl FnMut(&mut Self) -> Result<T, Unsupported>,
+    ) -> Result<Vec<T>, Unsupported> {
         self.expect("random")?;
         self.expect("mod")?;
         let modulus: u32 = self
             .next()?
             .parse()
             .map_err(|_| "not a modulus".to_string())?;
-        self.expect("vmap")?;
+        self.expect(map)?;
         self.expect("{")?;
-        let mut targets = Vec::new();
+        let mut entries = Vec::new();
         loop {
             let index: usize = self
                 .next()?
                 .parse()
                 .map_err(|_| "not an index".to_string())?;
-            if index != targets.len() {
+            if index != entries.len() {
                 return Err("map indexes out of order".into());
             }
             self.expect(":")?;
-            let verb = self.next()?;
-            let chain = self.next()?;
-            targets.push(parse_verdict(&[verb, chain])?);
+            entries.push(entry(self)?);
             match self.next()? {
                 "," => continue,
                 "}" => break,
-                other => return Err(format!("unexpected {other:?} in a verdict map")),
+                other => return Err(format!("unexpected {other:?} in a map")),
             }
         }
-        if targets.len() as u32 != modulus {
+        if entries.len() as u32 != modulus {
             return Err("the modulus is not the number of targets".into());
         }
         self.emit(Expr::Numgen {
             dreg: REG_1,
             modulus,
         });
+        Ok(entries)
+    }
+
+    /// `numgen random mod N vmap { 0 : goto A , 1 : goto B }`.
+    fn numgen(&mut self) -> Result<(), Unsupported> {
+        let targets = self.numgen_entries("vmap", |rule| {
+            let verb = rule.next()?;
+            let chain = rule.next()?;
+            parse_verdict(&[verb, chain])
+        })?;
         self.out
             .exprs
             .push(Part::AnonymousSet(AnonymousSet::VerdictMap {
@@ -601,48 +614,21 @@ impl<'a> Builder<'_, 'a> {
     /// the address and port come from an anonymous map indexed by the random number.
     fn dnat_map(&mut self) -> Result<(), Unsupported> {
         self.position += 1;
-        for word in ["addr", ".", "port", "to", "numgen", "random", "mod"] {
+        for word in ["addr", ".", "port", "to", "numgen"] {
             self.expect(word)?;
         }
-        let modulus: u32 = self
-            .next()?
-            .parse()
-            .map_err(|_| "not a modulus".to_string())?;
-        self.expect("map")?;
-        self.expect("{")?;
-        let mut targets = Vec::new();
-        loop {
-            let index: usize = self
-                .next()?
-                .parse()
-                .map_err(|_| "not an index".to_string())?;
-            if index != targets.len() {
-                return Err("map indexes out of order".into());
-            }
-            self.expect(":")?;
-            let address: IpAddr = self
+        let targets = self.numgen_entries("map", |rule| {
+            let address: IpAddr = rule
                 .next()?
                 .parse()
                 .map_err(|_| "not an address".to_string())?;
-            if address.is_ipv6() != self.ipv6 {
+            if address.is_ipv6() != rule.ipv6 {
                 return Err("an address of the other family".into());
             }
-            self.expect(".")?;
-            let port: u16 = self.next()?.parse().map_err(|_| "not a port".to_string())?;
-            targets.push((address, port));
-            match self.next()? {
-                "," => continue,
-                "}" => break,
-                other => return Err(format!("unexpected {other:?} in a map")),
-            }
-        }
-        if targets.len() as u32 != modulus {
-            return Err("the modulus is not the number of targets".into());
-        }
-        self.emit(Expr::Numgen {
-            dreg: REG_1,
-            modulus,
-        });
+            rule.expect(".")?;
+            let port: u16 = rule.next()?.parse().map_err(|_| "not a port".to_string())?;
+            Ok((address, port))
+        })?;
         self.out
             .exprs
             .push(Part::AnonymousSet(AnonymousSet::DestinationMap {

@@ -10,13 +10,65 @@ use super::expr::{NF_DROP, NFT_GOTO, NFT_JUMP, Verdict};
 /// Why a piece of text is not one of the values this compiler knows.
 pub type Unsupported = String;
 
+/// The protocol keywords this program writes, and their IP protocol numbers.
+const PROTOCOLS: [(&str, u8); 3] = [("tcp", 6), ("udp", 17), ("sctp", 132)];
+
 /// The IP protocol number of a protocol keyword.
 pub fn protocol(word: &str) -> Result<u8, Unsupported> {
-    match word {
-        "tcp" => Ok(6),
-        "udp" => Ok(17),
-        "sctp" => Ok(132),
-        other => Err(format!("unknown protocol {other:?}")),
+    PROTOCOLS
+        .iter()
+        .find(|(name, _)| *name == word)
+        .map(|(_, number)| *number)
+        .ok_or_else(|| format!("unknown protocol {word:?}"))
+}
+
+/// The keyword of an IP protocol number.
+pub fn protocol_name(number: u8) -> Option<&'static str> {
+    PROTOCOLS
+        .iter()
+        .find(|(_, n)| *n == number)
+        .map(|(name, _)| *name)
+}
+
+/// A component of a set's key type, as a declaration names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyType {
+    Ipv4,
+    Ipv6,
+    Protocol,
+    Port,
+}
+
+impl KeyType {
+    /// `ipv4_addr`, `ipv6_addr`, `inet_proto`, `inet_service`.
+    pub fn parse(word: &str) -> Option<KeyType> {
+        match word {
+            "ipv4_addr" => Some(KeyType::Ipv4),
+            "ipv6_addr" => Some(KeyType::Ipv6),
+            "inet_proto" => Some(KeyType::Protocol),
+            "inet_service" => Some(KeyType::Port),
+            _ => None,
+        }
+    }
+
+    /// nf_tables' number of the type (nft's datatype).
+    pub const fn number(self) -> u32 {
+        match self {
+            KeyType::Ipv4 => 7,
+            KeyType::Ipv6 => 8,
+            KeyType::Protocol => 12,
+            KeyType::Port => 13,
+        }
+    }
+
+    /// The bytes a value takes alone (a concatenation pads each to four).
+    pub const fn value_len(self) -> usize {
+        match self {
+            KeyType::Ipv4 => 4,
+            KeyType::Ipv6 => 16,
+            KeyType::Protocol => 1,
+            KeyType::Port => 2,
+        }
     }
 }
 
@@ -202,6 +254,16 @@ pub fn parse_verdict(words: &[&str]) -> Result<Verdict, Unsupported> {
             chain: Some(chain.to_string()),
         }),
         other => Err(format!("unsupported verdict {other:?}")),
+    }
+}
+
+/// The text of a verdict [`parse_verdict`] reads: `drop`, `jump CHAIN` or `goto CHAIN`.
+pub fn verdict_text(code: i32, chain: Option<&str>) -> Option<String> {
+    match (code, chain) {
+        (NF_DROP, _) => Some("drop".into()),
+        (NFT_JUMP, Some(chain)) => Some(format!("jump {chain}")),
+        (NFT_GOTO, Some(chain)) => Some(format!("goto {chain}")),
+        _ => None,
     }
 }
 
