@@ -150,9 +150,10 @@ show_rules() {
     save | grep -E '^-A KUBE-(SERVICES|NODEPORTS|EXT|SVC|SEP)' | sed 's/^/   /'
   fi
 }
-# Waits (10 s at most) until the client only reaches the pods named in $1 (a grep pattern).
+# Waits (30 s at most: a loaded machine can take more than 10) until the client only reaches
+# the pods named in $1 (a grep pattern).
 wait_for_answers() {
-  for _ in $(seq 20); do
+  for _ in $(seq 60); do
     answers=$(for _ in 1 2 3 4 5 6; do ask 10.96.0.10:80; done)
     grep -qvE "^($1)$" <<<"$answers" || return 0
     sleep 0.5
