@@ -6,17 +6,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_core::{
-    DecodeError, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable, NlaBuffer, NlasIterator,
-};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::netlink::{Connection, NetlinkError};
-use super::nf_tables::{dump, nul_terminated, udata_comment};
+use super::nf_tables::{RawMessage, attributes, dump, nul_terminated, udata_comment};
 use super::nft_netlink::{KeyType, protocol_name, verdict_text};
 use crate::model::IpFamily;
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const LIST_TABLE: u16 = 1;
@@ -101,62 +97,6 @@ impl KeyLayout {
     }
 }
 
-/// A GETSETELEM request, or a NEWSETELEM reply kept whole for decoding.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ElementsMessage {
-    pub message_type: u16,
-    /// nfgenmsg and attributes.
-    pub payload: Vec<u8>,
-}
-
-impl ElementsMessage {
-    /// The request for every element of `set` in `table` of `family`.
-    pub fn dump_request(family: IpFamily, table: &str, set: &str) -> Self {
-        let family = match family {
-            IpFamily::V4 => 2,
-            IpFamily::V6 => 10,
-        };
-        let mut payload = vec![family, 0, 0, 0];
-        for (kind, value) in [(LIST_TABLE, table), (LIST_SET, set)] {
-            let length = 4 + value.len() + 1;
-            payload.extend((length as u16).to_ne_bytes());
-            payload.extend(kind.to_ne_bytes());
-            payload.extend(value.as_bytes());
-            payload.push(0);
-            payload.resize(payload.len().div_ceil(4) * 4, 0);
-        }
-        ElementsMessage {
-            message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETSETELEM,
-            payload,
-        }
-    }
-}
-
-impl NetlinkSerializable for ElementsMessage {
-    fn message_type(&self) -> u16 {
-        self.message_type
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.payload.len()
-    }
-
-    fn serialize(&self, buffer: &mut [u8]) {
-        buffer.copy_from_slice(&self.payload);
-    }
-}
-
-impl NetlinkDeserializable for ElementsMessage {
-    type Error = DecodeError;
-
-    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
-        Ok(ElementsMessage {
-            message_type: header.message_type,
-            payload: payload.to_vec(),
-        })
-    }
-}
-
 /// Why elements could not be read as text.
 #[derive(Debug, thiserror::Error)]
 pub enum ElementsError {
@@ -166,25 +106,12 @@ pub enum ElementsError {
     Undecodable { set: String, what: String },
 }
 
-fn nested(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    NlasIterator::new(value)
-        .filter_map(Result::ok)
-        .map(|attribute: NlaBuffer<&[u8]>| {
-            let (kind, length) = (attribute.kind(), usize::from(attribute.length()));
-            // The iterator's buffers run to the end of the list: the value is this attribute's.
-            (
-                kind,
-                attribute.into_inner().get(4..length).unwrap_or_default(),
-            )
-        })
-}
-
 /// A verdict's text: `goto chain`, `drop`, `jump chain`.
 fn verdict(value: &[u8]) -> Option<String> {
-    let (_, verdict) = nested(value).find(|(kind, _)| *kind == DATA_VERDICT)?;
+    let (_, verdict) = attributes(value).find(|(kind, _)| *kind == DATA_VERDICT)?;
     let mut code = None;
     let mut chain = None;
-    for (kind, value) in nested(verdict) {
+    for (kind, value) in attributes(verdict) {
         match kind {
             VERDICT_CODE => code = Some(i32::from_be_bytes(value.get(..4)?.try_into().ok()?)),
             VERDICT_CHAIN => chain = Some(nul_terminated(value)),
@@ -195,20 +122,19 @@ fn verdict(value: &[u8]) -> Option<String> {
 }
 
 /// The elements a reply carries for `table`/`set`: key text -> the text after the key.
-pub fn decode(
-    reply: &ElementsMessage,
+pub(crate) fn decode(
+    reply: &RawMessage,
     table: &str,
     set: &str,
     layout: &KeyLayout,
     out: &mut Vec<(String, String)>,
 ) -> Result<(), String> {
-    if reply.message_type & 0xff != NFT_MSG_NEWSETELEM {
+    let Some(message) = reply.attributes_of(NFT_MSG_NEWSETELEM) else {
         return Ok(());
-    }
-    let attributes = reply.payload.get(4..).unwrap_or_default();
+    };
     let mut names = (None, None);
     let mut list = None;
-    for (kind, value) in nested(attributes) {
+    for (kind, value) in attributes(message) {
         match kind {
             LIST_TABLE => names.0 = Some(nul_terminated(value)),
             LIST_SET => names.1 = Some(nul_terminated(value)),
@@ -219,14 +145,14 @@ pub fn decode(
     if names.0.as_deref() != Some(table) || names.1.as_deref() != Some(set) {
         return Ok(());
     }
-    for (_, element) in nested(list.unwrap_or_default()) {
+    for (_, element) in attributes(list.unwrap_or_default()) {
         let mut key = None;
         let mut rest = String::new();
         let mut verdict = None;
-        for (kind, value) in nested(element) {
+        for (kind, value) in attributes(element) {
             match kind {
                 ELEM_KEY => {
-                    let (_, bytes) = nested(value)
+                    let (_, bytes) = attributes(value)
                         .find(|(k, _)| *k == DATA_VALUE)
                         .ok_or("a key without a value")?;
                     key = Some(layout.key_text(bytes).ok_or("a key of another layout")?);
@@ -261,7 +187,11 @@ pub fn set_elements(
     layout: &KeyLayout,
 ) -> Result<BTreeMap<String, String>, ElementsError> {
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
-    let request = ElementsMessage::dump_request(family, table, set);
+    let request = RawMessage::request(
+        NFT_MSG_GETSETELEM,
+        family,
+        &[(LIST_TABLE, table), (LIST_SET, set)],
+    );
     let replies = dump(&mut connection, request)?;
     let mut elements = Vec::new();
     for reply in &replies {
@@ -329,8 +259,8 @@ mod tests {
         payload.extend(attribute(LIST_TABLE, b"kube-proxy\0"));
         payload.extend(attribute(LIST_SET, b"no-endpoint-services\0"));
         payload.extend(attribute(LIST_ELEMENTS, &attribute(1, &element)));
-        let reply = ElementsMessage {
-            message_type: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWSETELEM,
+        let reply = RawMessage {
+            message_type: 10 << 8 | NFT_MSG_NEWSETELEM,
             payload,
         };
         let mut out = Vec::new();
