@@ -6,6 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::iptables_nft;
+pub use super::iptables_nft::RuleFingerprint;
 use super::netlink::NetlinkError;
 use super::nf_tables;
 use super::process::{Ended, Tool, ToolError};
@@ -63,7 +65,7 @@ pub enum IptablesError {
     /// A tool that reads (or probes) failed.
     #[error(transparent)]
     Tool(#[from] ToolError),
-    /// The chain names could not be read over netlink.
+    /// The chain names or rules could not be read over netlink.
     #[error("reading the chains of table {table} ({family}) over netlink: {source}")]
     Netlink {
         table: String,
@@ -127,6 +129,19 @@ pub trait Iptables: Send {
         table: &str,
         rules_of: &[&str],
     ) -> Result<Option<Snapshot>, IptablesError>;
+    /// How each of `chains` in `table` holds its rules, as fingerprints comparable with
+    /// [`Iptables::expected_fingerprint`]'s, where the back end can read chains one at a time
+    /// (nft, over netlink); `None` where it cannot (legacy hands out whole tables only). A
+    /// chain that does not exist holds no rules: the caller knows the names.
+    fn chain_fingerprints(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError>;
+    /// The fingerprint of the rule `spec` (the text after `-A <chain>`) as this back end holds
+    /// it, or `None` when it cannot tell (the rule then never looks already right).
+    fn expected_fingerprint(&self, family: IpFamily, spec: &str) -> Option<RuleFingerprint>;
     /// At most how many chains a restore that writes `chains` chains should put in one
     /// transaction (`COMMIT`), or `None` for one transaction per table; `reachable` says whether
     /// built-in chains already jump to them. nft: see [`nft_chains_per_transaction`]; legacy
@@ -345,6 +360,31 @@ impl Iptables for SystemIptables {
             .map(|chain| (chain.to_string(), self::rules_of(&saved, chain)))
             .collect();
         Ok(Some(Snapshot { rule_counts, rules }))
+    }
+
+    fn chain_fingerprints(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError> {
+        if self.backend == Backend::Legacy {
+            return Ok(None);
+        }
+        iptables_nft::chain_fingerprints(family, table, chains)
+            .map(Some)
+            .map_err(|source| IptablesError::Netlink {
+                table: table.to_string(),
+                family: family.name(),
+                source,
+            })
+    }
+
+    fn expected_fingerprint(&self, family: IpFamily, spec: &str) -> Option<RuleFingerprint> {
+        match self.backend {
+            Backend::Nft => iptables_nft::expected_fingerprint(family, spec).ok(),
+            Backend::Legacy => None,
+        }
     }
 
     fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize> {

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::iptables::{
-    ChainRules, Iptables, IptablesError, Snapshot, builtin_chains, jump_target, tokenize,
+    ChainRules, Iptables, IptablesError, RuleFingerprint, Snapshot, builtin_chains, jump_target,
+    tokenize,
 };
 use crate::model::IpFamily;
 
@@ -76,6 +77,12 @@ pub enum Read {
     },
     /// A whole table (what the legacy back end reads).
     Snapshot { family: IpFamily, table: String },
+    /// The rules of these chains of a table, as fingerprints (what nft reads over netlink).
+    ChainFingerprints {
+        family: IpFamily,
+        table: String,
+        chains: Vec<String>,
+    },
     /// Whether a chain exists.
     ChainExists {
         family: IpFamily,
@@ -98,6 +105,9 @@ pub struct FakeIptables {
     pub chains_per_transaction: Option<usize>,
     /// Lines containing this text are refused, as a kernel lacking a feature refuses a rule.
     pub refuse_containing: Option<String>,
+    /// When set, chains cannot be read one at a time (as on the legacy back end): full syncs
+    /// rewrite everything.
+    pub whole_tables_only: bool,
 }
 
 impl FakeIptables {
@@ -121,6 +131,16 @@ impl FakeIptables {
         if let Some(rules) = entry.chain_mut(chain) {
             rules.push(spec.to_string());
         }
+    }
+
+    /// The rules of a chain, to change as another program would (`None` if it does not exist).
+    pub fn rules_mut(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Option<&mut Vec<String>> {
+        self.tables.get_mut(&(family, table.to_string()))?.chain_mut(chain)
     }
 
     /// Empties every table of a family, as `iptables -F; iptables -X` on each table would.
@@ -373,9 +393,48 @@ impl Iptables for FakeIptables {
         Ok(Some(Snapshot { rule_counts, rules }))
     }
 
+    fn chain_fingerprints(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError> {
+        self.reads.push(Read::ChainFingerprints {
+            family,
+            table: table.to_string(),
+            chains: chains.iter().map(|c| c.to_string()).collect(),
+        });
+        if self.whole_tables_only {
+            return Ok(None);
+        }
+        let held = self.table(family, table);
+        Ok(Some(
+            chains
+                .iter()
+                .map(|chain| {
+                    let rules = held.chain(chain).map(Vec::as_slice).unwrap_or_default();
+                    (chain.to_string(), rules.iter().map(|r| text_fingerprint(r)).collect())
+                })
+                .collect(),
+        ))
+    }
+
+    fn expected_fingerprint(&self, _family: IpFamily, spec: &str) -> Option<RuleFingerprint> {
+        // Held as the restore wrote it: its words, quoted where they need it.
+        tokenize(spec).ok().map(|words| text_fingerprint(&join(&words)))
+    }
+
     fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {
         self.chains_per_transaction
     }
+}
+
+/// The fake's fingerprint of a rule: its text's.
+fn text_fingerprint(text: &str) -> RuleFingerprint {
+    use std::hash::{Hash, Hasher};
+    let mut state = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut state);
+    state.finish()
 }
 
 /// Joins words back, quoting those with spaces, as the renderer writes them.

@@ -15,7 +15,9 @@ use super::render::{
     BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext,
     ServiceRules, render_base, render_service,
 };
-use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
+use super::restore::{
+    FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore,
+};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
@@ -24,6 +26,7 @@ use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::iptables::{Iptables, IptablesError, jump_target, tokenize};
 use crate::sys::nf_events::ChangeEvents;
 
+mod adopt;
 mod drift;
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
 
@@ -231,14 +234,18 @@ impl<I: Iptables> IptablesProxier<I> {
         };
         let wanted: BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
         let stale: Vec<String> = existing
-            .into_iter()
+            .iter()
             .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
+            .cloned()
             .collect();
         let missing = missing_jumps(&mut self.iptables, family, &base.jumps())
             .map_err(Failure::unattributed)?;
         // Traffic reaches our chains when the jumps into KUBE-SERVICES are in place.
         let reachable = !missing.iter().any(|jump| jump.to == KUBE_SERVICES);
-        let chain_count = wanted.len() + stale.len();
+        let kept = self
+            .kept_chains(family, &base, &services, &existing)
+            .map_err(Failure::unattributed)?;
+        let chain_count = wanted.len() - kept.nat.len().min(wanted.len()) + stale.len();
         let (text, stats) = full_restore(
             &base,
             &services,
@@ -248,10 +255,22 @@ impl<I: Iptables> IptablesProxier<I> {
                 chains_per_transaction: self
                     .iptables
                     .chains_per_transaction(chain_count, reachable),
+                kept: kept.clone(),
             },
         );
-        self.restore(family, &text)
-            .map_err(|err| restore_failure(err, &text, &services))?;
+        if !kept.is_empty() {
+            info!(
+                family = family.name(),
+                kept = kept.len(),
+                written = stats.nat_chains,
+                stale = stale.len(),
+                "Full sync: left the chains that already held the right rules"
+            );
+        }
+        if !text.is_empty() {
+            self.restore(family, &text)
+                .map_err(|err| restore_failure(err, &text, &services))?;
+        }
         self.programmed.insert(
             family,
             FamilyState {

@@ -22,6 +22,37 @@ pub struct RestoreStats {
     pub lines: usize,
 }
 
+/// Chains of ours that already hold exactly what a full sync would write, by table: the sync
+/// leaves them alone (declaring a chain in a restore flushes it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeptChains {
+    pub filter: BTreeSet<String>,
+    pub nat: BTreeSet<String>,
+    pub mangle: BTreeSet<String>,
+}
+
+impl KeptChains {
+    /// Whether `chain` of `table` is kept.
+    pub fn contains(&self, table: &str, chain: &str) -> bool {
+        let chains = match table {
+            "filter" => &self.filter,
+            "nat" => &self.nat,
+            "mangle" => &self.mangle,
+            _ => return false,
+        };
+        chains.contains(chain)
+    }
+
+    /// How many chains are kept.
+    pub fn len(&self) -> usize {
+        self.filter.len() + self.nat.len() + self.mangle.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What a full sync writes besides the rules, and how.
 #[derive(Clone, Debug, Default)]
 pub struct FullSyncExtras<'a> {
@@ -32,6 +63,8 @@ pub struct FullSyncExtras<'a> {
     /// Split the services' chains into transactions of about this many chains (see
     /// `Iptables::chains_per_transaction`); `None` writes each table in one.
     pub chains_per_transaction: Option<usize>,
+    /// Chains left as they are.
+    pub kept: KeptChains,
 }
 
 /// The whole desired state of one family as restore input.
@@ -49,28 +82,95 @@ pub fn full_restore(
     extras: &FullSyncExtras<'_>,
 ) -> (String, RestoreStats) {
     let mut out = Writer::default();
+    let kept = &extras.kept;
 
-    out.line("*filter");
-    let filter_chains = base.filter_chains();
-    for chain in filter_chains.iter().chain([&KUBE_PROXY_CANARY]) {
-        out.chain(chain);
+    let filter_chains: Vec<&str> = base
+        .filter_chains()
+        .into_iter()
+        .filter(|chain| !kept.contains("filter", chain))
+        .collect();
+    let filter_canary = !kept.contains("filter", KUBE_PROXY_CANARY);
+    let filter_jumps = extras.missing_jumps.iter().any(|j| j.table == "filter");
+    if !filter_chains.is_empty() || filter_canary || filter_jumps {
+        out.line("*filter");
+        for chain in &filter_chains {
+            out.chain(chain);
+        }
+        if filter_canary {
+            out.chain(KUBE_PROXY_CANARY);
+        }
+        out.jumps("filter", extras.missing_jumps);
+        shared_filter_rules(&mut out, base, services, &filter_chains);
+        out.line("COMMIT");
     }
-    out.jumps("filter", extras.missing_jumps);
-    shared_filter_rules(&mut out, base, services, &filter_chains);
-    out.line("COMMIT");
 
-    let service_chains: BTreeMap<&String, &Vec<String>> =
-        services.values().flat_map(|s| &s.chains).collect();
+    let service_chains: BTreeMap<&String, &Vec<String>> = services
+        .values()
+        .flat_map(|s| &s.chains)
+        .filter(|(chain, _)| !kept.contains("nat", chain))
+        .collect();
     match extras.chains_per_transaction {
         None => nat_in_one(&mut out, base, services, &service_chains, extras),
         Some(limit) => nat_in_groups(&mut out, base, services, limit, extras),
     }
-    out.stats.nat_chains = NAT_CHAINS.len() + service_chains.len();
+    out.stats.nat_chains = written(kept, &NAT_CHAINS).len() + service_chains.len();
 
-    out.line("*mangle");
-    out.chain(KUBE_PROXY_CANARY);
-    out.line("COMMIT");
+    if !kept.contains("mangle", KUBE_PROXY_CANARY) {
+        out.line("*mangle");
+        out.chain(KUBE_PROXY_CANARY);
+        out.line("COMMIT");
+    }
     out.finish()
+}
+
+/// The shared nat chains of `chains` that a full sync writes (those not kept).
+fn written<'a>(kept: &KeptChains, chains: &[&'a str]) -> Vec<&'a str> {
+    chains
+        .iter()
+        .copied()
+        .filter(|chain| !kept.contains("nat", chain))
+        .collect()
+}
+
+/// The last nat transaction: the entry points, the canary, the jumps into them and the
+/// deletion of stale chains; `None` when it has nothing to do.
+fn nat_entries(
+    out: &mut Writer,
+    base: &BaseRules,
+    services: &BTreeMap<NamespacedName, ServiceRules>,
+    entries: &[&str],
+    extras: &FullSyncExtras<'_>,
+    service_chains: &BTreeMap<&String, &Vec<String>>,
+) {
+    let canary = !extras.kept.contains("nat", KUBE_PROXY_CANARY);
+    let jumps = extras.missing_jumps.iter().any(|j| j.table == "nat");
+    if entries.is_empty()
+        && !canary
+        && !jumps
+        && extras.stale_chains.is_empty()
+        && service_chains.is_empty()
+    {
+        return;
+    }
+    out.line("*nat");
+    for chain in entries {
+        out.chain(chain);
+    }
+    if canary {
+        out.chain(KUBE_PROXY_CANARY);
+    }
+    for chain in service_chains.keys().copied().chain(extras.stale_chains) {
+        out.chain(chain);
+    }
+    out.jumps("nat", extras.missing_jumps);
+    shared_nat_rules(out, base, services, entries);
+    for (chain, rules) in service_chains {
+        out.chain_rules(chain, rules);
+    }
+    for chain in extras.stale_chains {
+        out.line(&format!("-X {chain}"));
+    }
+    out.line("COMMIT");
 }
 
 /// nat as one transaction.
@@ -81,22 +181,8 @@ fn nat_in_one(
     service_chains: &BTreeMap<&String, &Vec<String>>,
     extras: &FullSyncExtras<'_>,
 ) {
-    out.line("*nat");
-    for chain in NAT_CHAINS.iter().chain([&KUBE_PROXY_CANARY]) {
-        out.chain(chain);
-    }
-    for chain in service_chains.keys().copied().chain(extras.stale_chains) {
-        out.chain(chain);
-    }
-    out.jumps("nat", extras.missing_jumps);
-    shared_nat_rules(out, base, services, &NAT_CHAINS);
-    for (chain, rules) in service_chains {
-        out.chain_rules(chain, rules);
-    }
-    for chain in extras.stale_chains {
-        out.line(&format!("-X {chain}"));
-    }
-    out.line("COMMIT");
+    let shared = written(&extras.kept, &NAT_CHAINS);
+    nat_entries(out, base, services, &shared, extras, service_chains);
 }
 
 /// nat as several transactions, in the order [`full_restore`] explains.
@@ -107,37 +193,32 @@ fn nat_in_groups(
     limit: usize,
     extras: &FullSyncExtras<'_>,
 ) {
-    const TARGETS: [&str; 2] = [KUBE_POSTROUTING, KUBE_MARK_MASQ];
-    const ENTRIES: [&str; 2] = [KUBE_SERVICES, KUBE_NODEPORTS];
-    out.line("*nat");
-    for chain in TARGETS {
-        out.chain(chain);
+    let targets = written(&extras.kept, &[KUBE_POSTROUTING, KUBE_MARK_MASQ]);
+    if !targets.is_empty() {
+        out.line("*nat");
+        for chain in &targets {
+            out.chain(chain);
+        }
+        shared_nat_rules(out, base, services, &targets);
+        out.line("COMMIT");
     }
-    shared_nat_rules(out, base, services, &TARGETS);
-    out.line("COMMIT");
 
     let mut group: Vec<(&String, &Vec<String>)> = Vec::new();
     for service in services.values() {
-        group.extend(&service.chains);
+        group.extend(
+            service
+                .chains
+                .iter()
+                .filter(|(chain, _)| !extras.kept.contains("nat", chain)),
+        );
         if group.len() >= limit.max(1) {
             chain_group(out, &mut group);
         }
     }
     chain_group(out, &mut group);
 
-    out.line("*nat");
-    for chain in ENTRIES.iter().chain([&KUBE_PROXY_CANARY]) {
-        out.chain(chain);
-    }
-    for chain in extras.stale_chains {
-        out.chain(chain);
-    }
-    out.jumps("nat", extras.missing_jumps);
-    shared_nat_rules(out, base, services, &ENTRIES);
-    for chain in extras.stale_chains {
-        out.line(&format!("-X {chain}"));
-    }
-    out.line("COMMIT");
+    let entries = written(&extras.kept, &[KUBE_SERVICES, KUBE_NODEPORTS]);
+    nat_entries(out, base, services, &entries, extras, &BTreeMap::new());
 }
 
 /// One transaction declaring and filling some services' chains (emptied afterwards).

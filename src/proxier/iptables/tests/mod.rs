@@ -1,6 +1,7 @@
 //! Tests of the pure iptables renderer: golden restore texts, jump-target consistency, the packet
 //! tracer, and incremental syncs against the stateful fake.
 
+mod adoption;
 mod drift;
 mod full_sync;
 pub(crate) mod golden;
