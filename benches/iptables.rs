@@ -12,6 +12,11 @@
 //! `--no-one-transaction` skips the one-transaction restore (minutes at 10k).
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
+/// The daemon's allocator, so that what is measured here is what the daemon does.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[path = "../tests/support/netns.rs"]
 mod netns;
 #[path = "../tests/support/scale.rs"]
@@ -74,8 +79,10 @@ struct Sample {
     bare_change: Duration,
     /// A full sync forced on the running proxier (the hourly one, or after a failure).
     forced: Duration,
-    /// A new proxier's first sync on the programmed node (a daemon restart).
+    /// A new proxier's first sync on the programmed node (a daemon restart), and the restore
+    /// lines it wrote.
     restart: Duration,
+    restart_lines: usize,
     /// What a full sync reads: nat's chain names and the built-in chains' rules.
     reads: Duration,
     /// One sync repairing a flushed service chain and a DROP in filter KUBE-SERVICES (nft).
@@ -129,10 +136,12 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
                     .full
             );
         });
+        let mut restart_lines = 0;
         let restart = timed(&mut || {
-            proxier()
-                .sync(&state, &ChangeSummary::default())
+            let mut p = proxier();
+            p.sync(&state, &ChangeSummary::default())
                 .expect("first sync after a restart");
+            restart_lines = p.last_restore.iter().map(|(_, t)| t.lines().count()).sum();
         });
         let mut iptables = SystemIptables::new(backend);
         let reads = timed(&mut || {
@@ -198,6 +207,7 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
             bare_change: Duration::ZERO,
             forced,
             restart,
+            restart_lines,
             reads,
             lines: full_text.lines().count(),
             change_lines: change_text.lines().count(),
@@ -283,10 +293,11 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         change.as_secs_f64() / bare_change.as_secs_f64(),
     );
     println!(
-        "{count:>6} services: restart (first sync on the programmed node) {} (ratio to cold start {:.2}), \
-         forced full sync {} (ratio {:.2}), reads of a full sync {}",
+        "{count:>6} services: restart (first sync on the programmed node) {} (ratio to cold start {:.2}, \
+         {} restore lines written), forced full sync {} (ratio {:.2}), reads of a full sync {}",
         secs(restart),
         restart.as_secs_f64() / full.as_secs_f64(),
+        samples[0].restart_lines,
         secs(forced),
         forced.as_secs_f64() / full.as_secs_f64(),
         secs(reads),

@@ -6,8 +6,8 @@
 mod support;
 
 use kube_proxy_rs::model::{
-    ChangeSummary, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ProxyState,
-    ServicePort, ServicePortName, VecMap,
+    ChangeSummary, Endpoint, IpFamily, NamespacedName, NodeInfo, Protocol, ProxyState, ServicePort,
+    ServicePortName, VecMap,
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
@@ -65,7 +65,11 @@ fn state() -> ProxyState {
             .flat_map(|e| {
                 let node = if e == 0 { "node-a" } else { "node-b" };
                 [
-                    Endpoint::ready(format!("10.244.{e}.{}", 10 + i).parse().unwrap(), 8080, Some(node)),
+                    Endpoint::ready(
+                        format!("10.244.{e}.{}", 10 + i).parse().unwrap(),
+                        8080,
+                        Some(node),
+                    ),
                     Endpoint::ready(
                         format!("fd00:10:244:{e}::{}", 10 + i).parse().unwrap(),
                         8080,
@@ -97,7 +101,11 @@ fn restart(ns: &Netns, state: &ProxyState) -> Vec<(IpFamily, String)> {
     let state = state.clone();
     ns.run(move || {
         let mut p = proxier();
-        assert!(p.sync(&state, &ChangeSummary::default()).expect("sync").full);
+        assert!(
+            p.sync(&state, &ChangeSummary::default())
+                .expect("sync")
+                .full
+        );
         p.last_restore.clone()
     })
 }
@@ -178,7 +186,10 @@ fn a_restart_rewrites_nothing_that_is_right_and_repairs_what_is_wrong() {
         format!("IPv6/nat/{svc}"),
         "IPv4/filter/KUBE-FORWARD".to_string(),
     ] {
-        assert!(rewritten.contains(&expected), "{expected} not in {rewritten:?}");
+        assert!(
+            rewritten.contains(&expected),
+            "{expected} not in {rewritten:?}"
+        );
     }
     // Besides those: svc-5's policy chain in each family and the endpoint chain it lost.
     assert!(rewritten.len() <= 3 + 4, "{rewritten:?}");

@@ -116,7 +116,7 @@ fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
             }
         }
         // The bulk reader agrees with the one-chain reader.
-        let names = vec![chain.clone()];
+        let names = [chain.clone()];
         let (table2, chain2) = (table.clone(), chain.clone());
         let fingerprints = ns.run(move || {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();

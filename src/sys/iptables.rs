@@ -8,6 +8,10 @@ use std::time::Duration;
 
 use super::iptables_nft;
 pub use super::iptables_nft::RuleFingerprint;
+
+/// Tells the fingerprint of a rule's text as a back end holds it (see
+/// [`Iptables::rule_fingerprinter`]).
+pub type RuleFingerprinter = fn(IpFamily, &str) -> Option<RuleFingerprint>;
 use super::netlink::NetlinkError;
 use super::nf_tables;
 use super::process::{Ended, Tool, ToolError};
@@ -65,6 +69,9 @@ pub enum IptablesError {
     /// A tool that reads (or probes) failed.
     #[error(transparent)]
     Tool(#[from] ToolError),
+    /// A thread reading the kernel's state ended in a panic.
+    #[error("a thread reading the kernel's iptables state panicked")]
+    ReaderPanicked,
     /// The chain names or rules could not be read over netlink.
     #[error("reading the chains of table {table} ({family}) over netlink: {source}")]
     Netlink {
@@ -130,7 +137,7 @@ pub trait Iptables: Send {
         rules_of: &[&str],
     ) -> Result<Option<Snapshot>, IptablesError>;
     /// How each of `chains` in `table` holds its rules, as fingerprints comparable with
-    /// [`Iptables::expected_fingerprint`]'s, where the back end can read chains one at a time
+    /// [`Iptables::rule_fingerprinter`]'s, where the back end can read chains one at a time
     /// (nft, over netlink); `None` where it cannot (legacy hands out whole tables only). A
     /// chain that does not exist holds no rules: the caller knows the names.
     fn chain_fingerprints(
@@ -139,9 +146,11 @@ pub trait Iptables: Send {
         table: &str,
         chains: &[&str],
     ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError>;
-    /// The fingerprint of the rule `spec` (the text after `-A <chain>`) as this back end holds
-    /// it, or `None` when it cannot tell (the rule then never looks already right).
-    fn expected_fingerprint(&self, family: IpFamily, spec: &str) -> Option<RuleFingerprint>;
+    /// What tells the fingerprint of a rule (`spec`, the text after `-A <chain>`) as this back
+    /// end holds it, `None` where [`Iptables::chain_fingerprints`] reads nothing. The function
+    /// answers `None` for a rule whose kernel form it cannot tell: that rule never looks
+    /// already right. A plain function, so that it runs beside the reads.
+    fn rule_fingerprinter(&self) -> Option<RuleFingerprinter>;
     /// At most how many chains a restore that writes `chains` chains should put in one
     /// transaction (`COMMIT`), or `None` for one transaction per table; `reachable` says whether
     /// built-in chains already jump to them. nft: see [`nft_chains_per_transaction`]; legacy
@@ -316,6 +325,15 @@ impl Iptables for SystemIptables {
         table: &str,
         chain: &str,
     ) -> Result<bool, IptablesError> {
+        if self.backend == Backend::Nft {
+            return nf_tables::chain_exists(family, table, chain).map_err(|source| {
+                IptablesError::Netlink {
+                    table: table.to_string(),
+                    family: family.name(),
+                    source,
+                }
+            });
+        }
         let probe = Tool::new(
             &tool(family, self.backend, ""),
             &["-w", "5", "-t", table, "-S", chain],
@@ -380,9 +398,11 @@ impl Iptables for SystemIptables {
             })
     }
 
-    fn expected_fingerprint(&self, family: IpFamily, spec: &str) -> Option<RuleFingerprint> {
+    fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
         match self.backend {
-            Backend::Nft => iptables_nft::expected_fingerprint(family, spec).ok(),
+            Backend::Nft => {
+                Some(|family, spec| iptables_nft::expected_fingerprint(family, spec).ok())
+            }
             Backend::Legacy => None,
         }
     }

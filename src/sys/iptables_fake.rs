@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::iptables::{
-    ChainRules, Iptables, IptablesError, RuleFingerprint, Snapshot, builtin_chains, jump_target,
-    tokenize,
+    ChainRules, Iptables, IptablesError, RuleFingerprint, RuleFingerprinter, Snapshot,
+    builtin_chains, jump_target, tokenize,
 };
 use crate::model::IpFamily;
 
@@ -140,7 +140,9 @@ impl FakeIptables {
         table: &str,
         chain: &str,
     ) -> Option<&mut Vec<String>> {
-        self.tables.get_mut(&(family, table.to_string()))?.chain_mut(chain)
+        self.tables
+            .get_mut(&(family, table.to_string()))?
+            .chain_mut(chain)
     }
 
     /// Empties every table of a family, as `iptables -F; iptables -X` on each table would.
@@ -413,15 +415,22 @@ impl Iptables for FakeIptables {
                 .iter()
                 .map(|chain| {
                     let rules = held.chain(chain).map(Vec::as_slice).unwrap_or_default();
-                    (chain.to_string(), rules.iter().map(|r| text_fingerprint(r)).collect())
+                    (
+                        chain.to_string(),
+                        rules.iter().map(|r| text_fingerprint(r)).collect(),
+                    )
                 })
                 .collect(),
         ))
     }
 
-    fn expected_fingerprint(&self, _family: IpFamily, spec: &str) -> Option<RuleFingerprint> {
+    fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
         // Held as the restore wrote it: its words, quoted where they need it.
-        tokenize(spec).ok().map(|words| text_fingerprint(&join(&words)))
+        (!self.whole_tables_only).then_some(|_, spec| {
+            tokenize(spec)
+                .ok()
+                .map(|words| text_fingerprint(&join(&words)))
+        })
     }
 
     fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {

@@ -41,6 +41,8 @@ impl NetlinkError {
 /// the largest read it has seen (up to 32 KiB), and with small reads a dump of 100,000 chains
 /// takes thousands of batches, each of which walks the list from its start again.
 const RECEIVE_BUFFER: usize = 32 * 1024;
+/// [`Connection::dump_each`]'s buffer: twice the largest dump batch the kernel sends.
+const REUSED_BUFFER: usize = 64 * 1024;
 /// A receive that waits longer than this fails (EAGAIN).
 const RECEIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// recv(2) flags (Linux values).
@@ -51,6 +53,8 @@ const MSG_TRUNC: i32 = 0x20;
 pub struct Connection {
     socket: Socket,
     sequence: u32,
+    /// Where [`Connection::dump_each`] receives (allocated on first use).
+    buffer: Vec<u8>,
 }
 
 impl Connection {
@@ -68,6 +72,7 @@ impl Connection {
         Ok(Connection {
             socket,
             sequence: 0,
+            buffer: Vec::new(),
         })
     }
 
@@ -141,6 +146,96 @@ impl Connection {
             }
         }
         Ok(outcomes.into_iter().map(|o| o.unwrap_or(Ok(()))).collect())
+    }
+
+    /// Sends `request` as a dump and hands each reply's message type and payload to `each` as
+    /// it arrives, copying and keeping nothing (the way to read 100,000 small dumps). A dump the
+    /// kernel marks interrupted ends in [`NetlinkError::DumpInterrupted`] after every reply was
+    /// handed over: the caller starts again.
+    pub fn dump_each<I>(
+        &mut self,
+        request: I,
+        mut each: impl FnMut(u16, &[u8]),
+    ) -> Result<(), NetlinkError>
+    where
+        I: NetlinkSerializable + Debug,
+    {
+        const NLMSG_ERROR: u16 = 2;
+        const NLMSG_DONE: u16 = 3;
+        const HEADER: usize = 16;
+        self.sequence = self.sequence.wrapping_add(1);
+        let sequence = self.sequence;
+        let mut message =
+            NetlinkMessage::new(Default::default(), NetlinkPayload::InnerMessage(request));
+        message.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        message.header.sequence_number = sequence;
+        message.finalize();
+        let mut buffer = vec![0u8; message.buffer_len()];
+        message.serialize(&mut buffer);
+        self.socket.send(&buffer, 0).map_err(NetlinkError::Socket)?;
+
+        let mut interrupted = false;
+        loop {
+            let length = self.receive_reused()?;
+            let data = &self.buffer[..length];
+            let mut offset = 0;
+            while offset + HEADER <= data.len() {
+                let field = |at: usize, len: usize| &data[offset + at..offset + at + len];
+                let total = u32::from_ne_bytes(field(0, 4).try_into().unwrap_or_default()) as usize;
+                let kind = u16::from_ne_bytes(field(4, 2).try_into().unwrap_or_default());
+                let flags = u16::from_ne_bytes(field(6, 2).try_into().unwrap_or_default());
+                let seq = u32::from_ne_bytes(field(8, 4).try_into().unwrap_or_default());
+                if total < HEADER || offset + total > data.len() {
+                    return Err(NetlinkError::Decode(format!(
+                        "a netlink message of {total} bytes in a datagram of {}",
+                        data.len()
+                    )));
+                }
+                let payload = &data[offset + HEADER..offset + total];
+                offset += (total + 3) & !3;
+                if seq != sequence {
+                    continue;
+                }
+                interrupted |= flags & NLM_F_DUMP_INTR != 0;
+                match kind {
+                    NLMSG_DONE if interrupted => return Err(NetlinkError::DumpInterrupted),
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => {
+                        let code = payload
+                            .get(..4)
+                            .and_then(|b| b.try_into().ok())
+                            .map(i32::from_ne_bytes)
+                            .unwrap_or(0);
+                        return if code == 0 {
+                            Ok(())
+                        } else {
+                            Err(NetlinkError::Errno(-code))
+                        };
+                    }
+                    _ => each(kind, payload),
+                }
+            }
+        }
+    }
+
+    /// Receives the next datagram into this connection's buffer (kept from one receive to the
+    /// next), whole: the kernel never sends a dump batch over 32 KiB, nor us an answer near the
+    /// buffer's size. Returns its length.
+    fn receive_reused(&mut self) -> Result<usize, NetlinkError> {
+        if self.buffer.capacity() < REUSED_BUFFER {
+            self.buffer = Vec::with_capacity(REUSED_BUFFER);
+        }
+        self.buffer.clear();
+        let (length, _) = self
+            .socket
+            .recv_from(&mut self.buffer, MSG_TRUNC)
+            .map_err(NetlinkError::Socket)?;
+        if length > self.buffer.len() {
+            return Err(NetlinkError::Decode(format!(
+                "a datagram of {length} bytes, over the {REUSED_BUFFER}-byte buffer"
+            )));
+        }
+        Ok(length)
     }
 
     /// Sends `inner` as a request (a dump when `dump`) and returns the replies' payloads.

@@ -12,12 +12,10 @@ use tracing::{debug, info, warn};
 use super::names::is_service_chain;
 use super::nfacct::NfacctCounters;
 use super::render::{
-    BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddresses, RenderContext,
-    ServiceRules, render_base, render_service,
+    BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses,
+    RenderContext, ServiceRules, render_base, render_service,
 };
-use super::restore::{
-    FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore,
-};
+use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
@@ -204,34 +202,54 @@ impl<I: Iptables> IptablesProxier<I> {
         state: &ProxyState,
     ) -> Result<RestoreStats, Failure> {
         let base = render_base(&ctx);
-        // A quarantined service keeps the rules the kernel last accepted for it.
-        let previous = self.programmed.get(&family);
-        let services: BTreeMap<NamespacedName, ServiceRules> = state
-            .services
-            .iter()
-            .filter_map(|(key, ports)| {
-                let rules = if self.quarantine.contains(key) {
-                    previous?.services.get(key)?.clone()
-                } else {
-                    render_service(ports, state.endpoints.get(key), &ctx)
-                };
-                (!rules.is_empty()).then(|| (key.clone(), rules))
-            })
-            .collect();
-        // Only what is ours is read: the rules of the built-in chains our jumps start from, and
-        // nat's chain names (for stale service chains) when memory cannot tell them: at the first
-        // full sync (a restart finds an earlier run's chains) and after a failed restore.
-        let existing = match self.programmed.get(&family) {
-            Some(programmed) if self.chains_known.contains(&family) => programmed
-                .services
-                .values()
-                .flat_map(|s| s.chains.keys().cloned())
-                .collect(),
-            _ => self
-                .iptables
-                .chain_names(family, "nat")
-                .map_err(Failure::unattributed)?,
+        // Only what is ours is read: the rules of the built-in chains our jumps start from, our
+        // chains' rules (to keep those already right), and nat's chain names (for stale service
+        // chains) when memory cannot tell them: at the first full sync (a restart finds an
+        // earlier run's chains) and after a failed restore. They are read while the services
+        // render.
+        let known: Option<BTreeSet<String>> = match self.programmed.get(&family) {
+            Some(programmed) if self.chains_known.contains(&family) => Some(
+                programmed
+                    .services
+                    .values()
+                    .flat_map(|s| s.chains.keys().cloned())
+                    .chain(
+                        NAT_CHAINS
+                            .iter()
+                            .chain([&KUBE_PROXY_CANARY])
+                            .map(|c| c.to_string()),
+                    )
+                    .collect(),
+            ),
+            _ => None,
         };
+        let previous = self.programmed.get(&family);
+        let quarantine = &self.quarantine;
+        let iptables = &mut self.iptables;
+        let (services, existing) = std::thread::scope(|scope| {
+            let names = known
+                .is_none()
+                .then(|| scope.spawn(move || iptables.chain_names(family, "nat")));
+            // A quarantined service keeps the rules the kernel last accepted for it.
+            let services: BTreeMap<NamespacedName, ServiceRules> = state
+                .services
+                .iter()
+                .filter_map(|(key, ports)| {
+                    let rules = if quarantine.contains(key) {
+                        previous?.services.get(key)?.clone()
+                    } else {
+                        render_service(ports, state.endpoints.get(key), &ctx)
+                    };
+                    (!rules.is_empty()).then(|| (key.clone(), rules))
+                })
+                .collect();
+            let existing = match names {
+                Some(reader) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
+                None => Ok(known.unwrap_or_default()),
+            };
+            (services, existing)
+        });
+        let existing = existing.map_err(Failure::unattributed)?;
         let wanted: BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
         let stale: Vec<String> = existing
             .iter()
@@ -377,6 +395,8 @@ impl<I: Iptables> IptablesProxier<I> {
                         ?family,
                         "iptables canary chain missing (tables were flushed?); doing a full sync"
                     );
+                    // Whatever else was removed with it, memory no longer says what exists.
+                    self.chains_known.remove(&family);
                     full = true;
                 } else if self.events.is_none()
                     && let Err(err) = self.verify(family)

@@ -15,8 +15,10 @@ mod translate;
 mod xt;
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
+
+use ahash::RandomState;
 
 pub use expr::XtExpr;
 pub use translate::{Untranslatable, translate};
@@ -29,7 +31,8 @@ use crate::model::IpFamily;
 pub type RuleFingerprint = u64;
 
 /// The key of this process's fingerprints: random, so no one can craft rule text whose
-/// fingerprint collides with another's.
+/// fingerprint collides with another's (aHash: keyed, and fast on the half gigabyte of rules a
+/// node of 10,000 services holds).
 fn hasher() -> &'static RandomState {
     static KEY: OnceLock<RandomState> = OnceLock::new();
     KEY.get_or_init(RandomState::new)
@@ -38,7 +41,9 @@ fn hasher() -> &'static RandomState {
 /// The fingerprint of a rule's expressions.
 pub fn fingerprint(expressions: &[XtExpr]) -> RuleFingerprint {
     let mut state = hasher().build_hasher();
-    expressions.hash(&mut state);
+    for expression in expressions {
+        expression.key().hash(&mut state);
+    }
     state.finish()
 }
 
@@ -58,7 +63,9 @@ pub fn chain_fingerprints(
     chains: &[&str],
 ) -> Result<BTreeMap<String, Vec<RuleFingerprint>>, NetlinkError> {
     rules_per_chain(family, table, chains, |rules: &mut Vec<_>, rule| {
-        rules.push(fingerprint(&expr::decode_rule(rule)));
+        let mut state = hasher().build_hasher();
+        expr::rule_keys(rule, |key| key.hash(&mut state));
+        rules.push(state.finish());
     })
 }
 

@@ -11,13 +11,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::super::render::{
-    BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
-    KUBE_SERVICES, Rule, ServiceRules,
+    BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_SERVICES,
+    Rule, ServiceRules,
 };
 use super::super::restore::KeptChains;
 use super::IptablesProxier;
 use crate::model::{IpFamily, NamespacedName};
-use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint};
+use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
 
 /// What one chain should hold: rules in any order, then rules in this order.
 #[derive(Default)]
@@ -26,41 +26,41 @@ struct Wanted<'a> {
     in_order: Vec<&'a str>,
 }
 
-impl<'a> Wanted<'a> {
-    fn in_order(rules: impl IntoIterator<Item = &'a str>) -> Self {
-        Wanted {
-            any_order: Vec::new(),
-            in_order: rules.into_iter().collect(),
-        }
-    }
+/// [`Wanted`] as fingerprints: the unordered ones sorted.
+struct Expected {
+    any_order: Vec<RuleFingerprint>,
+    in_order: Vec<RuleFingerprint>,
+}
 
-    /// Whether `held` (the kernel's rules, in order) is what is wanted; a rule whose kernel
-    /// form cannot be told makes the chain look different.
-    fn is_held(&self, held: &[RuleFingerprint], expect: impl Fn(&str) -> Option<RuleFingerprint>) -> bool {
+impl Wanted<'_> {
+    /// Its fingerprints; `None` when a rule's kernel form cannot be told (the chain then never
+    /// looks already right).
+    fn expected(&self, family: IpFamily, fingerprint: RuleFingerprinter) -> Option<Expected> {
+        let of = |specs: &[&str]| -> Option<Vec<RuleFingerprint>> {
+            specs.iter().map(|spec| fingerprint(family, spec)).collect()
+        };
+        let mut any_order = of(&self.any_order)?;
+        any_order.sort_unstable();
+        Some(Expected {
+            any_order,
+            in_order: of(&self.in_order)?,
+        })
+    }
+}
+
+impl Expected {
+    /// Whether `held` (the kernel's rules, in order) is what is wanted.
+    fn is_held(&self, held: &[RuleFingerprint]) -> bool {
         if held.len() != self.any_order.len() + self.in_order.len() {
             return false;
         }
         let (unordered, ordered) = held.split_at(self.any_order.len());
-        let ordered_ok = self
-            .in_order
-            .iter()
-            .zip(ordered)
-            .all(|(spec, held)| expect(spec) == Some(*held));
-        if !ordered_ok {
+        if ordered != self.in_order.as_slice() {
             return false;
         }
-        let Some(mut wanted) = self
-            .any_order
-            .iter()
-            .map(|spec| expect(spec))
-            .collect::<Option<Vec<_>>>()
-        else {
-            return false;
-        };
         let mut unordered = unordered.to_vec();
-        wanted.sort_unstable();
         unordered.sort_unstable();
-        wanted == unordered
+        unordered == self.any_order
     }
 }
 
@@ -75,72 +75,93 @@ impl<I: Iptables> IptablesProxier<I> {
         services: &BTreeMap<NamespacedName, ServiceRules>,
         nat_chains: &BTreeSet<String>,
     ) -> Result<KeptChains, IptablesError> {
-        let mut wanted_nat: BTreeMap<&str, Wanted<'_>> = BTreeMap::new();
+        let mut kept = KeptChains::default();
+        let Some(fingerprint) = self.iptables.rule_fingerprinter() else {
+            return Ok(kept);
+        };
+        let mut wanted_nat: Vec<(&str, Wanted<'_>)> = Vec::new();
         for service in services.values() {
             for (chain, rules) in &service.chains {
                 if nat_chains.contains(chain) {
-                    wanted_nat.insert(chain, Wanted::in_order(rules.iter().map(String::as_str)));
+                    let wanted = Wanted {
+                        any_order: Vec::new(),
+                        in_order: rules.iter().map(String::as_str).collect(),
+                    };
+                    wanted_nat.push((chain, wanted));
                 }
             }
         }
-        let shared_nat = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
+        let shared_nat = [
+            KUBE_SERVICES,
+            KUBE_NODEPORTS,
+            KUBE_POSTROUTING,
+            KUBE_MARK_MASQ,
+        ];
         for chain in shared_nat.into_iter().chain([KUBE_PROXY_CANARY]) {
             if nat_chains.contains(chain) {
-                wanted_nat.insert(chain, shared(chain, &base.nat, services, |s| &s.nat));
+                let mut wanted = shared(chain, &base.nat, services, |s| &s.nat);
+                if chain == KUBE_SERVICES {
+                    let tail = base.nat_services_tail.iter().map(|r| r.spec.as_str());
+                    wanted.in_order.extend(tail);
+                }
+                wanted_nat.push((chain, wanted));
             }
         }
-        if let Some(wanted) = wanted_nat.get_mut(KUBE_SERVICES) {
-            wanted
-                .in_order
-                .extend(base.nat_services_tail.iter().map(|r| r.spec.as_str()));
+        kept.nat = self.held_alike(family, "nat", &wanted_nat, fingerprint)?;
+
+        // Looked up by name: listing filter's chains would walk nat's too.
+        let mut wanted_filter = Vec::new();
+        for chain in base.filter_chains().into_iter().chain([KUBE_PROXY_CANARY]) {
+            if self.iptables.chain_exists(family, "filter", chain)? {
+                wanted_filter.push((chain, shared(chain, &base.filter, services, |s| &s.filter)));
+            }
         }
-        let mut kept = KeptChains::default();
-        let Some(nat) = self.held_alike(family, "nat", &wanted_nat)? else {
-            return Ok(kept);
-        };
-        kept.nat = nat;
+        kept.filter = self.held_alike(family, "filter", &wanted_filter, fingerprint)?;
 
-        let filter_chains = self.iptables.chain_names(family, "filter")?;
-        let wanted_filter: BTreeMap<&str, Wanted<'_>> = base
-            .filter_chains()
-            .into_iter()
-            .chain([KUBE_PROXY_CANARY])
-            .filter(|chain| filter_chains.contains(*chain))
-            .map(|chain| (chain, shared(chain, &base.filter, services, |s| &s.filter)))
-            .collect();
-        kept.filter = self.held_alike(family, "filter", &wanted_filter)?.unwrap_or_default();
-
-        if self.iptables.chain_names(family, "mangle")?.contains(KUBE_PROXY_CANARY) {
-            let canary = BTreeMap::from([(KUBE_PROXY_CANARY, Wanted::default())]);
-            kept.mangle = self.held_alike(family, "mangle", &canary)?.unwrap_or_default();
+        if self
+            .iptables
+            .chain_exists(family, "mangle", KUBE_PROXY_CANARY)?
+        {
+            let canary = [(KUBE_PROXY_CANARY, Wanted::default())];
+            kept.mangle = self.held_alike(family, "mangle", &canary, fingerprint)?;
         }
         Ok(kept)
     }
 
-    /// Which of `wanted`'s chains (all existing) of `table` hold what is wanted; `None` when
-    /// the back end cannot tell.
+    /// Which of `wanted`'s chains (all existing) of `table` hold what is wanted. What is wanted
+    /// is fingerprinted on one thread while the kernel's rules are read on the others.
     fn held_alike(
         &mut self,
         family: IpFamily,
         table: &str,
-        wanted: &BTreeMap<&str, Wanted<'_>>,
-    ) -> Result<Option<BTreeSet<String>>, IptablesError> {
-        let chains: Vec<&str> = wanted.keys().copied().collect();
-        let Some(held) = self.iptables.chain_fingerprints(family, table, &chains)? else {
-            return Ok(None);
+        wanted: &[(&str, Wanted<'_>)],
+        fingerprint: RuleFingerprinter,
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        let chains: Vec<&str> = wanted.iter().map(|(chain, _)| *chain).collect();
+        let iptables = &mut self.iptables;
+        let (expected, held) = std::thread::scope(|scope| {
+            let expected = scope.spawn(|| {
+                wanted
+                    .iter()
+                    .map(|(_, wanted)| wanted.expected(family, fingerprint))
+                    .collect::<Vec<_>>()
+            });
+            let held = iptables.chain_fingerprints(family, table, &chains);
+            (expected.join(), held)
+        });
+        let expected = expected.map_err(|_| IptablesError::ReaderPanicked)?;
+        let Some(held) = held? else {
+            return Ok(BTreeSet::new());
         };
-        let iptables = &self.iptables;
-        let expect = |spec: &str| iptables.expected_fingerprint(family, spec);
-        Ok(Some(
-            wanted
-                .iter()
-                .filter(|(chain, wanted)| {
-                    held.get(**chain)
-                        .is_some_and(|rules| wanted.is_held(rules, expect))
-                })
-                .map(|(chain, _)| chain.to_string())
-                .collect(),
-        ))
+        Ok(chains
+            .iter()
+            .zip(expected)
+            .filter(|(chain, expected)| {
+                let rules = held.get(**chain);
+                matches!((expected, rules), (Some(expected), Some(rules)) if expected.is_held(rules))
+            })
+            .map(|(chain, _)| chain.to_string())
+            .collect())
     }
 }
 

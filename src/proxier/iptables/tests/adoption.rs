@@ -26,7 +26,10 @@ fn declared(input: &str) -> Vec<String> {
         if let Some(name) = line.strip_prefix('*') {
             table = name;
         } else if let Some(decl) = line.strip_prefix(':') {
-            out.push(format!("{table}/{}", decl.split(' ').next().unwrap_or_default()));
+            out.push(format!(
+                "{table}/{}",
+                decl.split(' ').next().unwrap_or_default()
+            ));
         }
     }
     out.sort();
@@ -92,8 +95,12 @@ fn a_restart_rewrites_exactly_the_chains_that_differ() {
     let sep = chain_of(&node, "KUBE-SEP-", 4);
     let svc = chain_of(&node, "KUBE-SVC-", 2);
     node.rules_mut(V4, "nat", &sep).unwrap()[1] = "-j ACCEPT".into();
-    node.rules_mut(V4, "nat", &svc).unwrap().insert(0, "-j RETURN".into());
-    node.rules_mut(V4, "nat", "KUBE-SERVICES").unwrap().remove(3);
+    node.rules_mut(V4, "nat", &svc)
+        .unwrap()
+        .insert(0, "-j RETURN".into());
+    node.rules_mut(V4, "nat", "KUBE-SERVICES")
+        .unwrap()
+        .remove(3);
     node.rules_mut(V4, "nat", "KUBE-MARK-MASQ").unwrap().clear();
     // And one service changed while the daemon was down.
     let mut after = before.clone();
@@ -103,14 +110,20 @@ fn a_restart_rewrites_exactly_the_chains_that_differ() {
 
     // What a full sync must write: the chains someone changed, and those whose rules the
     // changed service changes (or that it no longer has: declared to be deleted).
-    let (old, new) = (canonical(&programmed(&before)), canonical(&programmed(&after)));
+    let (old, new) = (
+        canonical(&programmed(&before)),
+        canonical(&programmed(&after)),
+    );
     let mut expected: Vec<String> = old
         .keys()
         .chain(new.keys())
         .filter(|chain| old.get(*chain) != new.get(*chain))
         .cloned()
         .chain([sep, svc].iter().map(|c| format!("nat/{c}")))
-        .chain(["nat/KUBE-SERVICES".to_string(), "nat/KUBE-MARK-MASQ".to_string()])
+        .chain([
+            "nat/KUBE-SERVICES".to_string(),
+            "nat/KUBE-MARK-MASQ".to_string(),
+        ])
         .collect();
     expected.sort();
     expected.dedup();
@@ -130,8 +143,37 @@ fn without_reading_chains_a_full_sync_rewrites_everything() {
     let mut restarted = proxier(node);
     restarted.sync(&state, &ChangeSummary::default()).unwrap();
     let input = &restarted.iptables().restores[0].1;
-    for chain in ["filter/KUBE-FORWARD", "nat/KUBE-SERVICES", "mangle/KUBE-PROXY-CANARY"] {
+    for chain in [
+        "filter/KUBE-FORWARD",
+        "nat/KUBE-SERVICES",
+        "mangle/KUBE-PROXY-CANARY",
+    ] {
         assert!(declared(input).contains(&chain.to_string()), "{chain}");
     }
     assert_eq!(canonical(restarted.iptables()), fresh(&state));
+}
+
+#[test]
+fn the_hourly_full_sync_writes_only_what_another_program_changed() {
+    let state = state(10, 2);
+    let mut p = proxier(FakeIptables::default());
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.iptables().restores.clear();
+    p.force_full_sync();
+    assert!(p.sync(&state, &ChangeSummary::default()).unwrap().full);
+    assert!(
+        p.iptables().restores.is_empty(),
+        "{:?}",
+        p.iptables().restores
+    );
+
+    p.iptables()
+        .rules_mut(V4, "filter", "KUBE-FORWARD")
+        .unwrap()
+        .clear();
+    p.force_full_sync();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let input = &p.iptables().restores[0].1;
+    assert_eq!(declared(input), ["filter/KUBE-FORWARD"], "{input}");
+    assert_eq!(canonical(p.iptables()), fresh(&state));
 }
