@@ -2,6 +2,7 @@
 
 pub mod names;
 pub mod nfacct;
+pub mod programmed;
 mod proxier;
 pub mod render;
 pub mod restore;

@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::nfacct::NfacctCounters;
+use super::programmed::ProgrammedService;
 use super::render::{
     BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses,
     RenderContext, ServiceRules, render_base, render_service,
@@ -66,7 +67,7 @@ impl IptablesSettings {
 /// What is programmed in one family.
 struct FamilyState {
     ctx: RenderContext,
-    services: BTreeMap<NamespacedName, ServiceRules>,
+    services: BTreeMap<NamespacedName, ProgrammedService>,
     /// The service-independent rules.
     base: BaseRules,
 }
@@ -212,7 +213,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 programmed
                     .services
                     .values()
-                    .flat_map(|s| s.chains.keys().cloned())
+                    .flat_map(|s| s.chain_names().map(str::to_string))
                     .chain(
                         NAT_CHAINS
                             .iter()
@@ -230,18 +231,15 @@ impl<I: Iptables> IptablesProxier<I> {
             let names = known
                 .is_none()
                 .then(|| scope.spawn(move || iptables.chain_names(family, "nat")));
-            // A quarantined service keeps the rules the kernel last accepted for it.
             let services: BTreeMap<NamespacedName, ServiceRules> = state
                 .services
                 .iter()
-                .filter_map(|(key, ports)| {
-                    let rules = if quarantine.contains(key) {
-                        previous?.services.get(key)?.clone()
-                    } else {
-                        render_service(ports, state.endpoints.get(key), &ctx)
-                    };
-                    (!rules.is_empty()).then(|| (key.clone(), rules))
+                .filter(|(key, _)| !quarantine.contains(key))
+                .map(|(key, ports)| {
+                    let rules = render_service(ports, state.endpoints.get(key), &ctx);
+                    (key.clone(), rules)
                 })
+                .filter(|(_, rules)| !rules.is_empty())
                 .collect();
             let existing = match names {
                 Some(reader) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
@@ -250,19 +248,51 @@ impl<I: Iptables> IptablesProxier<I> {
             (services, existing)
         });
         let existing = existing.map_err(Failure::unattributed)?;
-        let wanted: BTreeSet<&String> = services.values().flat_map(|s| s.chains.keys()).collect();
+        // A quarantined service keeps what the kernel last accepted for it: its rules in the
+        // shared chains are written again from memory, its own chains are left as they are.
+        let held: BTreeMap<NamespacedName, ProgrammedService> = previous
+            .map(|previous| {
+                previous
+                    .services
+                    .iter()
+                    .filter(|(key, _)| {
+                        self.quarantine.contains(key) && state.services.contains_key(*key)
+                    })
+                    .map(|(key, programmed)| (key.clone(), programmed.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut to_write = services;
+        for (key, programmed) in &held {
+            to_write.insert(
+                key.clone(),
+                ServiceRules {
+                    filter: programmed.filter.to_vec(),
+                    nat: programmed.nat.to_vec(),
+                    ..ServiceRules::default()
+                },
+            );
+        }
+        let services = to_write;
+        let held_chains: BTreeSet<&str> = held.values().flat_map(|s| s.chain_names()).collect();
+        let wanted: BTreeSet<&str> = services
+            .values()
+            .flat_map(|s| s.chains.keys().map(String::as_str))
+            .chain(held_chains.iter().copied())
+            .collect();
         let stale: Vec<String> = existing
             .iter()
-            .filter(|chain| is_service_chain(chain) && !wanted.contains(chain))
+            .filter(|chain| is_service_chain(chain) && !wanted.contains(chain.as_str()))
             .cloned()
             .collect();
         let missing = missing_jumps(&mut self.iptables, family, &base.jumps())
             .map_err(Failure::unattributed)?;
         // Traffic reaches our chains when the jumps into KUBE-SERVICES are in place.
         let reachable = !missing.iter().any(|jump| jump.to == KUBE_SERVICES);
-        let kept = self
+        let mut kept = self
             .kept_chains(family, &base, &services, &existing)
             .map_err(Failure::unattributed)?;
+        kept.nat.extend(held_chains.iter().map(|c| c.to_string()));
         let chain_count = wanted.len() - kept.nat.len().min(wanted.len()) + stale.len();
         let (text, stats) = full_restore(
             &base,
@@ -289,11 +319,17 @@ impl<I: Iptables> IptablesProxier<I> {
             self.restore(family, &text)
                 .map_err(|err| restore_failure(err, &text, &services))?;
         }
+        let mut programmed: BTreeMap<NamespacedName, ProgrammedService> = services
+            .iter()
+            .filter(|(key, _)| !held.contains_key(*key))
+            .map(|(key, rules)| (key.clone(), ProgrammedService::of(rules)))
+            .collect();
+        programmed.extend(held);
         self.programmed.insert(
             family,
             FamilyState {
                 ctx,
-                services,
+                services: programmed,
                 base,
             },
         );
@@ -333,7 +369,11 @@ impl<I: Iptables> IptablesProxier<I> {
         let Some((text, stats)) = partial_restore(&deltas) else {
             return Ok(RestoreStats::default());
         };
-        let involved: BTreeMap<NamespacedName, ServiceRules> = rendered
+        let programmed: Vec<(NamespacedName, Option<ProgrammedService>)> = rendered
+            .iter()
+            .map(|(key, new)| (key.clone(), new.as_ref().map(ProgrammedService::of)))
+            .collect();
+        let involved: BTreeMap<NamespacedName, ProgrammedService> = programmed
             .iter()
             .filter_map(|(key, new)| {
                 let rules = new.as_ref().or_else(|| current.services.get(key))?;
@@ -343,9 +383,9 @@ impl<I: Iptables> IptablesProxier<I> {
         self.restore(family, &text)
             .map_err(|err| restore_failure(err, &text, &involved))?;
         if let Some(current) = self.programmed.get_mut(&family) {
-            for (key, rules) in rendered {
-                match rules {
-                    Some(rules) => current.services.insert(key, rules),
+            for (key, programmed) in programmed {
+                match programmed {
+                    Some(programmed) => current.services.insert(key, programmed),
                     None => current.services.remove(&key),
                 };
             }
@@ -440,7 +480,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 result = self.full_sync(family, ctx.clone(), state);
             }
             if result.is_ok() && !report.full {
-                result = self.repair(family).map(|repaired| {
+                result = self.repair(family, state).map(|repaired| {
                     report.repaired_chains += repaired;
                     RestoreStats::default()
                 });
@@ -484,11 +524,10 @@ impl<I: Iptables> IptablesProxier<I> {
             let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
             let mut no_local = (0, 0);
             for service in programmed.services.values() {
-                no_local.0 += service.no_local_endpoints_internal;
-                no_local.1 += service.no_local_endpoints_external;
+                no_local.0 += service.no_local_endpoints_internal as usize;
+                no_local.1 += service.no_local_endpoints_external as usize;
                 filter_rules += service.filter.len();
-                nat_rules +=
-                    service.nat.len() + service.chains.values().map(Vec::len).sum::<usize>();
+                nat_rules += service.nat.len() + service.chain_rules();
             }
             report.no_local_endpoints.push((*family, no_local));
             report
@@ -515,11 +554,28 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     }
 }
 
+/// A service's rules, as far as telling whose a chain is goes.
+trait OwnsChains {
+    fn owns_chain(&self, chain: &str) -> bool;
+}
+
+impl OwnsChains for ServiceRules {
+    fn owns_chain(&self, chain: &str) -> bool {
+        self.chains.contains_key(chain)
+    }
+}
+
+impl OwnsChains for ProgrammedService {
+    fn owns_chain(&self, chain: &str) -> bool {
+        self.chain(chain).is_some()
+    }
+}
+
 /// A failed restore of `input`, whose services' rules are `services`.
-fn restore_failure(
+fn restore_failure<S: OwnsChains>(
     error: IptablesError,
     input: &str,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    services: &BTreeMap<NamespacedName, S>,
 ) -> Failure {
     let line = match &error {
         IptablesError::Restore { line, .. } => *line,
@@ -532,9 +588,9 @@ fn restore_failure(
 
 /// The service a line of restore input belongs to: one whose chain it names, or the one its
 /// comment names.
-fn owner_of_line(
+fn owner_of_line<S: OwnsChains>(
     line: &str,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    services: &BTreeMap<NamespacedName, S>,
 ) -> Option<NamespacedName> {
     let words = tokenize(line).ok()?;
     let by_chain = words.iter().find_map(|word| {
@@ -543,7 +599,7 @@ fn owner_of_line(
             .then(|| {
                 services
                     .iter()
-                    .find(|(_, rules)| rules.chains.contains_key(chain))
+                    .find(|(_, rules)| rules.owns_chain(chain))
                     .map(|(key, _)| key.clone())
             })
             .flatten()

@@ -90,19 +90,16 @@ pub struct RenderContext {
     pub nfacct: NfacctCounters,
 }
 
-/// One rule in a chain: `-A <chain> <spec>`.
+/// One rule in one of our shared chains (KUBE-SERVICES, KUBE-FORWARD, ...): `-A <chain> <spec>`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rule {
-    pub chain: String,
+    pub chain: &'static str,
     pub spec: String,
 }
 
 impl Rule {
-    fn new(chain: &str, spec: String) -> Self {
-        Rule {
-            chain: chain.to_string(),
-            spec,
-        }
+    fn new(chain: &'static str, spec: String) -> Self {
+        Rule { chain, spec }
     }
 }
 

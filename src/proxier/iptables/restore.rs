@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use super::programmed::{ProgrammedService, digest};
 use super::render::{
     BaseRules, JumpRule, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
     KUBE_SERVICES, NAT_CHAINS, Rule, ServiceRules,
@@ -83,6 +84,7 @@ pub fn full_restore(
 ) -> (String, RestoreStats) {
     let mut out = Writer::default();
     let kept = &extras.kept;
+    let shared = SharedRules::of_rendered(services.values());
 
     let filter_chains: Vec<&str> = base
         .filter_chains()
@@ -100,7 +102,7 @@ pub fn full_restore(
             out.chain(KUBE_PROXY_CANARY);
         }
         out.jumps("filter", extras.missing_jumps);
-        shared_filter_rules(&mut out, base, services, &filter_chains);
+        shared_filter_rules(&mut out, base, &shared.filter, &filter_chains);
         out.line("COMMIT");
     }
 
@@ -110,8 +112,8 @@ pub fn full_restore(
         .filter(|(chain, _)| !kept.contains("nat", chain))
         .collect();
     match extras.chains_per_transaction {
-        None => nat_in_one(&mut out, base, services, &service_chains, extras),
-        Some(limit) => nat_in_groups(&mut out, base, services, limit, extras),
+        None => nat_in_one(&mut out, base, &shared.nat, &service_chains, extras),
+        Some(limit) => nat_in_groups(&mut out, base, &shared.nat, services, limit, extras),
     }
     out.stats.nat_chains = written(kept, &NAT_CHAINS).len() + service_chains.len();
 
@@ -137,7 +139,7 @@ fn written<'a>(kept: &KeptChains, chains: &[&'a str]) -> Vec<&'a str> {
 fn nat_entries(
     out: &mut Writer,
     base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    shared: &[&Rule],
     entries: &[&str],
     extras: &FullSyncExtras<'_>,
     service_chains: &BTreeMap<&String, &Vec<String>>,
@@ -163,7 +165,7 @@ fn nat_entries(
         out.chain(chain);
     }
     out.jumps("nat", extras.missing_jumps);
-    shared_nat_rules(out, base, services, entries);
+    shared_nat_rules(out, base, shared, entries);
     for (chain, rules) in service_chains {
         out.chain_rules(chain, rules);
     }
@@ -177,18 +179,19 @@ fn nat_entries(
 fn nat_in_one(
     out: &mut Writer,
     base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    shared: &[&Rule],
     service_chains: &BTreeMap<&String, &Vec<String>>,
     extras: &FullSyncExtras<'_>,
 ) {
-    let shared = written(&extras.kept, &NAT_CHAINS);
-    nat_entries(out, base, services, &shared, extras, service_chains);
+    let entries = written(&extras.kept, &NAT_CHAINS);
+    nat_entries(out, base, shared, &entries, extras, service_chains);
 }
 
 /// nat as several transactions, in the order [`full_restore`] explains.
 fn nat_in_groups(
     out: &mut Writer,
     base: &BaseRules,
+    shared: &[&Rule],
     services: &BTreeMap<NamespacedName, ServiceRules>,
     limit: usize,
     extras: &FullSyncExtras<'_>,
@@ -199,7 +202,7 @@ fn nat_in_groups(
         for chain in &targets {
             out.chain(chain);
         }
-        shared_nat_rules(out, base, services, &targets);
+        shared_nat_rules(out, base, shared, &targets);
         out.line("COMMIT");
     }
 
@@ -218,7 +221,7 @@ fn nat_in_groups(
     chain_group(out, &mut group);
 
     let entries = written(&extras.kept, &[KUBE_SERVICES, KUBE_NODEPORTS]);
-    nat_entries(out, base, services, &entries, extras, &BTreeMap::new());
+    nat_entries(out, base, shared, &entries, extras, &BTreeMap::new());
 }
 
 /// One transaction declaring and filling some services' chains (emptied afterwards).
@@ -238,17 +241,41 @@ fn chain_group(out: &mut Writer, group: &mut Vec<(&String, &Vec<String>)>) {
     group.clear();
 }
 
+/// The services' rules in the shared chains, in service order.
+#[derive(Clone, Debug, Default)]
+pub struct SharedRules<'a> {
+    pub filter: Vec<&'a Rule>,
+    pub nat: Vec<&'a Rule>,
+}
+
+impl<'a> SharedRules<'a> {
+    /// Those of rendered services.
+    pub fn of_rendered(services: impl IntoIterator<Item = &'a ServiceRules>) -> Self {
+        let mut shared = SharedRules::default();
+        for service in services {
+            shared.filter.extend(&service.filter);
+            shared.nat.extend(&service.nat);
+        }
+        shared
+    }
+
+    /// Those of programmed services.
+    pub fn of_programmed(services: impl IntoIterator<Item = &'a ProgrammedService>) -> Self {
+        let mut shared = SharedRules::default();
+        for service in services {
+            shared.filter.extend(service.filter.iter());
+            shared.nat.extend(service.nat.iter());
+        }
+        shared
+    }
+}
+
 /// The rules of the shared filter chains `chains`, in that order: the services' and the base ones.
-fn shared_filter_rules(
-    out: &mut Writer,
-    base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
-    chains: &[&str],
-) {
+fn shared_filter_rules(out: &mut Writer, base: &BaseRules, services: &[&Rule], chains: &[&str]) {
     for chain in chains {
         for rule in services
-            .values()
-            .flat_map(|s| &s.filter)
+            .iter()
+            .copied()
             .chain(&base.filter)
             .filter(|r| r.chain == *chain)
         {
@@ -259,12 +286,7 @@ fn shared_filter_rules(
 }
 
 /// The rules of the shared nat chains `chains`, in that order: the services' and the base ones.
-fn shared_nat_rules(
-    out: &mut Writer,
-    base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
-    chains: &[&str],
-) {
+fn shared_nat_rules(out: &mut Writer, base: &BaseRules, services: &[&Rule], chains: &[&str]) {
     for chain in chains {
         let tail = if *chain == KUBE_SERVICES {
             base.nat_services_tail.as_slice()
@@ -272,8 +294,8 @@ fn shared_nat_rules(
             &[]
         };
         for rule in services
-            .values()
-            .flat_map(|s| &s.nat)
+            .iter()
+            .copied()
             .chain(&base.nat)
             .chain(tail)
             .filter(|r| r.chain == *chain)
@@ -284,12 +306,14 @@ fn shared_nat_rules(
     }
 }
 
-/// Restore input that rewrites `chains` (table, chain) of ours from what was programmed, and
-/// inserts `missing_jumps`: the repair of rules someone else changed. Chains that are not ours
-/// are left out; `None` when nothing is left to write.
+/// Restore input that rewrites `chains` (table, chain) of ours, and inserts `missing_jumps`:
+/// the repair of rules someone else changed. The shared chains get `shared` and the base rules;
+/// a service chain gets its rules from `own` (it is left out if `own` lacks it, as are chains
+/// that are not ours); `None` when nothing is left to write.
 pub fn repair_restore(
     base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    shared: &SharedRules<'_>,
+    own: &BTreeMap<&str, &Vec<String>>,
     chains: &BTreeSet<(String, String)>,
     missing_jumps: &[JumpRule],
 ) -> Option<(String, RestoreStats)> {
@@ -300,7 +324,7 @@ pub fn repair_restore(
             .filter(|(t, _)| t == table)
             .map(|(_, chain)| chain.as_str())
             .collect();
-        let shared: Vec<&str> = if table == "filter" {
+        let shared_chains: Vec<&str> = if table == "filter" {
             base.filter_chains()
                 .into_iter()
                 .filter(|c| wanted.contains(c))
@@ -311,31 +335,30 @@ pub fn repair_restore(
                 .filter(|c| wanted.contains(c))
                 .collect()
         };
-        let own: Vec<(&String, &Vec<String>)> = if table == "nat" {
-            services
-                .values()
-                .flat_map(|s| &s.chains)
-                .filter(|(chain, _)| wanted.contains(&chain.as_str()))
+        let own: Vec<(&str, &Vec<String>)> = if table == "nat" {
+            wanted
+                .iter()
+                .filter_map(|chain| own.get(chain).map(|rules| (*chain, *rules)))
                 .collect()
         } else {
             Vec::new()
         };
         let jumps = missing_jumps.iter().any(|j| j.table == table);
-        if shared.is_empty() && own.is_empty() && !jumps {
+        if shared_chains.is_empty() && own.is_empty() && !jumps {
             continue;
         }
         out.line(&format!("*{table}"));
-        for chain in shared
+        for chain in shared_chains
             .iter()
             .copied()
-            .chain(own.iter().map(|(c, _)| c.as_str()))
+            .chain(own.iter().map(|(c, _)| *c))
         {
             out.chain(chain);
         }
         if table == "filter" {
-            shared_filter_rules(&mut out, base, services, &shared);
+            shared_filter_rules(&mut out, base, &shared.filter, &shared_chains);
         } else {
-            shared_nat_rules(&mut out, base, services, &shared);
+            shared_nat_rules(&mut out, base, &shared.nat, &shared_chains);
             for (chain, rules) in &own {
                 out.chain_rules(chain, rules);
             }
@@ -348,23 +371,23 @@ pub fn repair_restore(
 
 /// One service's change: what was programmed and what is wanted (either may be absent).
 pub struct ServiceDelta<'a> {
-    pub old: Option<&'a ServiceRules>,
+    pub old: Option<&'a ProgrammedService>,
     pub new: Option<&'a ServiceRules>,
 }
 
 /// The edits that take the kernel from the old rules to the new ones for the changed services
 /// only; `None` when nothing differs.
 pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreStats)> {
-    let empty = ServiceRules::default();
+    let (empty_old, empty_new) = (ProgrammedService::default(), ServiceRules::default());
     let mut filter_delete = Vec::new();
     let mut filter_add = Vec::new();
     let mut nat_delete = Vec::new();
     let mut nat_add = Vec::new();
-    let mut rewritten: BTreeMap<&String, &Vec<String>> = BTreeMap::new();
-    let mut removed: BTreeSet<&String> = BTreeSet::new();
+    let mut rewritten: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
+    let mut removed: BTreeSet<&str> = BTreeSet::new();
     for delta in deltas {
-        let old = delta.old.unwrap_or(&empty);
-        let new = delta.new.unwrap_or(&empty);
+        let old = delta.old.unwrap_or(&empty_old);
+        let new = delta.new.unwrap_or(&empty_new);
         diff_rules(
             &old.filter,
             &new.filter,
@@ -373,13 +396,12 @@ pub fn partial_restore(deltas: &[ServiceDelta<'_>]) -> Option<(String, RestoreSt
         );
         diff_rules(&old.nat, &new.nat, &mut nat_delete, &mut nat_add);
         for (chain, rules) in &new.chains {
-            if old.chains.get(chain) != Some(rules) {
+            if old.chain(chain).map(|c| c.digest) != Some(digest(rules)) {
                 rewritten.insert(chain, rules);
             }
         }
         removed.extend(
-            old.chains
-                .keys()
+            old.chain_names()
                 .filter(|chain| !new.chains.contains_key(*chain)),
         );
     }

@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
-use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules};
-use super::super::restore::repair_restore;
+use super::super::programmed::ProgrammedService;
+use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules, render_service};
+use super::super::restore::{SharedRules, repair_restore};
 use super::{Failure, IptablesProxier, missing_jumps, restore_failure};
-use crate::model::{IpFamily, NamespacedName};
+use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::sys::iptables::{Iptables, builtin_chains};
 
 impl<I: Iptables> IptablesProxier<I> {
@@ -46,13 +47,27 @@ impl<I: Iptables> IptablesProxier<I> {
         whole_table
     }
 
-    /// Rewrites the chains of ours in `family` that others changed, from memory; how many.
-    pub(super) fn repair(&mut self, family: IpFamily) -> Result<usize, Failure> {
+    /// Rewrites the chains of ours in `family` that others changed; how many. The shared
+    /// chains get the rules memory holds; a service's own chains are rendered again from
+    /// `state` (which the sync that calls this has just programmed). A service the kernel
+    /// refused keeps its chains as they are.
+    pub(super) fn repair(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+    ) -> Result<usize, Failure> {
         let Some(drifted) = self.drifted.remove(&family) else {
             return Ok(0);
         };
         let Some(programmed) = self.programmed.get(&family) else {
             return Ok(0);
+        };
+        let owner = |chain: &str| {
+            programmed
+                .services
+                .iter()
+                .find(|(_, service)| service.chain(chain).is_some())
+                .map(|(key, _)| key)
         };
         let is_ours = |table: &str, chain: &str| {
             let shared = if table == "filter" {
@@ -60,12 +75,7 @@ impl<I: Iptables> IptablesProxier<I> {
             } else {
                 NAT_CHAINS.contains(&chain)
             };
-            shared
-                || (table == "nat"
-                    && programmed
-                        .services
-                        .values()
-                        .any(|s| s.chains.contains_key(chain)))
+            shared || (table == "nat" && owner(chain).is_some())
         };
         let ours: BTreeSet<(String, String)> = drifted
             .iter()
@@ -78,18 +88,38 @@ impl<I: Iptables> IptablesProxier<I> {
         if ours.is_empty() && !jumps_touched {
             return Ok(0);
         }
+        let rendered: BTreeMap<NamespacedName, ServiceRules> = ours
+            .iter()
+            .filter(|(table, _)| table == "nat")
+            .filter_map(|(_, chain)| owner(chain))
+            .filter(|key| !self.quarantine.contains(key))
+            .filter_map(|key| {
+                let ports = state.services.get(key)?;
+                let rules = render_service(ports, state.endpoints.get(key), &programmed.ctx);
+                Some((key.clone(), rules))
+            })
+            .collect();
         let jumps = programmed.base.jumps();
-        let (base, services) = (programmed.base.clone(), programmed.services.clone());
         let missing = if jumps_touched {
             missing_jumps(&mut self.iptables, family, &jumps).map_err(Failure::unattributed)?
         } else {
             Vec::new()
         };
-        let Some((text, _)) = repair_restore(&base, &services, &ours, &missing) else {
+        let Some(programmed) = self.programmed.get(&family) else {
+            return Ok(0);
+        };
+        let own: BTreeMap<&str, &Vec<String>> = rendered
+            .values()
+            .flat_map(|rules| &rules.chains)
+            .map(|(chain, rules)| (chain.as_str(), rules))
+            .collect();
+        let shared = SharedRules::of_programmed(programmed.services.values());
+        let Some((text, _)) = repair_restore(&programmed.base, &shared, &own, &ours, &missing)
+        else {
             return Ok(0);
         };
         self.restore(family, &text)
-            .map_err(|err| restore_failure(err, &text, &services))?;
+            .map_err(|err| restore_failure(err, &text, &rendered))?;
         let repaired = ours.len() + missing.len();
         info!(
             family = family.name(),
@@ -152,7 +182,7 @@ impl<I: Iptables> IptablesProxier<I> {
 /// How many rules each chain of ours holds as programmed, by (table, chain).
 fn expected_counts(
     base: &BaseRules,
-    services: &BTreeMap<NamespacedName, ServiceRules>,
+    services: &BTreeMap<NamespacedName, ProgrammedService>,
 ) -> BTreeMap<(String, String), usize> {
     let mut counts = BTreeMap::new();
     for chain in base.filter_chains() {
@@ -178,12 +208,15 @@ fn expected_counts(
         );
     for (table, rule) in shared {
         *counts
-            .entry((table.to_string(), rule.chain.clone()))
+            .entry((table.to_string(), rule.chain.to_string()))
             .or_default() += 1;
     }
     for service in services.values() {
-        for (chain, rules) in &service.chains {
-            counts.insert(("nat".to_string(), chain.clone()), rules.len());
+        for chain in service.chains.iter() {
+            counts.insert(
+                ("nat".to_string(), chain.name.to_string()),
+                chain.rules as usize,
+            );
         }
     }
     counts
