@@ -4,7 +4,9 @@
 //! `ip -batch` (the kube-ipvs0 addresses), and a one-endpoint-change sync against one `ipvsadm`
 //! deleting that real server. Both sides run in fresh namespaces of the same VM.
 //!
-//! `cargo bench --bench ipvs` runs 1k and 10k; `-- --sizes 1000` picks sizes. Under `cargo test`
+//! `cargo bench --bench ipvs` runs 1k and 10k, then the real daemon in IPVS mode at each size (its
+//! RSS, first sync, restart; `--only-daemon` / `--no-daemon` pick one); `-- --sizes 1000` picks
+//! sizes. Under `cargo test`
 //! it runs once at 50 services as a smoke test. The VM is emulated (TCG), so absolute times are
 //! several times a real machine's: the ratios are the result.
 
@@ -187,6 +189,11 @@ fn main() {
         .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![1000, 10000]);
     for count in sizes {
-        run(count, if count > 2000 { 1 } else { 3 });
+        if !args.iter().any(|a| a == "--only-daemon") {
+            run(count, if count > 2000 { 1 } else { 3 });
+        }
+        if !args.iter().any(|a| a == "--no-daemon") {
+            scale::daemon_run(count, "ipvs");
+        }
     }
 }

@@ -197,9 +197,12 @@ pub fn daemon_run(count: usize, mode: &str) {
         api.apply(service).unwrap();
         api.apply(slice).unwrap();
         let followed = until("the new Service was not programmed", &|| {
+            let ip = format!("172.30.{}.{}", count / 250, count % 250 + 1);
             if mode == "nftables" {
-                let ip = format!("172.30.{}.{} . tcp . 80", count / 250, count % 250 + 1);
-                node.output(&["nft", "list", "map", "ip", "kube-proxy", "service-ips"]).contains(&ip)
+                let element = format!("{ip} . tcp . 80");
+                node.output(&["nft", "list", "map", "ip", "kube-proxy", "service-ips"]).contains(&element)
+            } else if mode == "ipvs" {
+                node.output(&["ipvsadm", "-Ln", "-t", &format!("{ip}:80")]).contains("->")
             } else {
                 let wanted = format!("bench/svc-{count}:http cluster IP");
                 node.output(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)

@@ -141,6 +141,10 @@ impl Observed {
                 }
             }
         }
+        // Kept until the next sync: no spare capacity (a third of a node's IPVS memory).
+        for (_, reals) in self.services.values_mut() {
+            reals.shrink_to_fit();
+        }
     }
 
     /// Only the named virtual servers and addresses: what a sync of a few services diffs against.
