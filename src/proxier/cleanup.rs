@@ -69,6 +69,12 @@ const IPVS_ONLY: [&str; 5] = [
 const NODE_PORTS: std::ops::RangeInclusive<u16> = 30000..=32767;
 
 impl Leftovers {
+    /// The chains this removes when they are a fixed few (IPVS mode's), so they are looked up
+    /// by name instead of listing a table of perhaps 100,000 chains.
+    fn fixed_chains(self) -> Option<&'static [&'static str]> {
+        (self == Leftovers::IpvsMode).then_some(&IPVS_ONLY)
+    }
+
     /// Whether `chain` of `table` is one of the chains this removes.
     pub fn owns_chain(self, table: &str, chain: &str) -> bool {
         // IPVS mode has no filter KUBE-SERVICES: iptables mode's (REJECTs for services without
@@ -152,7 +158,21 @@ fn remove_table_chains(
     table: &str,
     what: Leftovers,
 ) -> usize {
-    let Ok(names) = iptables.chain_names(family, table) else {
+    // Chains that may jump to the ones going: the built-in ones, and our shared chains that stay
+    // (the other mode's KUBE-SERVICES); never a service's own chain, which jumps only to ours.
+    let names = match what.fixed_chains() {
+        Some(fixed) => {
+            let ours: Vec<&str> = fixed
+                .iter()
+                .chain(&SHARED)
+                .chain(&IPTABLES_ONLY)
+                .copied()
+                .collect();
+            iptables.existing_chains(family, table, &ours)
+        }
+        None => iptables.chain_names(family, table),
+    };
+    let Ok(names) = names else {
         return 0;
     };
     let mut chains: BTreeSet<String> = names
@@ -161,13 +181,18 @@ fn remove_table_chains(
         .cloned()
         .collect();
     let found = chains.len();
-    // Chains that may jump to the ones going: the built-in ones, and the chains of ours that
-    // stay (the other mode's KUBE-SERVICES). Everything else would mean reading whole tables.
+    if chains.is_empty() {
+        return 0;
+    }
     let mut referrers: Vec<&str> = builtin_chains(table).to_vec();
     referrers.extend(
         names
             .iter()
-            .filter(|chain| Leftovers::All.owns_chain(table, chain) && !chains.contains(*chain))
+            .filter(|chain| {
+                Leftovers::All.owns_chain(table, chain)
+                    && !chains.contains(*chain)
+                    && !PER_SERVICE_PREFIXES.iter().any(|p| chain.starts_with(p))
+            })
             .map(String::as_str),
     );
     let mut in_use = BTreeSet::new();

@@ -120,6 +120,21 @@ pub trait Iptables: Send {
         table: &str,
         chains: &[&str],
     ) -> Result<ChainRules, IptablesError>;
+    /// Which of `chains` exist in `table`: by name where the back end looks chains up by name
+    /// (nft: listing one table's chains walks every table's), else from the table's names.
+    fn existing_chains(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        let names = self.chain_names(family, table)?;
+        Ok(chains
+            .iter()
+            .filter(|chain| names.contains(**chain))
+            .map(|chain| chain.to_string())
+            .collect())
+    }
     /// Whether a chain exists (for the canary check).
     fn chain_exists(
         &mut self,
@@ -378,6 +393,29 @@ impl Iptables for SystemIptables {
             .map(|chain| (chain.to_string(), self::rules_of(&saved, chain)))
             .collect();
         Ok(Some(Snapshot { rule_counts, rules }))
+    }
+
+    fn existing_chains(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        if self.backend == Backend::Legacy {
+            let names = self.chain_names(family, table)?;
+            return Ok(chains
+                .iter()
+                .filter(|chain| names.contains(**chain))
+                .map(|chain| chain.to_string())
+                .collect());
+        }
+        let mut found = BTreeSet::new();
+        for chain in chains {
+            if self.chain_exists(family, table, chain)? {
+                found.insert(chain.to_string());
+            }
+        }
+        Ok(found)
     }
 
     fn chain_fingerprints(

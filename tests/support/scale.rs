@@ -193,6 +193,9 @@ pub fn daemon_run(count: usize, mode: &str) {
         let second_log = dir.path().join("second.log");
         let mut daemon = start(&second_log);
         let restart = until("the restarted daemon did not sync", &|| synced(&second_log));
+        if std::env::var_os("KPRS_BENCH_LOG").is_some() {
+            eprintln!("{}", std::fs::read_to_string(&second_log).unwrap_or_default());
+        }
         let (service, slice) = api_objects(count);
         api.apply(service).unwrap();
         api.apply(slice).unwrap();
