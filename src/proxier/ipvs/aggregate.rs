@@ -14,6 +14,8 @@ use crate::sys::ipset::SetSpec;
 use crate::sys::ipvs::VirtualServer;
 
 type Reals = BTreeSet<SocketAddr>;
+/// A virtual server as the aggregate keeps it: its key, itself, its real servers.
+type StoredService = (String, VirtualServer, Arc<[SocketAddr]>);
 
 /// A service's fragment as the aggregate keeps it: sorted slices without spare capacity (a
 /// small BTreeMap takes a whole node: 6 KB a service at 10,000 services, against ~1 KB).
@@ -21,7 +23,7 @@ type Reals = BTreeSet<SocketAddr>;
 struct Stored {
     /// Virtual servers by key, sorted by key. Their real servers are shared: a service's
     /// ClusterIP and NodePort usually have the same.
-    services: Box<[(String, VirtualServer, Arc<[SocketAddr]>)]>,
+    services: Box<[StoredService]>,
     bound: Box<[IpAddr]>,
     entries: Box<[(&'static str, String)]>,
     no_node_access: Box<[(IpAddr, &'static str, u16)]>,
