@@ -613,7 +613,10 @@ fn owner_of_line<S: OwnsChains>(
     })
 }
 
-/// The jumps of `jumps` that their built-in chains lack, from a read of those chains alone.
+/// The jumps of `jumps` that their built-in chains lack, from a read of those chains alone:
+/// their rules' kernel form where the back end reads chains one at a time (nft, over netlink; a
+/// jump is there when a rule holds exactly its form), else their text (`iptables -S`, matched
+/// by target and comment).
 pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
     iptables: &mut I,
     family: IpFamily,
@@ -623,6 +626,18 @@ pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
     for table in ["filter", "nat"] {
         let from = jump_sources(jumps, table);
         if from.is_empty() {
+            continue;
+        }
+        if let Some(fingerprint) = iptables.rule_fingerprinter()
+            && let Some(held) = iptables.chain_fingerprints(family, table, &from)?
+        {
+            missing.extend(jumps.iter().filter(|jump| {
+                let expected = fingerprint(family, &jump.rule_spec());
+                jump.table == table
+                    && !held
+                        .get(jump.from)
+                        .is_some_and(|rules| expected.is_some_and(|f| rules.contains(&f)))
+            }));
             continue;
         }
         let rules = iptables.chain_rules(family, table, &from)?;

@@ -26,8 +26,9 @@ fn assert_only_names_and_built_in_chains(reads: &[Read]) {
                     .all(|chain| builtin_chains(table).contains(&chain.as_str())),
                 "a full sync read one of our chains' rules: {read:?}"
             ),
-            Read::ChainFingerprints { chains, .. } => assert!(
-                chains.iter().all(|chain| chain.starts_with("KUBE-")),
+            Read::ChainFingerprints { table, chains, .. } => assert!(
+                chains.iter().all(|chain| chain.starts_with("KUBE-")
+                    || builtin_chains(table).contains(&chain.as_str())),
                 "a full sync read another program's chain: {read:?}"
             ),
             Read::ChainExists { .. } => {}
