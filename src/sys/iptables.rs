@@ -128,12 +128,7 @@ pub trait Iptables: Send {
         table: &str,
         chains: &[&str],
     ) -> Result<BTreeSet<String>, IptablesError> {
-        let names = self.chain_names(family, table)?;
-        Ok(chains
-            .iter()
-            .filter(|chain| names.contains(**chain))
-            .map(|chain| chain.to_string())
-            .collect())
+        Ok(among(&self.chain_names(family, table)?, chains))
     }
     /// Whether a chain exists (for the canary check).
     fn chain_exists(
@@ -402,12 +397,7 @@ impl Iptables for SystemIptables {
         chains: &[&str],
     ) -> Result<BTreeSet<String>, IptablesError> {
         if self.backend == Backend::Legacy {
-            let names = self.chain_names(family, table)?;
-            return Ok(chains
-                .iter()
-                .filter(|chain| names.contains(**chain))
-                .map(|chain| chain.to_string())
-                .collect());
+            return Ok(among(&self.chain_names(family, table)?, chains));
         }
         let mut found = BTreeSet::new();
         for chain in chains {
@@ -451,6 +441,15 @@ impl Iptables for SystemIptables {
             Backend::Legacy => None,
         }
     }
+}
+
+/// Those of `chains` that `names` holds.
+fn among(names: &BTreeSet<String>, chains: &[&str]) -> BTreeSet<String> {
+    chains
+        .iter()
+        .filter(|chain| names.contains(**chain))
+        .map(|chain| chain.to_string())
+        .collect()
 }
 
 /// One table's part of an iptables-save of several tables (empty if absent).

@@ -11,6 +11,7 @@
 //! tests (tests/iptables_adoption.rs).
 
 mod expr;
+mod parse;
 mod translate;
 mod xt;
 
