@@ -142,14 +142,19 @@ fn run(count: usize, one_transaction: bool) {
         secs(bare_ours),
         ratio(full, bare_ours),
     );
+    if bare_full > Duration::ZERO {
+        println!(
+            "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x)",
+            secs(full),
+            secs(bare_full),
+            ratio(full, bare_full),
+        );
+    }
     println!(
-        "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x); \
+        "nftables {count} services x 10 endpoints: \
          one-endpoint change {} ({} lines) vs bare nft -f {} ({:.2}x) vs forced full sync {} ({:.3}x of it); \
          forced full sync with change events {} ({:.3}x the rewrite); \
          restart {} ({:.2}x the first sync); {} lines in the first sync",
-        secs(full),
-        secs(bare_full),
-        ratio(full, bare_full),
         secs(change),
         change_text.lines().count(),
         secs(bare_change),
