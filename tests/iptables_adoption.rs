@@ -1,7 +1,8 @@
-//! Restart adoption in a real kernel (nft back end, both families): a new proxier on a node an
-//! earlier one programmed writes nothing when nothing changed (every rule keeps its kernel
-//! handle), and when other programs changed some of our chains and a service changed while it
-//! was down, it rewrites those chains only and ends where a full sync on a fresh node ends.
+//! Restart adoption in a real kernel (both back ends, both families): a new proxier on a node an
+//! earlier one programmed writes nothing when nothing changed (on nft every rule keeps its
+//! kernel handle), and when other programs changed some of our chains and a service changed
+//! while it was down, it rewrites those chains only and ends where a full sync on a fresh node
+//! ends.
 
 mod support;
 
@@ -85,9 +86,9 @@ fn state() -> ProxyState {
     state
 }
 
-fn proxier() -> IptablesProxier<SystemIptables> {
+fn proxier(backend: Backend) -> IptablesProxier<SystemIptables> {
     let mut p = IptablesProxier::new(
-        SystemIptables::new(Backend::Nft),
+        SystemIptables::new(backend),
         support::scale::iptables_settings("10.244.0.0/16"),
         Box::new(FixedAddresses(vec![])),
         Box::new(FakeSysctl::default()),
@@ -97,10 +98,10 @@ fn proxier() -> IptablesProxier<SystemIptables> {
 }
 
 /// One full sync of `state` by a new proxier; the restore inputs it wrote.
-fn restart(ns: &Netns, state: &ProxyState) -> Vec<(IpFamily, String)> {
+fn restart(ns: &Netns, backend: Backend, state: &ProxyState) -> Vec<(IpFamily, String)> {
     let state = state.clone();
     ns.run(move || {
-        let mut p = proxier();
+        let mut p = proxier(backend);
         assert!(
             p.sync(&state, &ChangeSummary::default())
                 .expect("sync")
@@ -150,25 +151,44 @@ fn first_chain(ns: &Netns, tool: &str, prefix: &str) -> String {
 #[test]
 fn a_restart_rewrites_nothing_that_is_right_and_repairs_what_is_wrong() {
     require_netns();
+    for backend in [Backend::Nft, Backend::Legacy] {
+        restart_on(backend);
+    }
+}
+
+fn restart_on(backend: Backend) {
+    let tool = |family: &str| format!("{family}-{}", backend.as_str());
+    let (v4, v6) = (tool("iptables"), tool("ip6tables"));
     let node = Netns::new("adopt");
     let state = state();
-    let first = restart(&node, &state);
+    let first = restart(&node, backend, &state);
     assert!(!first.is_empty());
-    let programmed = handles(&node);
-    assert!(programmed.contains("KUBE-SEP-") && programmed.contains("table ip6 nat"));
+    let programmed = (
+        handles(&node),
+        normalized_save(&node, backend, "iptables"),
+        normalized_save(&node, backend, "ip6tables"),
+    );
+    assert!(programmed.1.contains("KUBE-SEP-") && programmed.2.contains("KUBE-SEP-"));
 
-    // Nothing changed: nothing is written, every rule keeps its handle.
-    let inputs = restart(&node, &state);
-    assert!(inputs.is_empty(), "{inputs:?}");
-    assert_eq!(handles(&node), programmed);
+    // Nothing changed: nothing is written (on nft, every rule keeps its handle).
+    let inputs = restart(&node, backend, &state);
+    assert!(inputs.is_empty(), "{backend:?}: {inputs:?}");
+    assert_eq!(
+        (
+            handles(&node),
+            normalized_save(&node, backend, "iptables"),
+            normalized_save(&node, backend, "ip6tables"),
+        ),
+        programmed
+    );
 
     // Other programs change some of our chains, and a service loses an endpoint while the
     // daemon is down.
-    let sep = first_chain(&node, "iptables", "KUBE-SEP-");
-    let svc = first_chain(&node, "ip6tables", "KUBE-SVC-");
-    node.exec(&["iptables", "-t", "nat", "-D", &sep, "1"]);
-    node.exec(&["ip6tables", "-t", "nat", "-I", &svc, "1", "-j", "RETURN"]);
-    node.exec(&["iptables", "-t", "filter", "-F", "KUBE-FORWARD"]);
+    let sep = first_chain(&node, &v4, "KUBE-SEP-");
+    let svc = first_chain(&node, &v6, "KUBE-SVC-");
+    node.exec(&[&v4, "-t", "nat", "-D", &sep, "1"]);
+    node.exec(&[&v6, "-t", "nat", "-I", &svc, "1", "-j", "RETURN"]);
+    node.exec(&[&v4, "-t", "filter", "-F", "KUBE-FORWARD"]);
     let mut changed = state.clone();
     let key = NamespacedName::new("default", "svc-5");
     changed
@@ -179,7 +199,7 @@ fn a_restart_rewrites_nothing_that_is_right_and_repairs_what_is_wrong() {
         .next()
         .unwrap()
         .truncate(4);
-    let inputs = restart(&node, &changed);
+    let inputs = restart(&node, backend, &changed);
     let rewritten = declared(&inputs);
     for expected in [
         format!("IPv4/nat/{sep}"),
@@ -188,19 +208,19 @@ fn a_restart_rewrites_nothing_that_is_right_and_repairs_what_is_wrong() {
     ] {
         assert!(
             rewritten.contains(&expected),
-            "{expected} not in {rewritten:?}"
+            "{backend:?}: {expected} not in {rewritten:?}"
         );
     }
     // Besides those: svc-5's policy chain in each family and the endpoint chain it lost.
-    assert!(rewritten.len() <= 3 + 4, "{rewritten:?}");
+    assert!(rewritten.len() <= 3 + 4, "{backend:?}: {rewritten:?}");
 
     let fresh = Netns::new("adopt-fresh");
-    restart(&fresh, &changed);
+    restart(&fresh, backend, &changed);
     for family in ["iptables", "ip6tables"] {
         assert_eq!(
-            normalized_save(&node, Backend::Nft, family),
-            normalized_save(&fresh, Backend::Nft, family),
-            "{family}"
+            normalized_save(&node, backend, family),
+            normalized_save(&fresh, backend, family),
+            "{backend:?} {family}"
         );
     }
 }

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::iptables_nft;
-pub use super::iptables_nft::RuleFingerprint;
+use super::iptables_rules;
+pub use super::iptables_rules::RuleFingerprint;
 
 /// Tells the fingerprint of a rule's text as a back end holds it (see
 /// [`Iptables::rule_fingerprinter`]).
@@ -104,6 +104,8 @@ pub struct Snapshot {
 /// The operations the proxiers need. None reads a whole table: on a node with 10,000 services
 /// `iptables-nft-save` runs for minutes and then crashes, and other programs' rules can be huge.
 pub trait Iptables: Send {
+    /// Forgets what was read (a back end that reads whole tables keeps them for one sync).
+    fn forget_reads(&mut self) {}
     /// Applies restore input without flushing tables (`--noflush --counters`). Each `COMMIT`
     /// ends one transaction: an input of several sections of a table may be applied in part.
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError>;
@@ -147,9 +149,9 @@ pub trait Iptables: Send {
         rules_of: &[&str],
     ) -> Result<Option<Snapshot>, IptablesError>;
     /// How each of `chains` in `table` holds its rules, as fingerprints comparable with
-    /// [`Iptables::rule_fingerprinter`]'s, where the back end can read chains one at a time
-    /// (nft, over netlink); `None` where it cannot (legacy hands out whole tables only). A
-    /// chain that does not exist holds no rules: the caller knows the names.
+    /// [`Iptables::rule_fingerprinter`]'s: nft reads the chains one at a time over netlink,
+    /// legacy the table whole (once a sync: it hands out nothing else); `None` where the back
+    /// end cannot tell. A chain that does not exist holds no rules: the caller knows the names.
     fn chain_fingerprints(
         &mut self,
         family: IpFamily,
@@ -238,26 +240,43 @@ pub fn tool(family: IpFamily, backend: Backend, job: &str) -> String {
 #[derive(Clone, Debug)]
 pub struct SystemIptables {
     pub backend: Backend,
+    /// Legacy tables as read since the last restore or [`Iptables::forget_reads`]: a sync reads
+    /// each at most once (names, our chains' rules and the built-in chains all come from it).
+    saved: BTreeMap<(IpFamily, String), String>,
 }
 
 impl SystemIptables {
     /// Uses the given back end.
     pub fn new(backend: Backend) -> Self {
-        SystemIptables { backend }
+        SystemIptables {
+            backend,
+            saved: BTreeMap::new(),
+        }
     }
 
     /// `iptables-legacy-save -t <table>`: the legacy kernel interface hands out a table only as
     /// a whole (iptables-legacy-restore reads it the same way on every sync).
-    fn legacy_save(&self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
+    fn legacy_save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
+        let key = (family, table.to_string());
+        if let Some(saved) = self.saved.get(&key) {
+            return Ok(saved.clone());
+        }
         let out = Tool::new(&tool(family, Backend::Legacy, "save"), &["-t", table])
             .limit(READ_LIMIT)
             .run()?;
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        let saved = String::from_utf8_lossy(&out).into_owned();
+        self.saved.insert(key, saved.clone());
+        Ok(saved)
     }
 }
 
 impl Iptables for SystemIptables {
+    fn forget_reads(&mut self) {
+        self.saved.clear();
+    }
+
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
+        self.saved.clear();
         let command = tool(family, self.backend, "restore");
         Tool::new(&command, &["-w", "5", "--noflush", "--counters"])
             .input(input.as_bytes())
@@ -415,9 +434,24 @@ impl Iptables for SystemIptables {
         chains: &[&str],
     ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError> {
         if self.backend == Backend::Legacy {
-            return Ok(None);
+            let saved = self.legacy_save(family, table)?;
+            let mut held: BTreeMap<String, Vec<RuleFingerprint>> = chains
+                .iter()
+                .map(|chain| (chain.to_string(), Vec::new()))
+                .collect();
+            // One pass over the table: each `-A <chain> <rule>` line to its chain, if asked for.
+            for line in saved.lines() {
+                let Some(rest) = line.strip_prefix("-A ") else {
+                    continue;
+                };
+                let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
+                if let Some(rules) = held.get_mut(chain) {
+                    rules.push(iptables_rules::text_fingerprint(rule.trim_end()));
+                }
+            }
+            return Ok(Some(held));
         }
-        iptables_nft::chain_fingerprints(family, table, chains)
+        iptables_rules::chain_fingerprints(family, table, chains)
             .map(Some)
             .map_err(|source| IptablesError::Netlink {
                 table: table.to_string(),
@@ -429,9 +463,13 @@ impl Iptables for SystemIptables {
     fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
         match self.backend {
             Backend::Nft => {
-                Some(|family, spec| iptables_nft::expected_fingerprint(family, spec).ok())
+                Some(|family, spec| iptables_rules::expected_fingerprint(family, spec).ok())
             }
-            Backend::Legacy => None,
+            Backend::Legacy => Some(|family, spec| {
+                iptables_rules::save_text(family == IpFamily::V6, spec)
+                    .ok()
+                    .map(|text| iptables_rules::text_fingerprint(&text))
+            }),
         }
     }
 

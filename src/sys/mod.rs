@@ -4,7 +4,7 @@ pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod iptables_fake;
-pub mod iptables_nft;
+pub mod iptables_rules;
 pub mod ipvs;
 pub mod link;
 pub mod net;

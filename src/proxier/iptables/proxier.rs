@@ -411,6 +411,8 @@ impl<I: Iptables> IptablesProxier<I> {
         changes: &ChangeSummary,
     ) -> Result<SyncReport, SyncError> {
         self.last_restore.clear();
+        // What the back end read in the last sync may have changed since.
+        self.iptables.forget_reads();
         if self.families.is_empty() {
             self.families = state.node.families();
             info!(families = ?self.families, "iptables proxier serving IP families");

@@ -660,6 +660,8 @@ impl Proxier for IpvsProxier {
         state: &ProxyState,
         changes: &ChangeSummary,
     ) -> Result<SyncReport, SyncError> {
+        // What the iptables back end read in the last sync may have changed since.
+        self.iptables.forget_reads();
         let depth = match &self.applied {
             None => Depth::Full,
             Some(applied)

@@ -6,24 +6,13 @@
 //! module cannot vouch for is rewritten rather than wrongly kept.
 
 use super::expr::*;
-use super::parse::{AddressMatch, MatchOptions, Target, parse};
+use super::parse::{AddressMatch, MatchOptions, Target, Untranslatable, read_rule, refuse};
 use super::xt;
-use crate::sys::iptables::tokenize;
-
-/// Why a rule's kernel form cannot be told.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct Untranslatable(pub(super) String);
-
-pub(super) fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
-    Err(Untranslatable(what.into()))
-}
 
 /// The expressions iptables-nft writes for `spec` (the text after `-A <chain>`), counters left
 /// out, in the order the kernel keeps them.
-pub fn translate(ipv6: bool, spec: &str) -> Result<Vec<XtExpr>, Untranslatable> {
-    let words = tokenize(spec).map_err(Untranslatable)?;
-    let parsed = parse(ipv6, &words)?;
+pub fn nft_expressions(ipv6: bool, spec: &str) -> Result<Vec<XtExpr>, Untranslatable> {
+    let parsed = read_rule(ipv6, spec)?;
     let mut out = Vec::new();
     for (interface, key) in [
         (&parsed.in_interface, META_IIFNAME),

@@ -11,8 +11,9 @@
 //! tests (tests/iptables_adoption.rs).
 
 mod expr;
+mod nft;
 mod parse;
-mod translate;
+mod save;
 mod xt;
 
 use std::collections::BTreeMap;
@@ -22,7 +23,9 @@ use std::sync::OnceLock;
 use ahash::RandomState;
 
 pub use expr::XtExpr;
-pub use translate::{Untranslatable, translate};
+pub use nft::nft_expressions;
+pub use parse::Untranslatable;
+pub use save::save_text;
 
 use super::netlink::NetlinkError;
 use super::nf_tables::rules_per_chain;
@@ -48,12 +51,17 @@ pub fn fingerprint(expressions: &[XtExpr]) -> RuleFingerprint {
     state.finish()
 }
 
+/// The fingerprint of a rule's text as iptables-legacy-save prints it (see [`save_text`]).
+pub fn text_fingerprint(text: &str) -> RuleFingerprint {
+    hasher().hash_one(text)
+}
+
 /// The fingerprint of the rule iptables-nft makes of `spec` (the text after `-A <chain>`).
 pub fn expected_fingerprint(
     family: IpFamily,
     spec: &str,
 ) -> Result<RuleFingerprint, Untranslatable> {
-    translate(family == IpFamily::V6, spec).map(|expressions| fingerprint(&expressions))
+    nft_expressions(family == IpFamily::V6, spec).map(|expressions| fingerprint(&expressions))
 }
 
 /// The fingerprints of the rules of each of `chains` in iptables table `table`, in order (a

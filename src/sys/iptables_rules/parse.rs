@@ -6,8 +6,18 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::sys::iptables::tokenize;
+
 use super::expr::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN};
-use super::translate::{Untranslatable, refuse};
+
+/// Why a rule's kernel form cannot be told.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct Untranslatable(pub(super) String);
+
+pub(super) fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
+    Err(Untranslatable(what.into()))
+}
 
 /// One xtables match of a rule, as its options fill it.
 pub(super) enum MatchOptions {
@@ -79,9 +89,15 @@ pub(super) struct Parsed {
     pub(super) target: Option<Target>,
 }
 
+/// Reads `spec` (the text after `-A <chain>`).
+pub(super) fn read_rule(ipv6: bool, spec: &str) -> Result<Parsed, Untranslatable> {
+    let words = tokenize(spec).map_err(Untranslatable)?;
+    parse(ipv6, &words)
+}
+
 /// Reads the options as iptables does: header options anywhere, `!` before the option it
 /// inverts, an extension's options after its `-m` (or the target's after `-j`).
-pub(super) fn parse(ipv6: bool, words: &[String]) -> Result<Parsed, Untranslatable> {
+fn parse(ipv6: bool, words: &[String]) -> Result<Parsed, Untranslatable> {
     let mut parsed = Parsed::default();
     let mut inverted = false;
     let mut index = 0;

@@ -1,7 +1,9 @@
-//! What iptables-nft writes into the kernel for each of our rules equals what
-//! `sys::iptables_nft::translate` says it writes: every golden restore and every upstream case is
-//! restored into a namespace with iptables-nft-restore and each chain read back over netlink,
-//! rule by rule. This is what lets a restart keep chains that are already right.
+//! The kernel's form of each of our rules is what `sys::iptables_rules` says it is, on both back
+//! ends: every golden restore and every upstream case is restored into a namespace with
+//! iptables-nft-restore and each chain read back over netlink, rule by rule, expression by
+//! expression; and restored with iptables-legacy-restore and read back with
+//! iptables-legacy-save, line by line. This is what lets a restart keep chains that are already
+//! right.
 
 mod support;
 
@@ -10,8 +12,8 @@ use std::path::Path;
 
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::sys::iptables::tokenize;
-use kube_proxy_rs::sys::iptables_nft::{
-    XtExpr, chain_expressions, chain_fingerprints, expected_fingerprint, translate,
+use kube_proxy_rs::sys::iptables_rules::{
+    XtExpr, chain_expressions, chain_fingerprints, expected_fingerprint, nft_expressions, save_text,
 };
 use kube_proxy_rs::sys::nfacct::{NetlinkNfacct, Nfacct};
 use support::netns::{Netns, require_netns};
@@ -106,7 +108,7 @@ fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
         }
         compared += rules.len();
         for (spec, held) in rules.iter().zip(&kernel) {
-            let ours = translate(family == IpFamily::V6, spec)
+            let ours = nft_expressions(family == IpFamily::V6, spec)
                 .unwrap_or_else(|err| panic!("{}: {spec}: {err}", file.display()));
             if &ours != held {
                 problems.push(format!(
@@ -177,6 +179,89 @@ fn every_rule_we_write_is_held_as_translated() {
     assert!(compared > 1000, "only {compared} rules compared");
 }
 
+/// Restores `text` with iptables-legacy-restore into a fresh namespace and compares every
+/// appended rule with what iptables-legacy-save prints for it; returns the differences and how
+/// many rules were compared.
+fn check_legacy(file: &Path, text: &str) -> (Vec<String>, usize) {
+    let family = family_of(text);
+    let prefix = match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    };
+    let ns = Netns::new("xlate-legacy");
+    ns.run(|| {
+        let mut nfacct = NetlinkNfacct::open().unwrap();
+        for name in [
+            "ct_state_invalid_dropped_pkts",
+            "localhost_nps_accepted_pkts",
+        ] {
+            nfacct.ensure(name).unwrap();
+        }
+    });
+    let restored = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            &format!("{prefix}-legacy-restore"),
+            "--noflush",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        restored.status.success(),
+        "{}: restore failed",
+        file.display()
+    );
+    let mut problems = Vec::new();
+    let mut compared = 0;
+    for ((table, chain), rules) in appended_rules(text) {
+        let saved = ns.output(&[&format!("{prefix}-legacy-save"), "-t", &table]);
+        let held = kube_proxy_rs::sys::iptables::rules_of(&saved, &chain);
+        if held.len() != rules.len() {
+            problems.push(format!(
+                "{}: {table} {chain}: {} rules saved, {} written",
+                file.display(),
+                held.len(),
+                rules.len()
+            ));
+            continue;
+        }
+        compared += rules.len();
+        for (spec, held) in rules.iter().zip(&held) {
+            let ours = save_text(family == IpFamily::V6, spec)
+                .unwrap_or_else(|err| panic!("{}: {spec}: {err}", file.display()));
+            if &ours != held {
+                problems.push(format!(
+                    "{}: {table} {chain}: {spec}\n  saved: {held}\n  ours:  {ours}",
+                    file.display()
+                ));
+            }
+        }
+    }
+    (problems, compared)
+}
+
+#[test]
+fn every_rule_we_write_is_saved_as_we_say_on_legacy() {
+    require_netns();
+    let mut problems = Vec::new();
+    let mut compared = 0;
+    for (path, text) in &corpus() {
+        let (found, rules) = check_legacy(path, text);
+        problems.extend(found);
+        compared += rules;
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(compared > 1000, "only {compared} rules compared");
+}
+
 #[test]
 fn a_changed_rule_changes_the_fingerprint() {
     // The comparison would keep a chain it should rewrite if different rules looked alike.
@@ -215,14 +300,14 @@ fn rules_it_cannot_vouch_for_are_refused() {
         "-m comment --comment \"unterminated -j ACCEPT",
     ] {
         assert!(
-            translate(false, rule).is_err(),
+            nft_expressions(false, rule).is_err(),
             "{rule}: {:?}",
-            translate(false, rule)
+            nft_expressions(false, rule)
         );
     }
     assert!(tokenize("-j ACCEPT").is_ok());
     assert!(matches!(
-        translate(false, "-j ACCEPT").unwrap().as_slice(),
+        nft_expressions(false, "-j ACCEPT").unwrap().as_slice(),
         [XtExpr::Verdict {
             code: 1,
             chain: None
