@@ -876,3 +876,5 @@ fn owner_of_line(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upstream_tests;

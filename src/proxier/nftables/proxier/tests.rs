@@ -60,7 +60,7 @@ fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
 }
 
 /// The fake's table in the renderer's terms.
-fn as_objects(table: &FakeTable) -> Objects {
+pub(super) fn as_objects(table: &FakeTable) -> Objects {
     let mut objects = Objects::default();
     for (name, (spec, rules)) in &table.chains {
         objects.chains.insert(

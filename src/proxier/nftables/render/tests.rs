@@ -140,7 +140,7 @@ pub fn golden(name: &str) -> String {
 /// The lines of a table outside what our layout replaces (README, "nftables mode"): the
 /// rules of service chains without session affinity, the endpoint chains of those services,
 /// and the hairpin set with its rule and elements.
-fn outside_our_changes(text: &str) -> String {
+pub(crate) fn outside_our_changes(text: &str) -> String {
     let affinity_services: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("add rule") && l.contains(" @affinity-"))
