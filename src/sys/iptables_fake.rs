@@ -105,9 +105,9 @@ pub struct FakeIptables {
     pub chains_per_transaction: Option<usize>,
     /// Lines containing this text are refused, as a kernel lacking a feature refuses a rule.
     pub refuse_containing: Option<String>,
-    /// When set, chains cannot be read one at a time (as on the legacy back end): full syncs
-    /// rewrite everything.
-    pub whole_tables_only: bool,
+    /// When set, the fake cannot tell how it holds a rule (a back end that cannot be read):
+    /// full syncs rewrite everything.
+    pub cannot_read_rules: bool,
 }
 
 impl FakeIptables {
@@ -406,7 +406,7 @@ impl Iptables for FakeIptables {
             table: table.to_string(),
             chains: chains.iter().map(|c| c.to_string()).collect(),
         });
-        if self.whole_tables_only {
+        if self.cannot_read_rules {
             return Ok(None);
         }
         let held = self.table(family, table);
@@ -426,7 +426,7 @@ impl Iptables for FakeIptables {
 
     fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
         // Held as the restore wrote it: its words, quoted where they need it.
-        (!self.whole_tables_only).then_some(|_, spec| {
+        (!self.cannot_read_rules).then_some(|_, spec| {
             tokenize(spec)
                 .ok()
                 .map(|words| text_fingerprint(&join(&words)))

@@ -1,14 +1,16 @@
-//! How iptables-nft holds our rules in nf_tables, so that a full sync can tell which of our
-//! chains already hold exactly what it would write, without `iptables-save` (minutes at 10,000
-//! services, then a crash) and without rewriting them.
+//! How the kernel holds our iptables rules, so that a full sync can tell which of our chains
+//! already hold exactly what it would write, and leave them alone.
 //!
-//! Both sides are reduced to the same form: the kernel's rules are read back over netlink, one
-//! chain at a time, and decoded into their expressions; our rule text is translated into the
-//! expressions iptables-nft 1.8.9 (Debian 12's, and our image's) writes for it. Each rule
-//! becomes a fingerprint of its expressions, counters left out. A rule whose text this module
-//! cannot translate, or another iptables version's translation, only makes a chain look
-//! different: it is then rewritten, as before. Checked against the kernel by the namespace
-//! tests (tests/iptables_adoption.rs).
+//! Both sides are reduced to one form per back end. On nft the kernel's rules are read back
+//! over netlink, one chain at a time (`iptables-nft-save` needs minutes at 10,000 services,
+//! then crashes), and decoded into their expressions; our rule text is translated into the
+//! expressions iptables-nft 1.8.9 (Debian 12's, and our image's) writes for it (nft.rs). On
+//! legacy the kernel hands out whole tables, read with `iptables-legacy-save`; our rule text is
+//! rendered as that tool prints the rule the kernel holds (save.rs). Both read our text the
+//! same way (parse.rs). Each rule becomes a keyed hash of its form, counters left out. A rule
+//! whose text this module cannot read, or another iptables version's form, only makes a chain
+//! look different: it is then rewritten, as before. Checked against the kernel by the
+//! namespace tests (tests/iptables_rule_forms.rs, tests/iptables_adoption.rs).
 
 mod expr;
 mod nft;

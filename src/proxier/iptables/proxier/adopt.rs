@@ -1,6 +1,6 @@
 //! Adoption: before a full sync writes anything it reads back how our chains hold their rules
-//! (on nft: over netlink, one chain at a time, our chains only) and leaves alone every chain
-//! that already holds exactly what it would write. A restart onto a node an earlier run
+//! (on nft over netlink, one chain at a time, our chains only; on legacy from the table read
+//! once) and leaves alone every chain that already holds exactly what it would write. A restart onto a node an earlier run
 //! programmed rewrites nothing that is right, and the hourly full sync, or one after a failure,
 //! rewrites only what differs. Upstream rewrites everything each time.
 //!
@@ -67,7 +67,7 @@ impl Expected {
 impl<I: Iptables> IptablesProxier<I> {
     /// The chains of ours in `family` that already hold what a full sync of `base` and
     /// `services` writes; `nat_chains` are nat's chain names. Nothing is kept where the back
-    /// end cannot read chains one at a time.
+    /// end cannot tell how the kernel holds a rule.
     pub(super) fn kept_chains(
         &mut self,
         family: IpFamily,

@@ -1,6 +1,6 @@
 //! Adoption against the stateful fake: a full sync leaves alone every chain that already holds
-//! what it would write, rewrites the ones that differ, and, where chains cannot be read one at a
-//! time (legacy), rewrites everything as before.
+//! what it would write, rewrites the ones that differ, and, where the back end cannot tell how
+//! it holds a rule, rewrites everything as before.
 
 use super::incremental::{V4, canonical, changed, fresh, proxier, state};
 use super::*;
@@ -136,10 +136,10 @@ fn a_restart_rewrites_exactly_the_chains_that_differ() {
 }
 
 #[test]
-fn without_reading_chains_a_full_sync_rewrites_everything() {
+fn without_reading_rules_a_full_sync_rewrites_everything() {
     let state = state(6, 2);
     let mut node = programmed(&state);
-    node.whole_tables_only = true;
+    node.cannot_read_rules = true;
     let mut restarted = proxier(node);
     restarted.sync(&state, &ChangeSummary::default()).unwrap();
     let input = &restarted.iptables().restores[0].1;
