@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use super::holders::ElementHolders;
 use super::render::{
     NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
@@ -70,6 +71,8 @@ struct FamilyState {
     ctx: NftContext,
     base: Objects,
     services: BTreeMap<NamespacedName, Objects>,
+    /// How many services hold each element.
+    holders: ElementHolders,
 }
 
 /// The nftables proxier over any [`Nftables`] (the real one or the fake).
@@ -421,6 +424,7 @@ impl<N: Nftables> NftablesProxier<N> {
             FamilyState {
                 ctx,
                 base,
+                holders: ElementHolders::of(services.values()),
                 services,
             },
         );
@@ -466,6 +470,7 @@ impl<N: Nftables> NftablesProxier<N> {
             FamilyState {
                 ctx,
                 base,
+                holders: ElementHolders::of(services.values()),
                 services,
             },
         );
@@ -500,16 +505,27 @@ impl<N: Nftables> NftablesProxier<N> {
                 new: new.as_ref(),
             })
             .collect();
-        // Elements the services this sync leaves alone hold: a few lookups scan them, more
-        // build an index once.
-        let others: Vec<&Objects> = current
-            .services
+        // Elements the services this sync leaves alone hold: counted, and where a count says
+        // "held", confirmed among them.
+        let changing: Vec<&Objects> = changes
+            .changed_services
             .iter()
-            .filter(|(service, _)| !changes.changed_services.contains(*service))
-            .map(|(_, objects)| objects)
+            .filter_map(|key| current.services.get(key))
             .collect();
-        let held_elsewhere = HeldElsewhere::new(&others);
-        let held_elsewhere = |set: &str, key: &str| held_elsewhere.holds(set, key);
+        let held_elsewhere = |set: &str, key: &str| {
+            current.holders.held_elsewhere(set, key, &changing, || {
+                current
+                    .services
+                    .iter()
+                    .filter(|(service, _)| !changes.changed_services.contains(*service))
+                    .any(|(_, objects)| {
+                        objects
+                            .elements
+                            .get(set)
+                            .is_some_and(|elements| elements.contains_key(key))
+                    })
+            })
+        };
         let Some((text, stats, removed)) =
             transaction::partial(family_keyword(family), &deltas, &held_elsewhere)
         else {
@@ -527,6 +543,12 @@ impl<N: Nftables> NftablesProxier<N> {
         self.remember_stale(family, removed.chains);
         if let Some(current) = self.programmed.get_mut(&family) {
             for (key, objects) in rendered {
+                if let Some(old) = current.services.get(&key) {
+                    current.holders.remove(old);
+                }
+                if let Some(new) = &objects {
+                    current.holders.add(new);
+                }
                 match objects {
                     Some(objects) => current.services.insert(key, objects),
                     None => current.services.remove(&key),
@@ -729,50 +751,6 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 
 /// One service's objects as this proxier writes them: rendered, each chain stamped with its
 /// digest.
-/// Whether one of some services holds an element: a scan for the first few questions (a
-/// small sync asks one or two), then an index of every element they hold.
-struct HeldElsewhere<'a> {
-    services: &'a [&'a Objects],
-    asked: std::cell::Cell<usize>,
-    index: std::cell::OnceCell<std::collections::HashSet<(&'a str, &'a str)>>,
-}
-
-impl<'a> HeldElsewhere<'a> {
-    /// Questions answered by scanning before the index is built.
-    const SCANS: usize = 16;
-
-    fn new(services: &'a [&'a Objects]) -> Self {
-        HeldElsewhere {
-            services,
-            asked: std::cell::Cell::new(0),
-            index: std::cell::OnceCell::new(),
-        }
-    }
-
-    fn holds(&self, set: &str, key: &str) -> bool {
-        self.asked.set(self.asked.get() + 1);
-        if self.asked.get() <= Self::SCANS {
-            return self.services.iter().any(|objects| {
-                objects
-                    .elements
-                    .get(set)
-                    .is_some_and(|elements| elements.contains_key(key))
-            });
-        }
-        self.index
-            .get_or_init(|| {
-                self.services
-                    .iter()
-                    .flat_map(|objects| objects.elements.iter())
-                    .flat_map(|(set, elements)| {
-                        elements.keys().map(move |key| (set.as_str(), key.as_str()))
-                    })
-                    .collect()
-            })
-            .contains(&(set, key))
-    }
-}
-
 /// Our table's names and the elements of the top-level sets and maps of `base` it holds
 /// (`None` when they cannot be read: the sets are then refilled).
 fn read_names_and_elements<N: Nftables>(
