@@ -151,13 +151,14 @@ pub trait Iptables: Send {
     /// How each of `chains` in `table` holds its rules, as fingerprints comparable with
     /// [`Iptables::rule_fingerprinter`]'s: nft reads the chains one at a time over netlink,
     /// legacy the table whole (once a sync: it hands out nothing else); `None` where the back
-    /// end cannot tell. A chain that does not exist holds no rules: the caller knows the names.
+    /// end cannot tell. One entry per chain of `chains`, in that order. A chain that does not
+    /// exist holds no rules: the caller knows the names.
     fn chain_fingerprints(
         &mut self,
         family: IpFamily,
         table: &str,
         chains: &[&str],
-    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError>;
+    ) -> Result<Option<Vec<Vec<RuleFingerprint>>>, IptablesError>;
     /// What tells the fingerprint of a rule (`spec`, the text after `-A <chain>`) as this back
     /// end holds it, `None` where [`Iptables::chain_fingerprints`] reads nothing. The function
     /// answers `None` for a rule whose kernel form it cannot tell: that rule never looks
@@ -432,21 +433,20 @@ impl Iptables for SystemIptables {
         family: IpFamily,
         table: &str,
         chains: &[&str],
-    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError> {
+    ) -> Result<Option<Vec<Vec<RuleFingerprint>>>, IptablesError> {
         if self.backend == Backend::Legacy {
             let saved = self.legacy_save(family, table)?;
-            let mut held: BTreeMap<String, Vec<RuleFingerprint>> = chains
-                .iter()
-                .map(|chain| (chain.to_string(), Vec::new()))
-                .collect();
+            let index: BTreeMap<&str, usize> =
+                chains.iter().enumerate().map(|(i, c)| (*c, i)).collect();
+            let mut held = vec![Vec::new(); chains.len()];
             // One pass over the table: each `-A <chain> <rule>` line to its chain, if asked for.
             for line in saved.lines() {
                 let Some(rest) = line.strip_prefix("-A ") else {
                     continue;
                 };
                 let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
-                if let Some(rules) = held.get_mut(chain) {
-                    rules.push(iptables_rules::text_fingerprint(rule.trim_end()));
+                if let Some(&at) = index.get(chain) {
+                    held[at].push(iptables_rules::text_fingerprint(rule.trim_end()));
                 }
             }
             return Ok(Some(held));
@@ -551,35 +551,37 @@ pub fn input_context(input: &str, line: usize) -> String {
         .join(", ")
 }
 
-/// Splits a restore line into words, honouring double quotes.
+/// Splits a restore line into words, honouring double quotes (which are dropped: `"a b"` is
+/// the word `a b`, `""` an empty word).
 pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
     let mut tokens = Vec::new();
-    let mut current = String::new();
-    let mut in_quotes = false;
-    let mut has_token = false;
-    for c in line.chars() {
-        match c {
-            '"' => {
-                in_quotes = !in_quotes;
-                has_token = true;
-            }
-            c if c.is_whitespace() && !in_quotes => {
-                if has_token {
-                    tokens.push(std::mem::take(&mut current));
-                    has_token = false;
-                }
-            }
-            c => {
-                current.push(c);
-                has_token = true;
-            }
+    let mut chars = line.char_indices().peekable();
+    while let Some(&(start, c)) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+            continue;
         }
-    }
-    if in_quotes {
-        return Err("unterminated quote".into());
-    }
-    if has_token {
-        tokens.push(current);
+        let (mut end, mut quoted, mut has_quote) = (start, false, false);
+        while let Some(&(at, c)) = chars.peek() {
+            if c.is_whitespace() && !quoted {
+                break;
+            }
+            if c == '"' {
+                quoted = !quoted;
+                has_quote = true;
+            }
+            end = at + c.len_utf8();
+            chars.next();
+        }
+        if quoted {
+            return Err("unterminated quote".into());
+        }
+        let word = &line[start..end];
+        tokens.push(if has_quote {
+            word.replace('"', "")
+        } else {
+            word.to_string()
+        });
     }
     Ok(tokens)
 }
@@ -629,6 +631,29 @@ mod tests {
             declared_chains(save),
             BTreeSet::from(["A".to_string(), "B".to_string()])
         );
+    }
+
+    #[test]
+    fn words_are_split_as_restore_splits_them() {
+        let words = |line: &str| tokenize(line).unwrap();
+        assert_eq!(
+            words("-A X -m comment --comment \"ns/svc:p cluster IP\" -j Y"),
+            [
+                "-A",
+                "X",
+                "-m",
+                "comment",
+                "--comment",
+                "ns/svc:p cluster IP",
+                "-j",
+                "Y"
+            ]
+        );
+        assert_eq!(words("  a\tb  "), ["a", "b"]);
+        assert_eq!(words("x\"y z\"w \"\""), ["xy zw", ""]);
+        assert_eq!(words("a\u{a0}b"), ["a", "b"], "any whitespace splits");
+        assert!(words("").is_empty());
+        assert!(tokenize("--comment \"open").is_err());
     }
 
     #[test]

@@ -400,7 +400,7 @@ impl Iptables for FakeIptables {
         family: IpFamily,
         table: &str,
         chains: &[&str],
-    ) -> Result<Option<BTreeMap<String, Vec<RuleFingerprint>>>, IptablesError> {
+    ) -> Result<Option<Vec<Vec<RuleFingerprint>>>, IptablesError> {
         self.reads.push(Read::ChainFingerprints {
             family,
             table: table.to_string(),
@@ -415,10 +415,7 @@ impl Iptables for FakeIptables {
                 .iter()
                 .map(|chain| {
                     let rules = held.chain(chain).map(Vec::as_slice).unwrap_or_default();
-                    (
-                        chain.to_string(),
-                        rules.iter().map(|r| text_fingerprint(r)).collect(),
-                    )
+                    rules.iter().map(|r| text_fingerprint(r)).collect()
                 })
                 .collect(),
         ))

@@ -3,7 +3,7 @@
 //! touches what changed. Full syncs happen at start, after a failure, when the canary chains are
 //! gone (someone flushed the tables), when the node changes, and hourly as upstream.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -275,7 +275,7 @@ impl<I: Iptables> IptablesProxier<I> {
         }
         let services = to_write;
         let held_chains: BTreeSet<&str> = held.values().flat_map(|s| s.chain_names()).collect();
-        let wanted: BTreeSet<&str> = services
+        let wanted: HashSet<&str, ahash::RandomState> = services
             .values()
             .flat_map(|s| s.chains.keys().map(String::as_str))
             .chain(held_chains.iter().copied())
@@ -635,10 +635,12 @@ pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
         {
             missing.extend(jumps.iter().filter(|jump| {
                 let expected = fingerprint(family, &jump.rule_spec());
+                let rules = from
+                    .iter()
+                    .position(|chain| *chain == jump.from)
+                    .and_then(|at| held.get(at));
                 jump.table == table
-                    && !held
-                        .get(jump.from)
-                        .is_some_and(|rules| expected.is_some_and(|f| rules.contains(&f)))
+                    && !rules.is_some_and(|rules| expected.is_some_and(|f| rules.contains(&f)))
             }));
             continue;
         }

@@ -18,7 +18,6 @@ mod parse;
 mod save;
 mod xt;
 
-use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
@@ -66,13 +65,14 @@ pub fn expected_fingerprint(
     nft_expressions(family == IpFamily::V6, spec).map(|expressions| fingerprint(&expressions))
 }
 
-/// The fingerprints of the rules of each of `chains` in iptables table `table`, in order (a
-/// chain that does not exist holds none: the kernel does not tell the two apart here).
+/// The fingerprints of the rules of each of `chains` (in that order) in iptables table
+/// `table`, each chain's in order (a chain that does not exist holds none: the kernel does not
+/// tell the two apart here).
 pub fn chain_fingerprints(
     family: IpFamily,
     table: &str,
     chains: &[&str],
-) -> Result<BTreeMap<String, Vec<RuleFingerprint>>, NetlinkError> {
+) -> Result<Vec<Vec<RuleFingerprint>>, NetlinkError> {
     rules_per_chain(family, table, chains, |rules: &mut Vec<_>, rule| {
         let mut state = hasher().build_hasher();
         expr::rule_keys(rule, |key| key.hash(&mut state));
@@ -86,8 +86,8 @@ pub fn chain_expressions(
     table: &str,
     chain: &str,
 ) -> Result<Vec<Vec<XtExpr>>, NetlinkError> {
-    let mut read = rules_per_chain(family, table, &[chain], |rules: &mut Vec<_>, rule| {
+    let read = rules_per_chain(family, table, &[chain], |rules: &mut Vec<_>, rule| {
         rules.push(expr::decode_rule(rule));
     })?;
-    Ok(read.remove(chain).unwrap_or_default())
+    Ok(read.into_iter().next().unwrap_or_default())
 }

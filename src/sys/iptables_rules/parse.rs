@@ -2,6 +2,7 @@
 //! protocol) anywhere, `!` before the option it inverts, an extension's options after its `-m`
 //! (or the target's after `-j`). Only the options our renderer writes are known.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -91,13 +92,22 @@ pub(super) struct Parsed {
 
 /// Reads `spec` (the text after `-A <chain>`).
 pub(super) fn read_rule(ipv6: bool, spec: &str) -> Result<Parsed, Untranslatable> {
-    let words = tokenize(spec).map_err(Untranslatable)?;
-    parse(ipv6, &words)
+    parse(ipv6, &words(spec)?)
+}
+
+/// `spec`'s words as restore splits them (`sys::iptables::tokenize`), borrowed where no quote
+/// is in one: 350,000 rules are read at a restart of 10,000 services.
+fn words(spec: &str) -> Result<Vec<Cow<'_, str>>, Untranslatable> {
+    if spec.contains('"') {
+        let words = tokenize(spec).map_err(Untranslatable)?;
+        return Ok(words.into_iter().map(Cow::Owned).collect());
+    }
+    Ok(spec.split_whitespace().map(Cow::Borrowed).collect())
 }
 
 /// Reads the options as iptables does: header options anywhere, `!` before the option it
 /// inverts, an extension's options after its `-m` (or the target's after `-j`).
-fn parse(ipv6: bool, words: &[String]) -> Result<Parsed, Untranslatable> {
+fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<Parsed, Untranslatable> {
     let mut parsed = Parsed::default();
     let mut inverted = false;
     let mut index = 0;
@@ -105,11 +115,11 @@ fn parse(ipv6: bool, words: &[String]) -> Result<Parsed, Untranslatable> {
         *index += 1;
         words
             .get(*index)
-            .map(String::as_str)
+            .map(|word| word.as_ref())
             .ok_or_else(|| Untranslatable(format!("{} needs a value", words[*index - 1])))
     };
     while index < words.len() {
-        let word = words[index].as_str();
+        let word = words[index].as_ref();
         match word {
             "!" => {
                 inverted = true;
@@ -221,14 +231,14 @@ fn extension_option(
     parsed: &mut Parsed,
     option: &str,
     inverted: bool,
-    words: &[String],
+    words: &[Cow<'_, str>],
     index: &mut usize,
 ) -> Result<(), Untranslatable> {
     let mut value = || -> Result<String, Untranslatable> {
         *index += 1;
         words
             .get(*index)
-            .cloned()
+            .map(|word| word.to_string())
             .ok_or_else(|| Untranslatable(format!("{option} needs a value")))
     };
     if let Some(target) = parsed.target.as_mut() {

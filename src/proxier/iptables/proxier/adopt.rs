@@ -8,13 +8,13 @@
 //! (KUBE-SERVICES, KUBE-NODEPORTS, ...) may hold them in any order, as partial syncs leave
 //! them, but the rules that must stay last (the jump to KUBE-NODEPORTS) must be last.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::super::render::{
     BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_SERVICES,
     Rule, ServiceRules,
 };
-use super::super::restore::KeptChains;
+use super::super::restore::{ChainSet, KeptChains};
 use super::IptablesProxier;
 use crate::model::{IpFamily, NamespacedName};
 use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
@@ -79,10 +79,13 @@ impl<I: Iptables> IptablesProxier<I> {
         let Some(fingerprint) = self.iptables.rule_fingerprinter() else {
             return Ok(kept);
         };
+        // Looked up 120,000 times at 10,000 services: hashed.
+        let nat_chains: HashSet<&str, ahash::RandomState> =
+            nat_chains.iter().map(String::as_str).collect();
         let mut wanted_nat: Vec<(&str, Wanted<'_>)> = Vec::new();
         for service in services.values() {
             for (chain, rules) in &service.chains {
-                if nat_chains.contains(chain) {
+                if nat_chains.contains(chain.as_str()) {
                     let wanted = Wanted {
                         any_order: Vec::new(),
                         in_order: rules.iter().map(String::as_str).collect(),
@@ -136,7 +139,7 @@ impl<I: Iptables> IptablesProxier<I> {
         table: &str,
         wanted: &[(&str, Wanted<'_>)],
         fingerprint: RuleFingerprinter,
-    ) -> Result<BTreeSet<String>, IptablesError> {
+    ) -> Result<ChainSet, IptablesError> {
         let chains: Vec<&str> = wanted.iter().map(|(chain, _)| *chain).collect();
         let iptables = &mut self.iptables;
         let (expected, held) = std::thread::scope(|scope| {
@@ -151,16 +154,18 @@ impl<I: Iptables> IptablesProxier<I> {
         });
         let expected = expected.map_err(|_| IptablesError::ReaderPanicked)?;
         let Some(held) = held? else {
-            return Ok(BTreeSet::new());
+            return Ok(ChainSet::default());
         };
         Ok(chains
             .iter()
             .zip(expected)
-            .filter(|(chain, expected)| {
-                let rules = held.get(**chain);
-                matches!((expected, rules), (Some(expected), Some(rules)) if expected.is_held(rules))
+            .zip(held)
+            .filter(|((_, expected), rules)| {
+                expected
+                    .as_ref()
+                    .is_some_and(|expected| expected.is_held(rules))
             })
-            .map(|(chain, _)| chain.to_string())
+            .map(|((chain, _), _)| chain.to_string())
             .collect())
     }
 }
