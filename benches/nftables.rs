@@ -83,6 +83,9 @@ fn timed_sync(
     })
 }
 
+/// One-endpoint changes timed, of which the median is reported.
+const CHANGES: usize = 21;
+
 fn run(count: usize, one_transaction: bool) {
     let mut state = scale::state(count);
     let node = Netns::new("nftbench");
@@ -102,25 +105,41 @@ fn run(count: usize, one_transaction: bool) {
         Duration::ZERO
     };
 
-    // One more endpoint for one service.
+    // One more endpoint for one service, then one fewer, and so on: the median of 21 such
+    // changes (the last one adds it), each a sync of its own.
     let key = NamespacedName::new("bench", format!("svc-{}", count / 2));
     let port = state.endpoints[&key].keys().next().unwrap().clone();
-    state
-        .endpoints
-        .get_mut(&key)
-        .unwrap()
-        .get_mut(&port)
-        .unwrap()
-        .push(Endpoint::ready(
-            "10.250.0.1".parse().unwrap(),
-            8080,
-            Some("node-b"),
-        ));
     let changes = ChangeSummary {
-        changed_services: [key].into(),
+        changed_services: [key.clone()].into(),
         ..ChangeSummary::default()
     };
-    let (mut p, change, change_text) = timed_sync(&node, p, state.clone(), changes);
+    let mut p = p;
+    let mut timings = Vec::new();
+    let mut change_text = String::new();
+    for round in 0..CHANGES {
+        let endpoints = state
+            .endpoints
+            .get_mut(&key)
+            .unwrap()
+            .get_mut(&port)
+            .unwrap();
+        if round % 2 == 0 {
+            endpoints.push(Endpoint::ready(
+                "10.250.0.1".parse().unwrap(),
+                8080,
+                Some("node-b"),
+            ));
+        } else {
+            endpoints.pop();
+        }
+        let (next, took, text) = timed_sync(&node, p, state.clone(), changes.clone());
+        p = next;
+        timings.push(took);
+        if round == 0 {
+            change_text = text;
+        }
+    }
+    let change = scale::median(timings);
     let bare_change = bare_nft(&ours_ns, &change_text);
     p.force_full_sync();
     let (p, forced, _) = timed_sync(&node, p, state.clone(), ChangeSummary::default());
@@ -152,7 +171,7 @@ fn run(count: usize, one_transaction: bool) {
     }
     println!(
         "nftables {count} services x 10 endpoints: \
-         one-endpoint change {} ({} lines) vs bare nft -f {} ({:.2}x) vs forced full sync {} ({:.3}x of it); \
+         one-endpoint change {} (median of {CHANGES}; {} lines) vs bare nft -f {} ({:.2}x) vs forced full sync {} ({:.3}x of it); \
          forced full sync with change events {} ({:.3}x the rewrite); \
          restart {} ({:.2}x the first sync); {} lines in the first sync",
         secs(change),

@@ -278,3 +278,43 @@ fn elements_read_back_as_they_were_written() {
         );
     }
 }
+
+/// One writer keeps its socket between transactions: each transaction lands in the namespace
+/// of the thread that writes it, and a refusal after accepted batches names its own line.
+#[test]
+fn a_kept_socket_follows_the_writers_namespace_and_its_own_batches() {
+    require_netns();
+    let (first, second) = (Netns::new("nl-kept-a"), Netns::new("nl-kept-b"));
+    let mut writer = SystemNftables::netlink_only();
+    writer = first.run(move || {
+        writer
+            .apply("add table ip kube-proxy\nadd chain ip kube-proxy a\n")
+            .unwrap();
+        writer.apply("add rule ip kube-proxy a drop\n").unwrap();
+        writer
+    });
+    writer = second.run(move || {
+        writer
+            .apply("add table ip kube-proxy\nadd chain ip kube-proxy b\n")
+            .unwrap();
+        writer
+    });
+    assert!(listing(&first).contains("chain a"), "{}", listing(&first));
+    assert!(!listing(&first).contains("chain b"), "{}", listing(&first));
+    assert!(listing(&second).contains("chain b"), "{}", listing(&second));
+    assert!(
+        !listing(&second).contains("chain a"),
+        "{}",
+        listing(&second)
+    );
+    let err = first.run(move || {
+        writer
+            .apply("add chain ip kube-proxy c\nadd rule ip kube-proxy c goto missing\n")
+            .unwrap_err()
+    });
+    match &err {
+        NftError::Transaction { line, .. } => assert_eq!(*line, Some(2), "{err}"),
+        other => panic!("{other}"),
+    }
+    assert!(!listing(&first).contains("chain c"), "{}", listing(&first));
+}

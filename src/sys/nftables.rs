@@ -125,6 +125,8 @@ pub enum Writer {
 #[derive(Clone, Debug, Default)]
 pub struct SystemNftables {
     pub writer: Writer,
+    /// Transactions over netlink go through one kept socket.
+    sender: nft_netlink::Sender,
 }
 
 impl SystemNftables {
@@ -132,6 +134,7 @@ impl SystemNftables {
     pub fn nft_only() -> Self {
         SystemNftables {
             writer: Writer::Nft,
+            ..SystemNftables::default()
         }
     }
 
@@ -139,6 +142,7 @@ impl SystemNftables {
     pub fn netlink_only() -> Self {
         SystemNftables {
             writer: Writer::Netlink,
+            ..SystemNftables::default()
         }
     }
 
@@ -160,8 +164,12 @@ impl SystemNftables {
 }
 
 /// Sends compiled `commands`; a refusal names the line the refused message came from.
-fn apply_over_netlink(commands: &str, compiled: &nft_netlink::Compiled) -> Result<(), NftError> {
-    nft_netlink::send(&compiled.messages).map_err(|err| {
+fn apply_over_netlink(
+    sender: &mut nft_netlink::Sender,
+    commands: &str,
+    compiled: &nft_netlink::Compiled,
+) -> Result<(), NftError> {
+    sender.send(&compiled.messages).map_err(|err| {
         let line = match &err {
             nft_netlink::SendError::Refused {
                 message: Some(index),
@@ -183,7 +191,7 @@ impl Nftables for SystemNftables {
             return Self::apply_with_nft(commands);
         }
         match nft_netlink::compile(commands) {
-            Ok(compiled) => apply_over_netlink(commands, &compiled),
+            Ok(compiled) => apply_over_netlink(&mut self.sender, commands, &compiled),
             Err(err) if self.writer == Writer::Netlink => Err(NftError::Transaction {
                 reason: format!("not written over netlink: {}", err.reason),
                 line: Some(err.line),
