@@ -363,12 +363,14 @@ fn choose_proxier(
             NfacctCounters::default()
         }
     };
+    let wake = requester.clone();
     let proxier = IptablesProxier::new(
         SystemIptables::new(backend),
         settings,
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
-    );
+    )
+    .with_wake(Arc::new(move || wake.request()));
     // On nft the kernel says when another program changes our chains: each change asks for a
     // sync, which repairs it. (Legacy has no such events: see the README.)
     if backend == Backend::Nft {

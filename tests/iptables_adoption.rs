@@ -97,7 +97,8 @@ fn proxier(backend: Backend) -> IptablesProxier<SystemIptables> {
     p
 }
 
-/// One full sync of `state` by a new proxier; the restore inputs it wrote.
+/// One full sync of `state` by a new proxier, and the sync after it (which checks the endpoint
+/// chains the first kept by name, on nft); the restore inputs they wrote.
 fn restart(ns: &Netns, backend: Backend, state: &ProxyState) -> Vec<(IpFamily, String)> {
     let state = state.clone();
     ns.run(move || {
@@ -107,7 +108,14 @@ fn restart(ns: &Netns, backend: Backend, state: &ProxyState) -> Vec<(IpFamily, S
                 .expect("sync")
                 .full
         );
-        p.last_restore.clone()
+        let mut inputs = p.last_restore.clone();
+        assert!(
+            !p.sync(&state, &ChangeSummary::default())
+                .expect("the sync after")
+                .full
+        );
+        inputs.extend(p.last_restore.clone());
+        inputs
     })
 }
 

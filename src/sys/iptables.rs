@@ -164,6 +164,12 @@ pub trait Iptables: Send {
     /// answers `None` for a rule whose kernel form it cannot tell: that rule never looks
     /// already right. A plain function, so that it runs beside the reads.
     fn rule_fingerprinter(&self) -> Option<RuleFingerprinter>;
+    /// Whether [`Iptables::chain_fingerprints`] costs a kernel request per chain (nft; legacy
+    /// reads each table once either way). Where it does, a full sync keeps the endpoint chains
+    /// of services whose other chains are right by name, and checks them in later syncs.
+    fn reads_each_chain(&self) -> bool {
+        false
+    }
     /// At most how many chains a restore that writes `chains` chains should put in one
     /// transaction (`COMMIT`), or `None` for one transaction per table; `reachable` says whether
     /// built-in chains already jump to them. nft: see [`nft_chains_per_transaction`]; legacy
@@ -471,6 +477,10 @@ impl Iptables for SystemIptables {
                     .map(|text| iptables_rules::text_fingerprint(&text))
             }),
         }
+    }
+
+    fn reads_each_chain(&self) -> bool {
+        self.backend == Backend::Nft
     }
 
     fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize> {

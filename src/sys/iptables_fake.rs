@@ -105,6 +105,8 @@ pub struct FakeIptables {
     pub chains_per_transaction: Option<usize>,
     /// Lines containing this text are refused, as a kernel lacking a feature refuses a rule.
     pub refuse_containing: Option<String>,
+    /// What [`Iptables::reads_each_chain`] answers (nft's cost model when set).
+    pub reads_each_chain: bool,
     /// When set, the fake cannot tell how it holds a rule (a back end that cannot be read):
     /// full syncs rewrite everything.
     pub cannot_read_rules: bool,
@@ -428,6 +430,10 @@ impl Iptables for FakeIptables {
                 .ok()
                 .map(|words| text_fingerprint(&join(&words)))
         })
+    }
+
+    fn reads_each_chain(&self) -> bool {
+        self.reads_each_chain
     }
 
     fn chains_per_transaction(&self, _chains: usize, _reachable: bool) -> Option<usize> {

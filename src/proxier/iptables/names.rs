@@ -14,6 +14,9 @@ pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
     "KUBE-SEP-",
 ];
 
+/// The prefix of endpoint chains (KUBE-SEP-*).
+pub const SEP_PREFIX: &str = "KUBE-SEP-";
+
 fn hash16(text: &str) -> String {
     base32_sha256(text, 16)
 }

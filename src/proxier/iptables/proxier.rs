@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
@@ -89,6 +90,10 @@ pub struct IptablesProxier<I: Iptables> {
     events: Option<Box<dyn ChangeEvents>>,
     /// Chains (table, chain) someone else changed since the last sync, per family.
     drifted: BTreeMap<IpFamily, BTreeSet<(String, String)>>,
+    /// Endpoint chains the last full sync kept by name, not checked yet (see `adopt.rs`).
+    unverified: BTreeMap<IpFamily, adopt::Trusted>,
+    /// Asks the daemon for a sync (to check the rest of `unverified`).
+    wake: Option<Arc<dyn Fn() + Send + Sync>>,
     needs_full_sync: bool,
     last_full_sync: Option<Instant>,
     last_canary_check: Option<Instant>,
@@ -119,12 +124,26 @@ impl<I: Iptables> IptablesProxier<I> {
             quarantine: Quarantine::default(),
             events: None,
             drifted: BTreeMap::new(),
+            unverified: BTreeMap::new(),
+            wake: None,
             needs_full_sync: true,
             last_full_sync: None,
             last_canary_check: None,
             restore_failures: 0,
             record_restores: false,
             last_restore: Vec::new(),
+        }
+    }
+
+    /// Asks for a sync with `wake` while endpoint chains kept by name wait to be checked.
+    pub fn with_wake(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
+        self.wake = Some(wake);
+        self
+    }
+
+    fn ask_for_sync(&self) {
+        if let Some(wake) = &self.wake {
+            wake();
         }
     }
 
@@ -289,7 +308,7 @@ impl<I: Iptables> IptablesProxier<I> {
             .map_err(Failure::unattributed)?;
         // Traffic reaches our chains when the jumps into KUBE-SERVICES are in place.
         let reachable = !missing.iter().any(|jump| jump.to == KUBE_SERVICES);
-        let mut kept = self
+        let (mut kept, trusted) = self
             .kept_chains(family, &base, &services, &existing)
             .map_err(Failure::unattributed)?;
         kept.nat.extend(held_chains.iter().map(|c| c.to_string()));
@@ -312,6 +331,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 kept = kept.len(),
                 written = stats.nat_chains,
                 stale = stale.len(),
+                kept_by_name = trusted.len(),
                 "Full sync: left the chains that already held the right rules"
             );
         }
@@ -335,6 +355,12 @@ impl<I: Iptables> IptablesProxier<I> {
         );
         self.drifted.remove(&family);
         self.chains_known.insert(family);
+        if trusted.is_empty() {
+            self.unverified.remove(&family);
+        } else {
+            self.unverified.insert(family, trusted);
+            self.ask_for_sync();
+        }
         Ok(stats)
     }
 
@@ -482,10 +508,18 @@ impl<I: Iptables> IptablesProxier<I> {
                 result = self.full_sync(family, ctx.clone(), state);
             }
             if result.is_ok() && !report.full {
-                result = self.repair(family, state).map(|repaired| {
-                    report.repaired_chains += repaired;
-                    RestoreStats::default()
-                });
+                result = self
+                    .check_trusted(family, state)
+                    .and_then(|left| {
+                        if left {
+                            self.ask_for_sync();
+                        }
+                        self.repair(family, state)
+                    })
+                    .map(|repaired| {
+                        report.repaired_chains += repaired;
+                        RestoreStats::default()
+                    });
             }
             match result.map_err(|failure| failure.error) {
                 Ok(stats) => {

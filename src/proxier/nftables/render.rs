@@ -551,8 +551,8 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
 
     // The policy chains, and the endpoints' own chains where session affinity needs them.
     // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form):
-    // no endpoint chains and no jump, so a change of endpoints commits without the kernel
-    // re-validating every chain of the table; hairpin traffic is found in postrouting by
+    // no endpoint chains, so the table has a tenth of the chains that the kernel re-validates
+    // at every commit that adds a NAT rule; hairpin traffic is found in postrouting by
     // @hairpin-connections instead of a rule per endpoint chain.
     let affinity = port.session_affinity_seconds.is_some();
     let mark_it = if affinity {

@@ -4,20 +4,36 @@
 //! programmed rewrites nothing that is right, and the hourly full sync, or one after a failure,
 //! rewrites only what differs. Upstream rewrites everything each time.
 //!
+//! Where each chain is a kernel request of its own (nft), the endpoint chains (nine in ten at
+//! 10,000 services x 10 endpoints) are not read at a full sync when their service's other
+//! chains already hold what they should: an endpoint chain's name is a hash of its service
+//! port, protocol and endpoint, and what else shapes it (session affinity) shows in the
+//! service's chain. They are kept, and checked by the syncs that follow, a chunk at a time;
+//! one that differs is rewritten there, as drift is. A restart then reads a tenth of the chains.
+//!
 //! Service chains must hold their rules in order. The shared chains that services add rules to
 //! (KUBE-SERVICES, KUBE-NODEPORTS, ...) may hold them in any order, as partial syncs leave
 //! them, but the rules that must stay last (the jump to KUBE-NODEPORTS) must be last.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use tracing::{info, warn};
+
+use super::super::names::SEP_PREFIX;
 use super::super::render::{
     BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_SERVICES,
-    Rule, ServiceRules,
+    Rule, ServiceRules, render_service,
 };
 use super::super::restore::{ChainSet, KeptChains};
-use super::IptablesProxier;
-use crate::model::{IpFamily, NamespacedName};
+use super::{Failure, IptablesProxier};
+use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
+
+/// Endpoint chains a full sync kept by name, with their services: not read yet.
+pub(super) type Trusted = Vec<(NamespacedName, String)>;
+
+/// How many endpoint chains kept by name one sync checks (a fifth of a second's reading).
+pub(super) const CHECKED_PER_SYNC: usize = 20_000;
 
 /// What one chain should hold: rules in any order, then rules in this order.
 #[derive(Default)]
@@ -67,31 +83,44 @@ impl Expected {
 impl<I: Iptables> IptablesProxier<I> {
     /// The chains of ours in `family` that already hold what a full sync of `base` and
     /// `services` writes; `nat_chains` are nat's chain names. Nothing is kept where the back
-    /// end cannot tell how the kernel holds a rule.
+    /// end cannot tell how the kernel holds a rule. Also the endpoint chains kept by name
+    /// without being read (see the module's docs), with their services.
     pub(super) fn kept_chains(
         &mut self,
         family: IpFamily,
         base: &BaseRules,
         services: &BTreeMap<NamespacedName, ServiceRules>,
         nat_chains: &BTreeSet<String>,
-    ) -> Result<KeptChains, IptablesError> {
+    ) -> Result<(KeptChains, Trusted), IptablesError> {
         let mut kept = KeptChains::default();
         let Some(fingerprint) = self.iptables.rule_fingerprinter() else {
-            return Ok(kept);
+            return Ok((kept, Vec::new()));
         };
+        let defer_endpoints = self.iptables.reads_each_chain();
         // Looked up 120,000 times at 10,000 services: hashed.
         let nat_chains: HashSet<&str, ahash::RandomState> =
             nat_chains.iter().map(String::as_str).collect();
         let mut wanted_nat: Vec<(&str, Wanted<'_>)> = Vec::new();
-        for service in services.values() {
+        // Per service, its endpoint chains that exist, read only if its other chains differ.
+        let mut endpoint_chains: Vec<(&NamespacedName, Vec<(&str, Wanted<'_>)>)> = Vec::new();
+        for (key, service) in services {
+            let mut endpoints = Vec::new();
             for (chain, rules) in &service.chains {
-                if nat_chains.contains(chain.as_str()) {
-                    let wanted = Wanted {
-                        any_order: Vec::new(),
-                        in_order: rules.iter().map(String::as_str).collect(),
-                    };
-                    wanted_nat.push((chain, wanted));
+                if !nat_chains.contains(chain.as_str()) {
+                    continue;
                 }
+                let chain_wanted = Wanted {
+                    any_order: Vec::new(),
+                    in_order: rules.iter().map(String::as_str).collect(),
+                };
+                if defer_endpoints && chain.starts_with(SEP_PREFIX) {
+                    endpoints.push((chain.as_str(), chain_wanted));
+                } else {
+                    wanted_nat.push((chain.as_str(), chain_wanted));
+                }
+            }
+            if !endpoints.is_empty() {
+                endpoint_chains.push((key, endpoints));
             }
         }
         let shared_nat = [
@@ -112,6 +141,34 @@ impl<I: Iptables> IptablesProxier<I> {
         }
         kept.nat = self.held_alike(family, "nat", &wanted_nat, fingerprint)?;
 
+        // Endpoint chains: kept by name where every other chain of their service exists and
+        // is kept, read now where not.
+        let mut trusted = Vec::new();
+        let mut to_read = Vec::new();
+        for (key, endpoints) in endpoint_chains {
+            let service = &services[key];
+            let others_right = service
+                .chains
+                .keys()
+                .filter(|chain| !chain.starts_with(SEP_PREFIX))
+                .all(|chain| kept.nat.contains(chain.as_str()));
+            if others_right {
+                trusted.extend(
+                    endpoints
+                        .iter()
+                        .map(|(chain, _)| (key.clone(), chain.to_string())),
+                );
+            } else {
+                to_read.extend(endpoints);
+            }
+        }
+        if !to_read.is_empty() {
+            let alike = self.held_alike(family, "nat", &to_read, fingerprint)?;
+            kept.nat.extend(alike);
+        }
+        kept.nat
+            .extend(trusted.iter().map(|(_, chain)| chain.clone()));
+
         // Looked up by name: listing filter's chains would walk nat's too.
         let mut wanted_filter = Vec::new();
         for chain in base.filter_chains().into_iter().chain([KUBE_PROXY_CANARY]) {
@@ -128,7 +185,85 @@ impl<I: Iptables> IptablesProxier<I> {
             let canary = [(KUBE_PROXY_CANARY, Wanted::default())];
             kept.mangle = self.held_alike(family, "mangle", &canary, fingerprint)?;
         }
-        Ok(kept)
+        Ok((kept, trusted))
+    }
+
+    /// Checks up to [`CHECKED_PER_SYNC`] of the endpoint chains a full sync kept by name
+    /// against what `state` renders for them; those that differ are marked for the repair
+    /// that follows in the same sync. Whether some are left for the next sync.
+    pub(super) fn check_trusted(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+    ) -> Result<bool, Failure> {
+        let Some(pending) = self.unverified.get_mut(&family) else {
+            return Ok(false);
+        };
+        let batch = pending.split_off(pending.len().saturating_sub(CHECKED_PER_SYNC));
+        let left = !pending.is_empty();
+        if !left {
+            self.unverified.remove(&family);
+        }
+        let (Some(programmed), Some(fingerprint)) = (
+            self.programmed.get(&family),
+            self.iptables.rule_fingerprinter(),
+        ) else {
+            return Ok(left);
+        };
+        // Each service rendered once, from the state this sync has just programmed; a chain
+        // the service no longer has was deleted by the sync that dropped it.
+        let mut rendered: BTreeMap<&NamespacedName, ServiceRules> = BTreeMap::new();
+        for (key, _) in &batch {
+            if rendered.contains_key(key) || self.quarantine.contains(key) {
+                continue;
+            }
+            if let Some(ports) = state.services.get(key) {
+                let rules = render_service(ports, state.endpoints.get(key), &programmed.ctx);
+                rendered.insert(key, rules);
+            }
+        }
+        let wanted: Vec<(&str, Wanted<'_>)> = batch
+            .iter()
+            .filter_map(|(key, chain)| {
+                let rules = rendered.get(key)?.chains.get(chain)?;
+                programmed.services.get(key)?.chain(chain)?;
+                let wanted = Wanted {
+                    any_order: Vec::new(),
+                    in_order: rules.iter().map(String::as_str).collect(),
+                };
+                Some((chain.as_str(), wanted))
+            })
+            .collect();
+        // A chain gone since reads as empty: it differs, and the repair writes it.
+        let alike = self
+            .held_alike(family, "nat", &wanted, fingerprint)
+            .map_err(Failure::unattributed)?;
+        let differing: BTreeSet<(String, String)> = batch
+            .iter()
+            .filter(|(_, chain)| !alike.contains(chain.as_str()))
+            .filter(|(key, chain)| {
+                rendered
+                    .get(key)
+                    .is_some_and(|rules| rules.chains.contains_key(chain))
+            })
+            .map(|(_, chain)| ("nat".to_string(), chain.clone()))
+            .collect();
+        if differing.is_empty() {
+            info!(
+                family = family.name(),
+                chains = batch.len(),
+                "Checked endpoint chains a full sync kept by name: all as they should be"
+            );
+        } else {
+            warn!(
+                family = family.name(),
+                chains = batch.len(),
+                differing = differing.len(),
+                "Endpoint chains a full sync kept by name differ; rewriting them"
+            );
+            self.drifted.entry(family).or_default().extend(differing);
+        }
+        Ok(left)
     }
 
     /// Which of `wanted`'s chains (all existing) of `table` hold what is wanted. What is wanted

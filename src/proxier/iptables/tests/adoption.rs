@@ -177,3 +177,109 @@ fn the_hourly_full_sync_writes_only_what_another_program_changed() {
     assert_eq!(declared(input), ["filter/KUBE-FORWARD"], "{input}");
     assert_eq!(canonical(p.iptables()), fresh(&state));
 }
+
+/// A node programmed from `state` whose back end reads chains one request at a time (nft's
+/// cost), with the endpoint chain numbered `nth` and the service chain that jumps to it.
+fn read_per_chain(state: &crate::model::ProxyState, nth: usize) -> (FakeIptables, String, String) {
+    let mut node = programmed(state);
+    node.reads_each_chain = true;
+    let chains = &node.table(V4, "nat").chains;
+    let sep = chains
+        .iter()
+        .map(|(name, _)| name.clone())
+        .filter(|name| name.starts_with("KUBE-SEP-"))
+        .nth(nth)
+        .unwrap();
+    let svc = chains
+        .iter()
+        .find(|(name, rules)| {
+            name.starts_with("KUBE-SVC-")
+                && rules
+                    .iter()
+                    .any(|rule| rule.ends_with(&format!("-j {sep}")))
+        })
+        .map(|(name, _)| name.clone())
+        .unwrap();
+    (node, sep, svc)
+}
+
+/// The endpoint chains a proxier has read so far.
+fn endpoint_chains_read(ipt: &FakeIptables) -> Vec<String> {
+    ipt.reads
+        .iter()
+        .filter_map(|read| match read {
+            crate::sys::iptables_fake::Read::ChainFingerprints { chains, .. } => Some(chains),
+            _ => None,
+        })
+        .flatten()
+        .filter(|chain| chain.starts_with("KUBE-SEP-"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn endpoint_chains_kept_by_name_are_checked_by_the_next_sync() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let state = state(12, 3);
+    let (mut node, sep, _) = read_per_chain(&state, 4);
+    // Another program changed an endpoint chain of a service whose own chains are right.
+    node.rules_mut(V4, "nat", &sep).unwrap()[1] = "-j ACCEPT".into();
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let mut restarted = proxier(node).with_wake(std::sync::Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+
+    // The restart reads no endpoint chain, writes nothing, and asks for the sync that checks.
+    assert!(
+        restarted
+            .sync(&state, &ChangeSummary::default())
+            .unwrap()
+            .full
+    );
+    assert!(restarted.iptables().restores.is_empty());
+    assert_eq!(
+        endpoint_chains_read(restarted.iptables()),
+        Vec::<String>::new()
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    // That sync reads them all (fewer than a sync's share) and rewrites the changed one only.
+    let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!report.full);
+    assert_eq!(report.repaired_chains, 1);
+    assert_eq!(endpoint_chains_read(restarted.iptables()).len(), 12 * 3);
+    let restores = &restarted.iptables().restores;
+    assert_eq!(restores.len(), 1, "{restores:?}");
+    assert_eq!(declared(&restores[0].1), vec![format!("nat/{sep}")]);
+    assert_eq!(canonical(restarted.iptables()), fresh(&state));
+
+    // Nothing is left to check: no more syncs asked for, nothing written.
+    restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(restarted.iptables().restores.len(), 1);
+}
+
+#[test]
+fn endpoint_chains_of_a_service_whose_chains_differ_are_read_at_once() {
+    let state = state(12, 3);
+    let (mut node, sep, svc) = read_per_chain(&state, 4);
+    node.rules_mut(V4, "nat", &sep).unwrap()[1] = "-j ACCEPT".into();
+    node.rules_mut(V4, "nat", &svc)
+        .unwrap()
+        .insert(0, "-j RETURN".into());
+    let mut restarted = proxier(node);
+    assert!(
+        restarted
+            .sync(&state, &ChangeSummary::default())
+            .unwrap()
+            .full
+    );
+    let restores = &restarted.iptables().restores;
+    assert_eq!(restores.len(), 1, "{restores:?}");
+    assert_eq!(
+        declared(&restores[0].1),
+        vec![format!("nat/{sep}"), format!("nat/{svc}")]
+    );
+    assert_eq!(canonical(restarted.iptables()), fresh(&state));
+}
