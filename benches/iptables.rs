@@ -83,12 +83,35 @@ struct Sample {
     /// lines it wrote.
     restart: Duration,
     restart_lines: usize,
+    /// The syncs after the restart that check the endpoint chains it kept by name: their
+    /// total time and how many.
+    checks: Duration,
+    check_syncs: usize,
     /// What a full sync reads: nat's chain names and the built-in chains' rules.
     reads: Duration,
     /// One sync repairing a flushed service chain and a DROP in filter KUBE-SERVICES (nft).
     repair: Option<Duration>,
     lines: usize,
     change_lines: usize,
+}
+
+/// The syncs after a full sync that check the endpoint chains it kept by name (nft), until
+/// none is left: how many, and their total time. Each must write nothing.
+fn check_kept_chains(
+    p: &mut IptablesProxier<SystemIptables>,
+    state: &ProxyState,
+) -> (usize, Duration) {
+    let (mut syncs, mut total) = (0, Duration::ZERO);
+    while p.endpoint_chains_to_check() > 0 {
+        let started = Instant::now();
+        let report = p
+            .sync(state, &ChangeSummary::default())
+            .expect("checking sync");
+        total += started.elapsed();
+        syncs += 1;
+        assert_eq!(report.repaired_chains, 0, "nothing differs");
+    }
+    (syncs, total)
 }
 
 fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) -> Sample {
@@ -136,13 +159,20 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
                     .full
             );
         });
+        check_kept_chains(&mut p, &state);
         let mut restart_lines = 0;
+        let mut restarted = proxier();
         let restart = timed(&mut || {
-            let mut p = proxier();
-            p.sync(&state, &ChangeSummary::default())
+            restarted
+                .sync(&state, &ChangeSummary::default())
                 .expect("first sync after a restart");
-            restart_lines = p.last_restore.iter().map(|(_, t)| t.lines().count()).sum();
+            restart_lines = restarted
+                .last_restore
+                .iter()
+                .map(|(_, t)| t.lines().count())
+                .sum();
         });
+        let (check_syncs, checks) = check_kept_chains(&mut restarted, &state);
         let mut iptables = SystemIptables::new(backend);
         let reads = timed(&mut || {
             iptables
@@ -208,6 +238,8 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
             forced,
             restart,
             restart_lines,
+            checks,
+            check_syncs,
             reads,
             lines: full_text.lines().count(),
             change_lines: change_text.lines().count(),
@@ -292,12 +324,16 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         secs(bare_change),
         change.as_secs_f64() / bare_change.as_secs_f64(),
     );
+    let checks = med(|s| s.checks);
     println!(
         "{count:>6} services: restart (first sync on the programmed node) {} (ratio to cold start {:.2}, \
-         {} restore lines written), forced full sync {} (ratio {:.2}), reads of a full sync {}",
+         {} restore lines written; then {} syncs checking the endpoint chains kept by name, {} in all), \
+         forced full sync {} (ratio {:.2}), reads of a full sync {}",
         secs(restart),
         restart.as_secs_f64() / full.as_secs_f64(),
         samples[0].restart_lines,
+        samples[0].check_syncs,
+        secs(checks),
         secs(forced),
         forced.as_secs_f64() / full.as_secs_f64(),
         secs(reads),

@@ -141,6 +141,11 @@ impl<I: Iptables> IptablesProxier<I> {
         self
     }
 
+    /// How many endpoint chains kept by name at the last full sync are still to be checked.
+    pub fn endpoint_chains_to_check(&self) -> usize {
+        self.unverified.values().map(Vec::len).sum()
+    }
+
     fn ask_for_sync(&self) {
         if let Some(wake) = &self.wake {
             wake();
