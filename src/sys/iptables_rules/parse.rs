@@ -457,24 +457,26 @@ fn number(text: &str) -> Result<u32, Untranslatable> {
     parsed.map_err(|_| Untranslatable(format!("number {text}")))
 }
 
-/// addrtype's types (`LOCAL`, `UNICAST,LOCAL`): bit `1 << RTN_*`.
+/// addrtype's type names, at their bit (`1 << RTN_*`, linux/rtnetlink.h).
+pub(super) const ADDRESS_TYPES: [&str; 12] = [
+    "UNSPEC",
+    "UNICAST",
+    "LOCAL",
+    "BROADCAST",
+    "ANYCAST",
+    "MULTICAST",
+    "BLACKHOLE",
+    "UNREACHABLE",
+    "PROHIBIT",
+    "THROW",
+    "NAT",
+    "XRESOLVE",
+];
+
+/// addrtype's types (`LOCAL`, `UNICAST,LOCAL`) as their bits.
 fn address_types(text: &str) -> Result<u16, Untranslatable> {
-    const TYPES: [&str; 12] = [
-        "UNSPEC",
-        "UNICAST",
-        "LOCAL",
-        "BROADCAST",
-        "ANYCAST",
-        "MULTICAST",
-        "BLACKHOLE",
-        "UNREACHABLE",
-        "PROHIBIT",
-        "THROW",
-        "NAT",
-        "XRESOLVE",
-    ];
     text.split(',').try_fold(0u16, |mask, name| {
-        let bit = TYPES
+        let bit = ADDRESS_TYPES
             .iter()
             .position(|t| t.eq_ignore_ascii_case(name))
             .ok_or_else(|| Untranslatable(format!("address type {name}")))?;

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::expr::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
-use super::parse::{AddressMatch, MatchOptions, Target, Untranslatable, read_rule};
+use super::parse::{ADDRESS_TYPES, AddressMatch, MatchOptions, Target, Untranslatable, read_rule};
 
 /// The text iptables-legacy-save prints for `spec` (the text after `-A <chain>`), without the
 /// `-A <chain>` and the leading space.
@@ -239,21 +239,7 @@ fn save_match(ipv6: bool, matched: &MatchOptions, out: &mut String) {
 
 /// addrtype's types, comma-separated in their bit order.
 fn address_types(types: u16) -> String {
-    const NAMES: [&str; 12] = [
-        "UNSPEC",
-        "UNICAST",
-        "LOCAL",
-        "BROADCAST",
-        "ANYCAST",
-        "MULTICAST",
-        "BLACKHOLE",
-        "UNREACHABLE",
-        "PROHIBIT",
-        "THROW",
-        "NAT",
-        "XRESOLVE",
-    ];
-    NAMES
+    ADDRESS_TYPES
         .iter()
         .enumerate()
         .filter(|(bit, _)| types & (1 << bit) != 0)
