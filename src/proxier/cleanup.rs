@@ -302,10 +302,11 @@ fn remove_virtual_servers(ipvs: &mut IpvsClient, ours: impl Fn(&VirtualServer) -
 pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> Vec<IpFamily> {
     let mut failures = Vec::new();
     for family in [IpFamily::V4, IpFamily::V6] {
-        // Names are read over netlink: no nft run (nor a change event) where there is nothing.
-        match nft.names(family, nftables::render::TABLE) {
-            Ok(names) if names.chains.is_empty() && names.sets.is_empty() => continue,
-            Ok(_) => {}
+        // Looked up by name over netlink: no transaction (nor a change event) where there is
+        // nothing, and no listing, which walks every chain of the family (iptables mode's too).
+        match nft.table_exists(family, nftables::render::TABLE) {
+            Ok(false) => continue,
+            Ok(true) => {}
             Err(err) => {
                 warn!(error = %err, "Cannot look for nftables mode's tables");
                 failures.push(family);
@@ -481,5 +482,24 @@ mod tests {
             !Leftovers::IptablesMode.owns_chain("nat", "KUBE-SERVICES"),
             "IPVS mode has one too"
         );
+    }
+
+    #[test]
+    fn nftables_tables_go_only_where_they_are_and_no_listing_finds_them() {
+        use crate::sys::nftables::Nftables;
+        use crate::sys::nftables_fake::FakeNftables;
+        let mut nft = FakeNftables::default();
+        assert!(remove_nftables_tables(&mut nft).is_empty());
+        assert!(nft.transactions.is_empty(), "{:?}", nft.transactions);
+
+        nft.apply("add table ip kube-proxy\nadd chain ip kube-proxy services\n")
+            .unwrap();
+        nft.apply("add table ip filter\n").unwrap();
+        nft.transactions.clear();
+        assert!(remove_nftables_tables(&mut nft).is_empty());
+        assert_eq!(nft.transactions.len(), 1, "{:?}", nft.transactions);
+        assert!(nft.table(V4, "kube-proxy").is_none());
+        assert!(nft.table(V4, "filter").is_some(), "not ours: kept");
+        assert_eq!(nft.name_reads, 0);
     }
 }

@@ -15,6 +15,7 @@ use super::netlink::{Connection, NetlinkError};
 use crate::model::IpFamily;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWRULE: u16 = 6;
@@ -28,6 +29,7 @@ const NFT_MSG_GETSET: u16 = 10;
 /// The table attribute of chain and set messages alike.
 const NFTA_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
 /// An attribute type without its nested / byte-order flags.
 const NLA_TYPE_MASK: u16 = 0x3fff;
@@ -162,6 +164,18 @@ pub fn chain_exists(family: IpFamily, table: &str, chain: &str) -> Result<bool, 
         name: Some(chain.to_string()),
         ..ChainMessage::dump_request(family, table)
     };
+    match connection.request(request, false) {
+        Ok(_) => Ok(true),
+        Err(err) if err.errno() == Some(nix::libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether `table` of `family` exists: one lookup by name (a listing of its chains would walk
+/// every chain of the family: at 10,000 services in iptables mode, 0.3 s).
+pub fn table_exists(family: IpFamily, table: &str) -> Result<bool, NetlinkError> {
+    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    let request = RawMessage::request(NFT_MSG_GETTABLE, family, &[(NFTA_TABLE_NAME, table)]);
     match connection.request(request, false) {
         Ok(_) => Ok(true),
         Err(err) if err.errno() == Some(nix::libc::ENOENT) => Ok(false),

@@ -83,6 +83,8 @@ pub trait Nftables: Send {
     fn apply(&mut self, commands: &str) -> Result<(), NftError>;
     /// The names of `table`'s chains and sets in `family` (none when there is no such table).
     fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError>;
+    /// Whether `table` of `family` exists.
+    fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError>;
     /// Per chain of `chains` in `table` of `family`: how many rules it holds and the comments
     /// they carry.
     fn rule_comments(
@@ -216,6 +218,15 @@ impl Nftables for SystemNftables {
         let chains = nf_tables::chain_names(family, table).map_err(failed("chains"))?;
         let sets = nf_tables::set_names(family, table).map_err(failed("sets"))?;
         Ok(TableNames { chains, sets })
+    }
+
+    fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {
+        nf_tables::table_exists(family, table).map_err(|source| NftError::Netlink {
+            what: "table",
+            table: table.to_string(),
+            family: family_keyword(family),
+            source,
+        })
     }
 
     fn rule_comments(

@@ -97,6 +97,10 @@ impl Nftables for FakeNftables {
             .unwrap_or_default())
     }
 
+    fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {
+        Ok(self.table(family, table).is_some())
+    }
+
     fn rule_comments(
         &mut self,
         family: IpFamily,
