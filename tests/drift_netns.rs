@@ -130,3 +130,76 @@ async fn drift_is_repaired(backend: &str, sync_period: u64) {
     );
     daemon.stop().await;
 }
+
+/// A restart keeps the endpoint chains of services whose own chains are right without reading
+/// them, and the syncs the daemon runs right after it check them: one that another program
+/// changed while the daemon was down is rewritten long before the syncPeriod (60 s here), and
+/// its endpoint serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_chains_a_restart_kept_by_name_are_checked_by_the_syncs_after_it() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let ipt = |args: &[&str]| {
+        let mut full = vec!["iptables-nft", "-w", "5"];
+        full.extend_from_slice(args);
+        String::from_utf8_lossy(&cluster.node.exec(&full).stdout).into_owned()
+    };
+    let config = cluster.dir.path().join("config-restart.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "mode: iptables\nclusterCIDR: 10.244.0.0/16\nclientConnection: {{kubeconfig: {}}}\n\
+             iptables: {{syncPeriod: 60s, minSyncPeriod: 1s}}\n",
+            cluster.dir.path().join("kubeconfig").display()
+        ),
+    )
+    .unwrap();
+    let first = Daemon::spawn(&cluster.node, &config, &[]);
+    first.wait_for("\"Synced proxy rules\"").await;
+    first.stop().await;
+
+    // While no daemon runs, another program empties one endpoint chain of default/web.
+    let svc_chain = ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
+        .lines()
+        .find(|l| l.contains("default/web:http cluster IP"))
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap()
+        .to_string();
+    let sep = ipt(&["-t", "nat", "-S", &svc_chain])
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .find(|target| target.starts_with("KUBE-SEP-"))
+        .unwrap()
+        .to_string();
+    let rules_of = |chain: &str| ipt(&["-t", "nat", "-S", chain]);
+    let healthy = rules_of(&sep);
+    ipt(&["-t", "nat", "-F", &sep]);
+    assert_ne!(rules_of(&sep), healthy);
+
+    let started = Instant::now();
+    let restarted = Daemon::spawn(&cluster.node, &config, &[]);
+    restarted.wait_for("\"Synced proxy rules\"").await;
+    assert!(
+        eventually(WAIT, || rules_of(&sep) == healthy).await,
+        "{}",
+        rules_of(&sep)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "before the syncPeriod"
+    );
+    assert_eq!(
+        restarted.count("Endpoint chains a full sync kept by name differ; rewriting them"),
+        1,
+        "{}",
+        restarted.lines.lock().unwrap().join("\n")
+    );
+    assert!(restarted.count("kept_by_name=") >= 1);
+    assert!(
+        eventually(WAIT, || tcp_request(&cluster.node, addr("10.96.0.10:80"))
+            .is_ok())
+        .await
+    );
+    restarted.stop().await;
+}
