@@ -58,12 +58,10 @@ fn family_of(text: &str) -> IpFamily {
     if v6 { IpFamily::V6 } else { IpFamily::V4 }
 }
 
-/// Restores `text` into a fresh namespace and compares every appended chain, rule by rule;
-/// returns the differences and how many rules were compared.
-fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
-    let family = family_of(text);
-    let ns = Netns::new("xlate");
-    // The counters upstream's rules name must exist before a rule can name them.
+/// A fresh namespace with `text` restored by `tool --noflush` (the counters upstream's rules
+/// name created first: a rule can name them only once they exist).
+fn restored(role: &str, tool: &str, file: &Path, text: &str) -> Netns {
+    let ns = Netns::new(role);
     ns.run(|| {
         let mut nfacct = NetlinkNfacct::open().unwrap();
         for name in [
@@ -73,10 +71,6 @@ fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
             nfacct.ensure(name).unwrap();
         }
     });
-    let tool = match family {
-        IpFamily::V4 => "iptables-nft-restore",
-        IpFamily::V6 => "ip6tables-nft-restore",
-    };
     let restored = std::process::Command::new("ip")
         .args(["netns", "exec", &ns.name, tool, "--noflush"])
         .stdin(std::process::Stdio::piped())
@@ -92,6 +86,18 @@ fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
         "{}: restore failed",
         file.display()
     );
+    ns
+}
+
+/// Restores `text` into a fresh namespace and compares every appended chain, rule by rule;
+/// returns the differences and how many rules were compared.
+fn check(file: &Path, text: &str) -> (Vec<String>, usize) {
+    let family = family_of(text);
+    let tool = match family {
+        IpFamily::V4 => "iptables-nft-restore",
+        IpFamily::V6 => "ip6tables-nft-restore",
+    };
+    let ns = restored("xlate", tool, file, text);
     let mut problems = Vec::new();
     let mut compared = 0;
     for ((table, chain), rules) in appended_rules(text) {
@@ -185,36 +191,11 @@ fn check_legacy(file: &Path, text: &str) -> (Vec<String>, usize) {
         IpFamily::V4 => "iptables",
         IpFamily::V6 => "ip6tables",
     };
-    let ns = Netns::new("xlate-legacy");
-    ns.run(|| {
-        let mut nfacct = NetlinkNfacct::open().unwrap();
-        for name in [
-            "ct_state_invalid_dropped_pkts",
-            "localhost_nps_accepted_pkts",
-        ] {
-            nfacct.ensure(name).unwrap();
-        }
-    });
-    let restored = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.name,
-            &format!("{prefix}-legacy-restore"),
-            "--noflush",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child.stdin.take().unwrap().write_all(text.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    assert!(
-        restored.status.success(),
-        "{}: restore failed",
-        file.display()
+    let ns = restored(
+        "xlate-legacy",
+        &format!("{prefix}-legacy-restore"),
+        file,
+        text,
     );
     let mut problems = Vec::new();
     let mut compared = 0;

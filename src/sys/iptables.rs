@@ -4,6 +4,7 @@
 //! kube-proxy's image does, from marker chains that kubelet and kube-proxy leave.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::iptables_rules;
@@ -122,15 +123,25 @@ pub trait Iptables: Send {
         table: &str,
         chains: &[&str],
     ) -> Result<ChainRules, IptablesError>;
-    /// Which of `chains` exist in `table`: by name where the back end looks chains up by name
-    /// (nft: listing one table's chains walks every table's), else from the table's names.
+    /// Which of `chains` exist in `table`: each looked up by name where the back end reads
+    /// chains one by one (nft: listing one table's chains walks every table's), else from the
+    /// table's names.
     fn existing_chains(
         &mut self,
         family: IpFamily,
         table: &str,
         chains: &[&str],
     ) -> Result<BTreeSet<String>, IptablesError> {
-        Ok(among(&self.chain_names(family, table)?, chains))
+        if !self.reads_each_chain() {
+            return Ok(among(&self.chain_names(family, table)?, chains));
+        }
+        let mut found = BTreeSet::new();
+        for chain in chains {
+            if self.chain_exists(family, table, chain)? {
+                found.insert(chain.to_string());
+            }
+        }
+        Ok(found)
     }
     /// Whether a chain exists (for the canary check).
     fn chain_exists(
@@ -166,7 +177,8 @@ pub trait Iptables: Send {
     fn rule_fingerprinter(&self) -> Option<RuleFingerprinter>;
     /// Whether [`Iptables::chain_fingerprints`] costs a kernel request per chain (nft; legacy
     /// reads each table once either way). Where it does, a full sync keeps the endpoint chains
-    /// of services whose other chains are right by name, and checks them in later syncs.
+    /// of services whose other chains are right by name, and checks them in later syncs, and
+    /// [`Iptables::existing_chains`] looks each chain up.
     fn reads_each_chain(&self) -> bool {
         false
     }
@@ -249,7 +261,8 @@ pub struct SystemIptables {
     pub backend: Backend,
     /// Legacy tables as read since the last restore or [`Iptables::forget_reads`]: a sync reads
     /// each at most once (names, our chains' rules and the built-in chains all come from it).
-    saved: BTreeMap<(IpFamily, String), String>,
+    /// Shared, not copied: a table of 10,000 services is tens of megabytes of text.
+    saved: BTreeMap<(IpFamily, String), Arc<str>>,
 }
 
 impl SystemIptables {
@@ -263,7 +276,7 @@ impl SystemIptables {
 
     /// `iptables-legacy-save -t <table>`: the legacy kernel interface hands out a table only as
     /// a whole (iptables-legacy-restore reads it the same way on every sync).
-    fn legacy_save(&mut self, family: IpFamily, table: &str) -> Result<String, IptablesError> {
+    fn legacy_save(&mut self, family: IpFamily, table: &str) -> Result<Arc<str>, IptablesError> {
         let key = (family, table.to_string());
         if let Some(saved) = self.saved.get(&key) {
             return Ok(saved.clone());
@@ -271,7 +284,7 @@ impl SystemIptables {
         let out = Tool::new(&tool(family, Backend::Legacy, "save"), &["-t", table])
             .limit(READ_LIMIT)
             .run()?;
-        let saved = String::from_utf8_lossy(&out).into_owned();
+        let saved: Arc<str> = String::from_utf8_lossy(&out).into();
         self.saved.insert(key, saved.clone());
         Ok(saved)
     }
@@ -414,24 +427,6 @@ impl Iptables for SystemIptables {
             .map(|chain| (chain.to_string(), self::rules_of(&saved, chain)))
             .collect();
         Ok(Some(Snapshot { rule_counts, rules }))
-    }
-
-    fn existing_chains(
-        &mut self,
-        family: IpFamily,
-        table: &str,
-        chains: &[&str],
-    ) -> Result<BTreeSet<String>, IptablesError> {
-        if self.backend == Backend::Legacy {
-            return Ok(among(&self.chain_names(family, table)?, chains));
-        }
-        let mut found = BTreeSet::new();
-        for chain in chains {
-            if self.chain_exists(family, table, chain)? {
-                found.insert(chain.to_string());
-            }
-        }
-        Ok(found)
     }
 
     fn chain_fingerprints(

@@ -1,8 +1,9 @@
 //! Adoption: before a full sync writes anything it reads back how our chains hold their rules
 //! (on nft over netlink, one chain at a time, our chains only; on legacy from the table read
-//! once) and leaves alone every chain that already holds exactly what it would write. A restart onto a node an earlier run
-//! programmed rewrites nothing that is right, and the hourly full sync, or one after a failure,
-//! rewrites only what differs. Upstream rewrites everything each time.
+//! once) and leaves alone every chain that already holds exactly what it would write. A
+//! restart onto a node an earlier run programmed rewrites nothing that is right, and the
+//! hourly full sync, or one after a failure, rewrites only what differs. Upstream rewrites
+//! everything each time.
 //!
 //! Where each chain is a kernel request of its own (nft), the endpoint chains (nine in ten at
 //! 10,000 services x 10 endpoints) are not read at a full sync when their service's other
@@ -48,7 +49,15 @@ struct Expected {
     in_order: Vec<RuleFingerprint>,
 }
 
-impl Wanted<'_> {
+impl<'a> Wanted<'a> {
+    /// A service's own chain: `rules` in this order.
+    fn in_order(rules: &'a [String]) -> Self {
+        Wanted {
+            any_order: Vec::new(),
+            in_order: rules.iter().map(String::as_str).collect(),
+        }
+    }
+
     /// Its fingerprints; `None` when a rule's kernel form cannot be told (the chain then never
     /// looks already right).
     fn expected(&self, family: IpFamily, fingerprint: RuleFingerprinter) -> Option<Expected> {
@@ -109,10 +118,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 if !nat_chains.contains(chain.as_str()) {
                     continue;
                 }
-                let chain_wanted = Wanted {
-                    any_order: Vec::new(),
-                    in_order: rules.iter().map(String::as_str).collect(),
-                };
+                let chain_wanted = Wanted::in_order(rules);
                 if defer_endpoints && chain.starts_with(SEP_PREFIX) {
                     endpoints.push((chain.as_str(), chain_wanted));
                 } else {
@@ -227,26 +233,17 @@ impl<I: Iptables> IptablesProxier<I> {
             .filter_map(|(key, chain)| {
                 let rules = rendered.get(key)?.chains.get(chain)?;
                 programmed.services.get(key)?.chain(chain)?;
-                let wanted = Wanted {
-                    any_order: Vec::new(),
-                    in_order: rules.iter().map(String::as_str).collect(),
-                };
-                Some((chain.as_str(), wanted))
+                Some((chain.as_str(), Wanted::in_order(rules)))
             })
             .collect();
         // A chain gone since reads as empty: it differs, and the repair writes it.
         let alike = self
             .held_alike(family, "nat", &wanted, fingerprint)
             .map_err(Failure::unattributed)?;
-        let differing: BTreeSet<(String, String)> = batch
+        let differing: BTreeSet<(String, String)> = wanted
             .iter()
-            .filter(|(_, chain)| !alike.contains(chain.as_str()))
-            .filter(|(key, chain)| {
-                rendered
-                    .get(key)
-                    .is_some_and(|rules| rules.chains.contains_key(chain))
-            })
-            .map(|(_, chain)| ("nat".to_string(), chain.clone()))
+            .filter(|(chain, _)| !alike.contains(*chain))
+            .map(|(chain, _)| ("nat".to_string(), chain.to_string()))
             .collect();
         if differing.is_empty() {
             info!(
