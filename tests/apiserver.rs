@@ -110,3 +110,54 @@ fn objects_load_from_lists_and_streams() {
     assert_eq!(test_apiserver::objects_from_yaml(stream).unwrap().len(), 2);
     assert!(test_apiserver::objects_from_yaml("- 1\n").is_err());
 }
+
+/// Pages of a list: each page's `continue` leads to the next one and the pages together hold
+/// every object once; `remainingItemCount` comes only without a selector, as upstream.
+#[tokio::test]
+async fn list_pages_follow_their_continue_tokens() {
+    let cluster = Cluster::start().await;
+    for i in 0..7u32 {
+        cluster
+            .server
+            .apply(service(
+                "paged",
+                &format!("svc-{i}"),
+                &format!("10.96.9.{}", i + 1),
+                &[80],
+            ))
+            .unwrap();
+    }
+    let services: Api<Service> = Api::namespaced(client(&cluster).await, "paged");
+    for (selector, counted) in [
+        (None, true),
+        (Some("!service.kubernetes.io/headless"), false),
+    ] {
+        let mut names = Vec::new();
+        let mut token: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let mut params = ListParams::default().limit(3);
+            if let Some(selector) = selector {
+                params = params.labels(selector);
+            }
+            if let Some(token) = &token {
+                params = params.continue_token(token);
+            }
+            let page = services.list(&params).await.expect("page");
+            pages += 1;
+            names.extend(page.items.iter().filter_map(|s| s.metadata.name.clone()));
+            let remaining = page.metadata.remaining_item_count;
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            match &token {
+                Some(_) => assert_eq!(remaining.is_some(), counted, "{selector:?}"),
+                None => break,
+            }
+            if counted {
+                assert_eq!(remaining, Some(7 - names.len() as i64));
+            }
+        }
+        assert_eq!(pages, 3, "{selector:?}");
+        let expected: Vec<String> = (0..7).map(|i| format!("svc-{i}")).collect();
+        assert_eq!(names, expected, "{selector:?}");
+    }
+}

@@ -261,6 +261,10 @@ struct Selectors {
 }
 
 impl Selectors {
+    fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     fn matches(&self, object: &Value) -> bool {
         self.labels.matches(|k| label_of(object, k)) && self.fields.matches(|k| field_of(object, k))
     }
@@ -301,25 +305,46 @@ fn list(
         },
         None => (store.resource_version, None),
     };
-    let matching = store
-        .list(resource)
-        .filter(|(key, _)| after.as_ref().is_none_or(|after| *key > after))
+    let mut matching = store
+        .list_after(resource, after.as_ref())
         .filter(|(_, object)| in_namespace(object, namespace) && selectors.matches(object));
-    let mut items: Vec<(&ObjectKey, &Value)> = matching.collect();
+    let page = if limit > 0 { limit } else { usize::MAX };
+    let items: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(page).collect();
     let mut metadata = json!({"resourceVersion": list_version.to_string()});
-    if limit > 0 && items.len() > limit {
-        let remaining = items.len() - limit;
-        items.truncate(limit);
-        if let Some((last, _)) = items.last() {
-            metadata["continue"] = json!(format!("{list_version}/{}/{}", last.0, last.1));
-            metadata["remainingItemCount"] = json!(remaining);
+    // As upstream: `remainingItemCount` only for lists without selectors (counting the rest of
+    // a selection would read it all for every page).
+    let more = if selectors.is_empty() {
+        let remaining = matching.count();
+        (remaining > 0).then(|| json!(remaining))
+    } else {
+        matching.next().map(|_| Value::Null)
+    };
+    if let Some(remaining) = more
+        && let Some((last, _)) = items.last()
+    {
+        metadata["continue"] = json!(format!("{list_version}/{}/{}", last.0, last.1));
+        if !remaining.is_null() {
+            metadata["remainingItemCount"] = remaining;
         }
     }
-    let items: Vec<Value> = items.into_iter().map(|(_, v)| v.clone()).collect();
-    json_response(
-        200,
-        json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(), "metadata": metadata, "items": items}),
-    )
+    // The page is written from the stored objects as they are (no copy of them first).
+    let mut body = json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(), "metadata": metadata})
+        .to_string();
+    body.pop();
+    body.push_str(",\"items\":[");
+    let mut text = body.into_bytes();
+    for (index, (_, object)) in items.iter().enumerate() {
+        if index > 0 {
+            text.push(b',');
+        }
+        if serde_json::to_writer(&mut text, object).is_err() {
+            return status(500, "InternalError", "an object could not be written");
+        }
+    }
+    text.extend_from_slice(b"]}");
+    let mut response = json_response(200, Value::Null);
+    *response.body_mut() = BodyExt::boxed_unsync(Full::new(Bytes::from(text)));
+    response
 }
 
 fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {

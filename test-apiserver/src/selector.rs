@@ -18,6 +18,11 @@ pub struct Selector {
 }
 
 impl Selector {
+    /// True when it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
     /// Parses `a=b,!c,d in (x,y),e!=f,g`. Returns an error message for text it cannot read.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut requirements = Vec::new();

@@ -167,6 +167,23 @@ impl Store {
         self.objects.get(&resource).into_iter().flatten()
     }
 
+    /// The objects of a resource after `after` (all of them without it), in key order.
+    pub fn list_after<'a>(
+        &'a self,
+        resource: Resource,
+        after: Option<&ObjectKey>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(key) => Bound::Excluded(key.clone()),
+            None => Bound::Unbounded,
+        };
+        self.objects
+            .get(&resource)
+            .into_iter()
+            .flat_map(move |objects| objects.range((start.clone(), Bound::Unbounded)))
+    }
+
     /// One object.
     pub fn get(&self, resource: Resource, key: &ObjectKey) -> Option<&Value> {
         self.objects.get(&resource)?.get(key)
