@@ -132,6 +132,40 @@ fn a_refused_transaction_names_its_line_and_changes_nothing() {
     assert_eq!(listing(&ns), before, "a refused batch must change nothing");
 }
 
+/// A check (nftables mode's start-up probe) has the kernel handle a transaction and abort it:
+/// an accepted one changes nothing, a refused one names its line.
+#[test]
+fn a_check_changes_nothing_and_names_a_refused_line() {
+    require_netns();
+    let ns = Netns::new("nl-check");
+    apply_netlink(
+        &ns,
+        "add table ip kept
+",
+    )
+    .unwrap();
+    let before = listing(&ns);
+    let probe = "add table ip kube-proxy-probe
+add chain ip kube-proxy-probe c { type nat hook prerouting priority -100 ; }
+                 add rule ip kube-proxy-probe c meta l4proto tcp dnat to 10.0.0.1:80
+";
+    let checked = ns.run(move || kube_proxy_rs::sys::nftables::check(probe));
+    checked.unwrap();
+    assert_eq!(listing(&ns), before, "a check must change nothing");
+    let refused = "add table ip kube-proxy-probe
+add chain ip kube-proxy-probe c
+                   add rule ip kube-proxy-probe c goto missing
+";
+    let err = ns
+        .run(move || kube_proxy_rs::sys::nftables::check(refused))
+        .unwrap_err();
+    match &err {
+        NftError::Transaction { line, .. } => assert_eq!(*line, Some(3), "{err}"),
+        other => panic!("{other}"),
+    }
+    assert_eq!(listing(&ns), before);
+}
+
 /// Parses `nft --debug=mnl` output into one line per message sent from BATCH_BEGIN on:
 /// `TYPE HEX` (HEX: nfgenmsg and attributes).
 fn mnl_messages(debug: &str) -> String {

@@ -171,20 +171,30 @@ fn apply_over_netlink(
     commands: &str,
     compiled: &nft_netlink::Compiled,
 ) -> Result<(), NftError> {
-    sender.send(&compiled.messages).map_err(|err| {
-        let line = match &err {
-            nft_netlink::SendError::Refused {
-                message: Some(index),
-                ..
-            } => compiled.lines.get(*index).copied(),
-            _ => None,
-        };
-        NftError::Transaction {
-            reason: format!("nf_tables transaction over netlink failed: {err}"),
-            line,
-            context: line.map(|l| input_context(commands, l)).unwrap_or_default(),
-        }
-    })
+    sender
+        .send(&compiled.messages)
+        .map_err(|err| netlink_failure(err, "transaction", commands, compiled))
+}
+
+/// A refused batch as an error naming the line the refused message came from.
+fn netlink_failure(
+    err: nft_netlink::SendError,
+    what: &str,
+    commands: &str,
+    compiled: &nft_netlink::Compiled,
+) -> NftError {
+    let line = match &err {
+        nft_netlink::SendError::Refused {
+            message: Some(index),
+            ..
+        } => compiled.lines.get(*index).copied(),
+        _ => None,
+    };
+    NftError::Transaction {
+        reason: format!("nf_tables {what} over netlink failed: {err}"),
+        line,
+        context: line.map(|l| input_context(commands, l)).unwrap_or_default(),
+    }
 }
 
 impl Nftables for SystemNftables {
@@ -311,9 +321,16 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, patch))
 }
 
-/// Checks `commands` with the kernel without applying them (`nft --check`): nf_tables works and
-/// knows every expression they use.
+/// Checks `commands` with the kernel without applying them: nf_tables works and knows every
+/// expression they use. Over netlink, as a transaction the kernel handles and then aborts; with
+/// `nft --check` for text our compiler does not know (nft reads the family's ruleset first:
+/// 0.1 s on a node already holding 10,000 services, and a risk with other tenants' rules).
 pub fn check(commands: &str) -> Result<(), NftError> {
+    if let Ok(compiled) = nft_netlink::compile(commands) {
+        return nft_netlink::Sender::default()
+            .check(&compiled.messages)
+            .map_err(|err| netlink_failure(err, "check", commands, &compiled));
+    }
     Tool::new(NFT, &["--check", "-f", "-"])
         .input(commands.as_bytes())
         .limit(READ_LIMIT)

@@ -20,7 +20,7 @@ use netlink_sys::{Socket, SocketAddr};
 
 pub use compile::{AnonymousNames, CompileError, Compiled, compile, compile_with};
 pub use values::{KeyType, protocol_name, verdict_text};
-pub use wire::{Message, batch};
+pub use wire::{Message, batch, unterminated_batch};
 
 /// Netlink's error message type.
 const NLMSG_ERROR: u16 = 2;
@@ -57,6 +57,8 @@ pub struct Sender {
     held: Option<(NamespaceId, Socket)>,
     /// The next batch's first sequence number.
     next_sequence: u32,
+    /// The batch being sent is a check (no BATCH_END: the kernel aborts it).
+    checking: bool,
 }
 
 impl std::fmt::Debug for Sender {
@@ -144,6 +146,15 @@ impl Sender {
         result
     }
 
+    /// Has the kernel check `messages` as one transaction and abort it (nothing changes):
+    /// `nft --check`, without nft's read of the ruleset first.
+    pub fn check(&mut self, messages: &[Message]) -> Result<(), SendError> {
+        self.checking = true;
+        let result = self.send(messages);
+        self.checking = false;
+        result
+    }
+
     fn send_on_held(&mut self, messages: &[Message]) -> Result<(), SendError> {
         let Some((_, socket)) = self.held.as_ref() else {
             return Err(SendError::Socket(io::ErrorKind::NotConnected.into()));
@@ -156,7 +167,11 @@ impl Sender {
         }
         let first_sequence = self.next_sequence;
         self.next_sequence += count;
-        let bytes = batch(messages, first_sequence);
+        let bytes = if self.checking {
+            unterminated_batch(messages, first_sequence)
+        } else {
+            batch(messages, first_sequence)
+        };
         // A batch goes to the kernel in one send, so the socket's send buffer must hold it.
         let size = bytes.len() + 64 * 1024;
         nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBufForce, &size)

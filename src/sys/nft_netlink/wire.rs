@@ -172,17 +172,24 @@ fn delimiter(kind: u16, sequence: u32, out: &mut Vec<u8>) {
 /// The batch that applies `messages` as one transaction, numbered from `first_sequence`
 /// (BATCH_BEGIN has it, the messages follow, BATCH_END comes last).
 pub fn batch(messages: &[Message], first_sequence: u32) -> Vec<u8> {
+    let mut out = unterminated_batch(messages, first_sequence);
+    delimiter(
+        NFNL_MSG_BATCH_END,
+        first_sequence.wrapping_add(1 + messages.len() as u32),
+        &mut out,
+    );
+    out
+}
+
+/// `messages` after BATCH_BEGIN and no BATCH_END: the kernel handles each message and then
+/// aborts the transaction (what `nft --check` sends).
+pub fn unterminated_batch(messages: &[Message], first_sequence: u32) -> Vec<u8> {
     let size: usize = messages.iter().map(|m| 20 + m.attributes.len()).sum();
     let mut out = Vec::with_capacity(size + 40);
     delimiter(NFNL_MSG_BATCH_BEGIN, first_sequence, &mut out);
     for (index, message) in messages.iter().enumerate() {
         message.write(first_sequence.wrapping_add(1 + index as u32), &mut out);
     }
-    delimiter(
-        NFNL_MSG_BATCH_END,
-        first_sequence.wrapping_add(1 + messages.len() as u32),
-        &mut out,
-    );
     out
 }
 
