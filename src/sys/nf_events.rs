@@ -17,7 +17,7 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
 use super::netlink::NetlinkError;
-use super::process::{is_our_tool, tool_active_within};
+use super::process::{is_our_tool, is_own_socket, tool_active_within};
 use crate::model::IpFamily;
 
 const NFNLGRP_NFTABLES: u32 = 7;
@@ -200,13 +200,16 @@ pub fn foreign_changes(scope: Scope, datagram: &[u8]) -> Vec<ChainKey> {
     changes
 }
 
-/// Whether an event's netlink port id is one of our tools'. A tool's socket gets its pid as
+/// Whether an event's netlink port id is one of our own writing sockets' or of our tools'.
+/// A tool's socket gets its pid as
 /// port id, unless that number is taken in the network namespace (a host process with the same
 /// pid in another pid namespace): the kernel then picks a negative one. Such an event, while one
 /// of our tools runs, is taken for ours: treating our own restores as drift would rewrite them
 /// again and again.
 fn made_by_us(port: u32) -> bool {
-    is_our_tool(port) || ((port as i32) < 0 && tool_active_within(Duration::from_secs(2)))
+    is_own_socket(port)
+        || is_our_tool(port)
+        || ((port as i32) < 0 && tool_active_within(Duration::from_secs(2)))
 }
 
 /// The chain (or set) one event changed, if it is a change to a watched table.
@@ -406,5 +409,26 @@ mod tests {
             &[(1, "nat"), (2, "KUBE-SERVICES")],
         );
         assert_eq!(foreign_changes(Scope::IptablesTables, &other).len(), 1);
+    }
+
+    #[test]
+    fn changes_our_own_sockets_sent_are_not_drift() {
+        use super::super::process::{own_socket_closed, own_socket_opened};
+        // A port id no process has (above any pid; not negative, which the tools' heuristic
+        // would claim while a tool runs).
+        let port = 2_000_000_123;
+        let datagram = event(
+            0x0a06,
+            port,
+            NFPROTO_IPV4,
+            &[(1, "kube-proxy"), (2, "services")],
+        );
+        let scope = Scope::NftTable("kube-proxy");
+        assert_eq!(foreign_changes(scope, &datagram).len(), 1);
+        own_socket_opened(port);
+        assert!(foreign_changes(scope, &datagram).is_empty());
+        // Closed: the number may be another program's now.
+        own_socket_closed(port);
+        assert_eq!(foreign_changes(scope, &datagram).len(), 1);
     }
 }

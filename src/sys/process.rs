@@ -40,6 +40,35 @@ pub fn is_our_tool(pid: u32) -> bool {
     children.contains_key(&pid)
 }
 
+/// The port ids of this process's own netlink sockets that write nf_tables transactions.
+static OWN_PORTS: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
+
+fn own_ports() -> std::sync::MutexGuard<'static, BTreeMap<u32, usize>> {
+    OWN_PORTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Notes that a socket of ours that writes transactions has port id `port` (the kernel's change
+/// events carry it: those are our own changes, not drift).
+pub fn own_socket_opened(port: u32) {
+    *own_ports().entry(port).or_default() += 1;
+}
+
+/// The socket with port id `port` is closed (the kernel may hand the number to another socket).
+pub fn own_socket_closed(port: u32) {
+    let mut ports = own_ports();
+    if let Some(count) = ports.get_mut(&port) {
+        *count -= 1;
+        if *count == 0 {
+            ports.remove(&port);
+        }
+    }
+}
+
+/// Whether `port` is one of this process's own writing sockets.
+pub fn is_own_socket(port: u32) -> bool {
+    own_ports().contains_key(&port)
+}
+
 /// Whether a tool of ours is running, or finished within `within`.
 pub fn tool_active_within(within: Duration) -> bool {
     children()

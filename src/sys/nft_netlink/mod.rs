@@ -54,7 +54,7 @@ pub enum SendError {
 #[derive(Default)]
 pub struct Sender {
     /// The socket and the network namespace it was opened in.
-    held: Option<(NamespaceId, Socket)>,
+    held: Option<(NamespaceId, OwnSocket)>,
     /// The next batch's first sequence number.
     next_sequence: u32,
     /// The batch being sent is a check (no BATCH_END: the kernel aborts it).
@@ -89,16 +89,40 @@ impl NamespaceId {
     }
 }
 
-fn open_socket() -> io::Result<Socket> {
+/// A socket whose port id is known as ours while it is open: the kernel's change events for
+/// the transactions it sends are then not taken for another program's (see `nf_events`).
+struct OwnSocket {
+    socket: Socket,
+    port: u32,
+}
+
+impl std::ops::Deref for OwnSocket {
+    type Target = Socket;
+
+    fn deref(&self) -> &Socket {
+        &self.socket
+    }
+}
+
+impl Drop for OwnSocket {
+    fn drop(&mut self) {
+        crate::sys::process::own_socket_closed(self.port);
+    }
+}
+
+fn open_socket() -> io::Result<OwnSocket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
+    let address = socket.bind_auto()?;
+    let port = address.port_number();
+    crate::sys::process::own_socket_opened(port);
+    let socket = OwnSocket { socket, port };
     socket.connect(&SocketAddr::new(0, 0))?;
     // Errors name the failing message by its sequence number, not by echoing it, and carry
     // the kernel's reason when it gives one.
     socket.set_cap_ack(true)?;
     socket.set_ext_ack(true)?;
     nix::sys::socket::setsockopt(
-        &socket,
+        &socket.socket,
         nix::sys::socket::sockopt::RcvBufForce,
         &RECEIVE_BUFFER,
     )?;
@@ -174,8 +198,12 @@ impl Sender {
         };
         // A batch goes to the kernel in one send, so the socket's send buffer must hold it.
         let size = bytes.len() + 64 * 1024;
-        nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBufForce, &size)
-            .map_err(|errno| SendError::Socket(errno.into()))?;
+        nix::sys::socket::setsockopt(
+            &socket.socket,
+            nix::sys::socket::sockopt::SndBufForce,
+            &size,
+        )
+        .map_err(|errno| SendError::Socket(errno.into()))?;
         socket.send(&bytes, 0).map_err(SendError::Socket)?;
         match drain(socket)?.into_iter().next() {
             None => Ok(()),
