@@ -47,9 +47,36 @@ pub fn require_netns() {
     );
 }
 
+/// Deletes the namespaces of test processes that no longer run (a killed run cannot drop its
+/// own): `kprs-<pid>-...` whose pid has no /proc entry. Once per process.
+fn sweep_stale_namespaces() {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        let Ok(entries) = std::fs::read_dir("/run/netns") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("kprs-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = Command::new("ip").args(["netns", "del", &name]).output();
+            }
+        }
+    });
+}
+
 impl Netns {
-    /// Creates `kprs-<pid>-<n>-<role>` with loopback up.
+    /// Creates `kprs-<pid>-<n>-<role>` with loopback up (first removing namespaces that killed
+    /// runs left).
     pub fn new(role: &str) -> Netns {
+        sweep_stale_namespaces();
         let name = format!(
             "kprs-{}-{}-{role}",
             std::process::id(),
