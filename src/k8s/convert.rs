@@ -371,8 +371,12 @@ pub fn endpoint_slice(
             ready,
             serving,
             terminating,
-            node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
-            zone: ep.zone.clone().filter(|z| !z.is_empty()),
+            node_name: ep
+                .node_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .map(shared),
+            zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(shared),
             zone_hints,
             node_hints,
         });
@@ -521,3 +525,27 @@ fn parse_list<'a, T>(
 
 #[cfg(test)]
 mod tests;
+
+/// One shared copy of a node's or zone's name: 100,000 endpoints name a few nodes, and the
+/// watch side's and the sync side's copies of each endpoint hold a pointer instead of a string.
+/// Holds at most [`SHARED_NAMES`] names (hostile input with a name per endpoint only costs
+/// the sharing).
+fn shared(name: &str) -> std::sync::Arc<str> {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    static NAMES: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    let names = names.get_or_insert_with(HashSet::new);
+    if let Some(known) = names.get(name) {
+        return known.clone();
+    }
+    if names.len() >= SHARED_NAMES {
+        names.clear();
+    }
+    let new: Arc<str> = Arc::from(name);
+    names.insert(new.clone());
+    new
+}
+
+/// How many names [`shared`] keeps.
+const SHARED_NAMES: usize = 16_384;

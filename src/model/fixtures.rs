@@ -55,7 +55,7 @@ pub fn slice(
                 ready: true,
                 serving: true,
                 terminating: false,
-                node_name: Some(node.to_string()),
+                node_name: Some((*node).into()),
                 zone: None,
                 zone_hints: BTreeSet::new(),
                 node_hints: BTreeSet::new(),

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -226,8 +227,9 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Shared among the endpoints on one node (a node's name is stored once).
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     /// Zones this endpoint is meant to serve (topology hints); empty when it carries none.
     pub zone_hints: BTreeSet<String>,
     /// Nodes this endpoint is meant to serve (`hints.forNodes`, PreferSameNode); empty when
@@ -244,7 +246,7 @@ impl Endpoint {
             ready: true,
             serving: true,
             terminating: false,
-            node_name: node.map(str::to_string),
+            node_name: node.map(Arc::from),
             zone: None,
             zone_hints: BTreeSet::new(),
             node_hints: BTreeSet::new(),
@@ -297,8 +299,9 @@ pub struct SliceEndpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Shared among the endpoints on one node (a node's name is stored once).
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     pub zone_hints: BTreeSet<String>,
     pub node_hints: BTreeSet<String>,
 }

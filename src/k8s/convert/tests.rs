@@ -148,6 +148,13 @@ fn endpoint_slices_convert_with_conditions_and_hints() {
         vec!["zone-a"]
     );
     assert_eq!(slice.endpoints[0].node_name.as_deref(), Some("node-a"));
+    // A node's name is stored once, whichever slice names it.
+    let again = endpoint_slice(&slices[0]).unwrap().value.unwrap();
+    let (first, second) = (&slice.endpoints[0].node_name, &again.endpoints[0].node_name);
+    assert!(std::sync::Arc::ptr_eq(
+        first.as_ref().unwrap(),
+        second.as_ref().unwrap()
+    ));
     assert_eq!(
         web.warnings,
         vec!["endpoints[3].addresses: \"bad-address\" is not an IPv4 address; ignored"]

@@ -250,7 +250,7 @@ fn upstream_endpoint(text: &str, node: &str) -> Endpoint {
                     'R' => ep.ready = true,
                     'S' => ep.serving = true,
                     'T' => ep.terminating = true,
-                    'L' => ep.node_name = Some(node.to_string()),
+                    'L' => ep.node_name = Some(node.into()),
                     other => panic!("unknown flag {other}"),
                 }
             }
