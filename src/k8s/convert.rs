@@ -2,7 +2,7 @@
 //! with an error that says what is wrong; a bad entry in a list (one external IP, one endpoint) is
 //! dropped with a warning and the rest of the object is kept, as upstream filters such entries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::rules;
 use crate::model::{
-    EndpointSlice, IpFamily, NamespacedName, NodeInfo, Protocol, ServicePort, ServicePortMap,
-    ServicePortName, SliceEndpoint, SlicePort,
+    EndpointSlice, IpFamily, Names, NamespacedName, NodeInfo, Protocol, ServicePort,
+    ServicePortMap, ServicePortName, SliceEndpoint, SlicePort,
 };
 
 /// Labels that keep a Service or EndpointSlice away from kube-proxy: another proxy owns it, or
@@ -354,17 +354,17 @@ pub fn endpoint_slice(
         let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
         let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
         let hints = ep.hints.as_ref();
-        let zone_hints: BTreeSet<String> = hints
+        let zone_hints: Names = hints
             .and_then(|h| h.for_zones.as_ref())
             .into_iter()
             .flatten()
-            .map(|z| z.name.clone())
+            .map(|z| shared(&z.name))
             .collect();
-        let node_hints: BTreeSet<String> = hints
+        let node_hints: Names = hints
             .and_then(|h| h.for_nodes.as_ref())
             .into_iter()
             .flatten()
-            .map(|n| n.name.clone())
+            .map(|n| shared(&n.name))
             .collect();
         endpoints.push(SliceEndpoint {
             ip,

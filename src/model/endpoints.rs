@@ -50,7 +50,7 @@ pub fn merge_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use crate::model::Names;
 
     use super::*;
     use crate::model::types::{IpFamily, NamespacedName, Protocol, SliceEndpoint, SlicePort};
@@ -78,8 +78,8 @@ mod tests {
                     terminating: false,
                     node_name: None,
                     zone: None,
-                    zone_hints: BTreeSet::new(),
-                    node_hints: BTreeSet::new(),
+                    zone_hints: Names::default(),
+                    node_hints: Names::default(),
                 })
                 .collect(),
         }

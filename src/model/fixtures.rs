@@ -1,6 +1,6 @@
 //! Small builders for model values in tests.
 
-use std::collections::BTreeSet;
+use crate::model::Names;
 
 use super::types::*;
 
@@ -57,8 +57,8 @@ pub fn slice(
                 terminating: false,
                 node_name: Some((*node).into()),
                 zone: None,
-                zone_hints: BTreeSet::new(),
-                node_hints: BTreeSet::new(),
+                zone_hints: Names::default(),
+                node_hints: Names::default(),
             })
             .collect(),
     }

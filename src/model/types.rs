@@ -1,6 +1,6 @@
 //! Typed services and endpoints. Everything past the watch layer is one of these: no IP is a string.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -219,6 +219,34 @@ impl ServicePort {
     }
 }
 
+/// A small set of names (an endpoint's topology hints), sorted, each shared: 16 bytes when
+/// empty, which most are, where a `BTreeSet<String>` takes 24.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Names(Box<[Arc<str>]>);
+
+impl Names {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|n| &**n == name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|n| &**n)
+    }
+}
+
+impl<T: Into<Arc<str>>> FromIterator<T> for Names {
+    fn from_iter<I: IntoIterator<Item = T>>(names: I) -> Self {
+        let mut names: Vec<Arc<str>> = names.into_iter().map(Into::into).collect();
+        names.sort();
+        names.dedup();
+        Names(names.into_boxed_slice())
+    }
+}
+
 /// One endpoint of one service port, merged from the EndpointSlices.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Endpoint {
@@ -231,10 +259,10 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
     pub zone: Option<Arc<str>>,
     /// Zones this endpoint is meant to serve (topology hints); empty when it carries none.
-    pub zone_hints: BTreeSet<String>,
+    pub zone_hints: Names,
     /// Nodes this endpoint is meant to serve (`hints.forNodes`, PreferSameNode); empty when
     /// it carries none.
-    pub node_hints: BTreeSet<String>,
+    pub node_hints: Names,
 }
 
 impl Endpoint {
@@ -248,8 +276,8 @@ impl Endpoint {
             terminating: false,
             node_name: node.map(Arc::from),
             zone: None,
-            zone_hints: BTreeSet::new(),
-            node_hints: BTreeSet::new(),
+            zone_hints: Names::default(),
+            node_hints: Names::default(),
         }
     }
 
@@ -302,8 +330,8 @@ pub struct SliceEndpoint {
     /// Shared among the endpoints on one node (a node's name is stored once).
     pub node_name: Option<Arc<str>>,
     pub zone: Option<Arc<str>>,
-    pub zone_hints: BTreeSet<String>,
-    pub node_hints: BTreeSet<String>,
+    pub zone_hints: Names,
+    pub node_hints: Names,
 }
 
 /// One EndpointSlice, typed.
