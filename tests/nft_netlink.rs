@@ -138,24 +138,16 @@ fn a_refused_transaction_names_its_line_and_changes_nothing() {
 fn a_check_changes_nothing_and_names_a_refused_line() {
     require_netns();
     let ns = Netns::new("nl-check");
-    apply_netlink(
-        &ns,
-        "add table ip kept
-",
-    )
-    .unwrap();
+    apply_netlink(&ns, "add table ip kept\n").unwrap();
     let before = listing(&ns);
-    let probe = "add table ip kube-proxy-probe
-add chain ip kube-proxy-probe c { type nat hook prerouting priority -100 ; }
-                 add rule ip kube-proxy-probe c meta l4proto tcp dnat to 10.0.0.1:80
-";
+    let probe = "add table ip kube-proxy-probe\n\
+                 add chain ip kube-proxy-probe c { type nat hook prerouting priority -100 ; }\n\
+                 add rule ip kube-proxy-probe c meta l4proto tcp dnat to 10.0.0.1:80\n";
     let checked = ns.run(move || kube_proxy_rs::sys::nftables::check(probe));
     checked.unwrap();
     assert_eq!(listing(&ns), before, "a check must change nothing");
-    let refused = "add table ip kube-proxy-probe
-add chain ip kube-proxy-probe c
-                   add rule ip kube-proxy-probe c goto missing
-";
+    let refused = "add table ip kube-proxy-probe\nadd chain ip kube-proxy-probe c\n\
+                   add rule ip kube-proxy-probe c goto missing\n";
     let err = ns
         .run(move || kube_proxy_rs::sys::nftables::check(refused))
         .unwrap_err();

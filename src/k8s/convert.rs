@@ -2,8 +2,9 @@
 //! with an error that says what is wrong; a bad entry in a list (one external IP, one endpoint) is
 //! dropped with a warning and the rest of the object is kept, as upstream filters such entries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -523,19 +524,13 @@ fn parse_list<'a, T>(
     parsed
 }
 
-#[cfg(test)]
-mod tests;
-
 /// One shared copy of a node's or zone's name: 100,000 endpoints name a few nodes, and the
 /// watch side's and the sync side's copies of each endpoint hold a pointer instead of a string.
 /// Holds at most [`SHARED_NAMES`] names (hostile input with a name per endpoint only costs
 /// the sharing).
-fn shared(name: &str) -> std::sync::Arc<str> {
-    use std::collections::HashSet;
-    use std::sync::{Arc, Mutex};
-    static NAMES: Mutex<Option<HashSet<Arc<str>>>> = Mutex::new(None);
+fn shared(name: &str) -> Arc<str> {
+    static NAMES: LazyLock<Mutex<HashSet<Arc<str>>>> = LazyLock::new(Mutex::default);
     let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
-    let names = names.get_or_insert_with(HashSet::new);
     if let Some(known) = names.get(name) {
         return known.clone();
     }
@@ -549,3 +544,6 @@ fn shared(name: &str) -> std::sync::Arc<str> {
 
 /// How many names [`shared`] keeps.
 const SHARED_NAMES: usize = 16_384;
+
+#[cfg(test)]
+mod tests;

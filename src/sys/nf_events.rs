@@ -200,12 +200,11 @@ pub fn foreign_changes(scope: Scope, datagram: &[u8]) -> Vec<ChainKey> {
     changes
 }
 
-/// Whether an event's netlink port id is one of our own writing sockets' or of our tools'.
-/// A tool's socket gets its pid as
-/// port id, unless that number is taken in the network namespace (a host process with the same
-/// pid in another pid namespace): the kernel then picks a negative one. Such an event, while one
-/// of our tools runs, is taken for ours: treating our own restores as drift would rewrite them
-/// again and again.
+/// Whether an event's netlink port id is one of our own writing sockets' or of our tools'. A
+/// tool's socket gets its pid as port id, unless that number is taken in the network namespace
+/// (a host process with the same pid in another pid namespace): the kernel then picks a
+/// negative one. Such an event, while one of our tools runs, is taken for ours: treating our
+/// own restores as drift would rewrite them again and again.
 fn made_by_us(port: u32) -> bool {
     is_own_socket(port)
         || is_our_tool(port)

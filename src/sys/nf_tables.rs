@@ -229,10 +229,10 @@ pub fn rule_comments(
 
 /// Folds the rules of each of `chains` in `table` of `family` into a `T` per chain (in the
 /// order of `chains`), each chain's rules in their order: `fold` gets each rule's attributes
-/// (NFTA_RULE_*). A chain that does not exist gets nothing folded in. Each chain is dumped on its own: the kernel finds it by name,
-/// where a dump of the whole table walks every rule before the point it had reached for each
-/// batch it sends (at 380,000 rules, 16 s against 1). The chains are shared among a few
-/// threads, each with its own socket.
+/// (NFTA_RULE_*). A chain that does not exist gets nothing folded in. Each chain is dumped on
+/// its own: the kernel finds it by name, where a dump of the whole table walks every rule
+/// before the point it had reached for each batch it sends (at 380,000 rules, 16 s against 1).
+/// The chains are shared among a few threads, each with its own socket.
 pub(crate) fn rules_per_chain<T, F>(
     family: IpFamily,
     table: &str,

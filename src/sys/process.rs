@@ -40,7 +40,9 @@ pub fn is_our_tool(pid: u32) -> bool {
     children.contains_key(&pid)
 }
 
-/// The port ids of this process's own netlink sockets that write nf_tables transactions.
+/// The port ids of this process's own netlink sockets that write nf_tables transactions, each
+/// with how many are open (port ids are per network namespace: two sockets of ours in two
+/// namespaces may share one).
 static OWN_PORTS: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
 
 fn own_ports() -> std::sync::MutexGuard<'static, BTreeMap<u32, usize>> {

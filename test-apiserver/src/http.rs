@@ -310,41 +310,38 @@ fn list(
         .filter(|(_, object)| in_namespace(object, namespace) && selectors.matches(object));
     let page = if limit > 0 { limit } else { usize::MAX };
     let items: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(page).collect();
-    let mut metadata = json!({"resourceVersion": list_version.to_string()});
     // As upstream: `remainingItemCount` only for lists without selectors (counting the rest of
     // a selection would read it all for every page).
-    let more = if selectors.is_empty() {
-        let remaining = matching.count();
-        (remaining > 0).then(|| json!(remaining))
-    } else {
-        matching.next().map(|_| Value::Null)
-    };
-    if let Some(remaining) = more
-        && let Some((last, _)) = items.last()
-    {
+    let remaining = selectors.is_empty().then(|| matching.by_ref().count());
+    let more = remaining.map_or_else(|| matching.next().is_some(), |count| count > 0);
+    let mut metadata = json!({"resourceVersion": list_version.to_string()});
+    if more && let Some((last, _)) = items.last() {
         metadata["continue"] = json!(format!("{list_version}/{}/{}", last.0, last.1));
-        if !remaining.is_null() {
-            metadata["remainingItemCount"] = remaining;
+        if let Some(count) = remaining {
+            metadata["remainingItemCount"] = json!(count);
         }
     }
-    // The page is written from the stored objects as they are (no copy of them first).
-    let mut body = json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(), "metadata": metadata})
-        .to_string();
-    body.pop();
-    body.push_str(",\"items\":[");
-    let mut text = body.into_bytes();
-    for (index, (_, object)) in items.iter().enumerate() {
-        if index > 0 {
-            text.push(b',');
-        }
-        if serde_json::to_writer(&mut text, object).is_err() {
-            return status(500, "InternalError", "an object could not be written");
-        }
+    // Written from the stored objects as they are (no copy of them first).
+    let page = ListPage {
+        kind: format!("{}List", resource.kind()),
+        api_version: resource.api_version(),
+        metadata,
+        items: items.into_iter().map(|(_, object)| object).collect(),
+    };
+    match serde_json::to_vec(&page) {
+        Ok(body) => bytes_response(200, body),
+        Err(_) => status(500, "InternalError", "a list page could not be written"),
     }
-    text.extend_from_slice(b"]}");
-    let mut response = json_response(200, Value::Null);
-    *response.body_mut() = BodyExt::boxed_unsync(Full::new(Bytes::from(text)));
-    response
+}
+
+/// One page of a list, as the API server writes it.
+#[derive(serde::Serialize)]
+struct ListPage<'a> {
+    kind: String,
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    metadata: Value,
+    items: Vec<&'a Value>,
 }
 
 fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
@@ -589,9 +586,12 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
 }
 
 fn json_response(code: u16, value: Value) -> Response<Body> {
-    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(
-        value.to_string(),
-    ))));
+    bytes_response(code, value.to_string().into_bytes())
+}
+
+/// A response with a JSON `body`.
+fn bytes_response(code: u16, body: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(body))));
     *response.status_mut() =
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert(

@@ -164,7 +164,7 @@ impl Store {
 
     /// Every object of a resource, in key order.
     pub fn list(&self, resource: Resource) -> impl Iterator<Item = (&ObjectKey, &Value)> {
-        self.objects.get(&resource).into_iter().flatten()
+        self.list_after(resource, None)
     }
 
     /// The objects of a resource after `after` (all of them without it), in key order.

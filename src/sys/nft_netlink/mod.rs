@@ -57,8 +57,6 @@ pub struct Sender {
     held: Option<(NamespaceId, OwnSocket)>,
     /// The next batch's first sequence number.
     next_sequence: u32,
-    /// The batch being sent is a check (no BATCH_END: the kernel aborts it).
-    checking: bool,
 }
 
 impl std::fmt::Debug for Sender {
@@ -147,10 +145,27 @@ fn drain(socket: &Socket) -> Result<Vec<(u32, i32, Option<String>)>, SendError> 
     Ok(errors)
 }
 
+/// Whether a batch is committed (applied) or only checked.
+#[derive(Clone, Copy)]
+enum Commit {
+    Yes,
+    No,
+}
+
 impl Sender {
     /// Sends `messages` as one transaction in this thread's network namespace (a socket opened
     /// in another one is replaced).
     pub fn send(&mut self, messages: &[Message]) -> Result<(), SendError> {
+        self.transact(messages, Commit::Yes)
+    }
+
+    /// Has the kernel check `messages` as one transaction and abort it (nothing changes):
+    /// `nft --check`, without nft's read of the ruleset first.
+    pub fn check(&mut self, messages: &[Message]) -> Result<(), SendError> {
+        self.transact(messages, Commit::No)
+    }
+
+    fn transact(&mut self, messages: &[Message], commit: Commit) -> Result<(), SendError> {
         if messages.is_empty() {
             return Ok(());
         }
@@ -162,7 +177,7 @@ impl Sender {
         {
             self.held = Some((namespace, open_socket().map_err(SendError::Socket)?));
         }
-        let result = self.send_on_held(messages);
+        let result = self.send_on_held(messages, commit);
         if matches!(result, Err(SendError::Socket(_))) {
             // A socket that failed is not trusted with the next transaction.
             self.held = None;
@@ -170,16 +185,7 @@ impl Sender {
         result
     }
 
-    /// Has the kernel check `messages` as one transaction and abort it (nothing changes):
-    /// `nft --check`, without nft's read of the ruleset first.
-    pub fn check(&mut self, messages: &[Message]) -> Result<(), SendError> {
-        self.checking = true;
-        let result = self.send(messages);
-        self.checking = false;
-        result
-    }
-
-    fn send_on_held(&mut self, messages: &[Message]) -> Result<(), SendError> {
+    fn send_on_held(&mut self, messages: &[Message], commit: Commit) -> Result<(), SendError> {
         let Some((_, socket)) = self.held.as_ref() else {
             return Err(SendError::Socket(io::ErrorKind::NotConnected.into()));
         };
@@ -191,10 +197,10 @@ impl Sender {
         }
         let first_sequence = self.next_sequence;
         self.next_sequence += count;
-        let bytes = if self.checking {
-            unterminated_batch(messages, first_sequence)
-        } else {
-            batch(messages, first_sequence)
+        let bytes = match commit {
+            Commit::Yes => batch(messages, first_sequence),
+            // No BATCH_END: the kernel handles every message, then aborts.
+            Commit::No => unterminated_batch(messages, first_sequence),
         };
         // A batch goes to the kernel in one send, so the socket's send buffer must hold it.
         let size = bytes.len() + 64 * 1024;
