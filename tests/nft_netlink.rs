@@ -81,6 +81,8 @@ fn netlink_writes_what_nft_writes() {
         for step in [
             format!("corpus-{family}.nft"),
             format!("changes-{family}.nft"),
+            format!("draws-{family}.nft"),
+            format!("draws-changes-{family}.nft"),
             "remove-tables.nft".to_string(),
         ] {
             let text = read(&step);
@@ -261,6 +263,11 @@ fn captures_of_nfts_messages_are_current() {
             &format!("changes-{family}.batch"),
             capture(&ns, &format!("changes-{family}.nft")),
         );
+        let ns = Netns::new("nl-capture");
+        store(
+            &format!("draws-{family}.batch"),
+            capture(&ns, &format!("draws-{family}.nft")),
+        );
     }
     let ns = Netns::new("nl-capture");
     store("remove-tables.batch", capture(&ns, "remove-tables.nft"));
@@ -278,6 +285,8 @@ fn elements_read_back_as_they_were_written() {
         for step in [
             format!("corpus-{keyword}.nft"),
             format!("changes-{keyword}.nft"),
+            format!("draws-{keyword}.nft"),
+            format!("draws-changes-{keyword}.nft"),
         ] {
             let text = read(&step);
             apply_netlink(&ns, &text).unwrap_or_else(|err| panic!("{step}: {err}"));

@@ -61,7 +61,12 @@ fn write_component(kind: KeyType, bytes: &[u8], out: &mut String) -> Option<()> 
 /// How a set's keys are laid out, from its declaration (`{ type ipv4_addr . inet_proto .
 /// inet_service : verdict ; ... }`); `None` for a type this program never declares.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyLayout(Vec<KeyType>);
+pub enum KeyLayout {
+    Keys(Vec<KeyType>),
+    /// `typeof numgen random mod N : ip daddr . th dport ; flags interval`: intervals of draws
+    /// (`0-32767`) to an address and a port (` : 10.0.0.1 . 80`).
+    Draws,
+}
 
 impl KeyLayout {
     pub fn from_spec(spec: &str) -> Option<KeyLayout> {
@@ -71,21 +76,29 @@ impl KeyLayout {
             .trim()
             .trim_start_matches('{')
             .trim();
+        if declared.starts_with("typeof numgen random mod ")
+            && declared.ends_with(" daddr . th dport")
+        {
+            return Some(KeyLayout::Draws);
+        }
         let types = declared.strip_prefix("type ")?;
         let key = types.split(" : ").next()?;
         let components = key
             .split(" . ")
             .map(|word| KeyType::parse(word.trim()))
             .collect::<Option<Vec<_>>>()?;
-        (!components.is_empty()).then_some(KeyLayout(components))
+        (!components.is_empty()).then_some(KeyLayout::Keys(components))
     }
 
-    /// A key's text, as this program writes it.
+    /// A key's text, as this program writes it (a draw: its number).
     pub fn key_text(&self, bytes: &[u8]) -> Option<String> {
-        let concatenated = self.0.len() > 1;
+        let KeyLayout::Keys(components) = self else {
+            return Some(u32::from_be_bytes(bytes.try_into().ok()?).to_string());
+        };
+        let concatenated = components.len() > 1;
         let mut text = String::with_capacity(48);
         let mut offset = 0;
-        for (index, kind) in self.0.iter().enumerate() {
+        for (index, kind) in components.iter().enumerate() {
             if index > 0 {
                 text.push_str(" . ");
             }
@@ -145,6 +158,9 @@ pub(crate) fn decode(
     if names.0.as_deref() != Some(table) || names.1.as_deref() != Some(set) {
         return Ok(());
     }
+    if *layout == KeyLayout::Draws {
+        return decode_draws(list.unwrap_or_default(), out);
+    }
     for (_, element) in attributes(list.unwrap_or_default()) {
         let mut key = None;
         let mut rest = String::new();
@@ -179,6 +195,91 @@ pub(crate) fn decode(
     Ok(())
 }
 
+/// The elements of a map of draws in one reply, as `(FIRST, ' : ADDRESS . PORT')` for starts
+/// and `(END, "")` for ends (the draw after an interval's last); [`intervals`] pairs them.
+fn decode_draws(list: &[u8], out: &mut Vec<(String, String)>) -> Result<(), String> {
+    for (_, element) in attributes(list) {
+        let mut key = None;
+        let mut data = None;
+        let mut end = false;
+        for (kind, value) in attributes(element) {
+            match kind {
+                ELEM_KEY => {
+                    let (_, bytes) = attributes(value)
+                        .find(|(k, _)| *k == DATA_VALUE)
+                        .ok_or("a key without a value")?;
+                    key = Some(u32::from_be_bytes(
+                        bytes.try_into().map_err(|_| "a key that is not a draw")?,
+                    ));
+                }
+                ELEM_DATA => {
+                    let (_, bytes) = attributes(value)
+                        .find(|(k, _)| *k == DATA_VALUE)
+                        .ok_or("data without a value")?;
+                    data = Some(destination_text(bytes).ok_or("data that is not a destination")?);
+                }
+                ELEM_FLAGS => end = value.get(..4).is_some_and(|f| f != [0, 0, 0, 0]),
+                _ => {}
+            }
+        }
+        let key = key.ok_or("an element without a key")?;
+        match (end, data) {
+            (true, _) => out.push((format!("{key}"), String::new())),
+            (false, Some(data)) => out.push((format!("{key}"), data)),
+            (false, None) => return Err("a start of an interval without data".into()),
+        }
+    }
+    Ok(())
+}
+
+/// ` : ADDRESS . PORT` from an address, a port and two bytes of padding.
+fn destination_text(bytes: &[u8]) -> Option<String> {
+    let (address, port): (std::net::IpAddr, &[u8]) = match bytes.len() {
+        8 => (
+            Ipv4Addr::from(<[u8; 4]>::try_from(&bytes[..4]).ok()?).into(),
+            &bytes[4..6],
+        ),
+        20 => (
+            Ipv6Addr::from(<[u8; 16]>::try_from(&bytes[..16]).ok()?).into(),
+            &bytes[16..18],
+        ),
+        _ => return None,
+    };
+    Some(format!(
+        " : {address} . {}",
+        u16::from_be_bytes([port[0], port[1]])
+    ))
+}
+
+/// Interval elements as this program writes them (`FIRST-LAST`), from starts (with data) and
+/// ends (without): each start runs to the next end.
+fn intervals(bounds: Vec<(String, String)>) -> Result<BTreeMap<String, String>, String> {
+    let mut sorted: Vec<(u32, String)> = bounds
+        .into_iter()
+        .map(|(key, data)| {
+            Ok((
+                key.parse().map_err(|_| "a draw that is not a number")?,
+                data,
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    sorted.sort_by_key(|(key, data)| (*key, !data.is_empty()));
+    let mut out = BTreeMap::new();
+    let mut open: Option<(u32, String)> = None;
+    for (key, data) in sorted {
+        if data.is_empty() {
+            let (first, data) = open.take().ok_or("an end without a start")?;
+            out.insert(format!("{first}-{}", key.wrapping_sub(1)), data);
+        } else if open.replace((key, data)).is_some() {
+            return Err("a start without an end".into());
+        }
+    }
+    if open.is_some() {
+        return Err("a start without an end".into());
+    }
+    Ok(out)
+}
+
 /// Every element of `set` (laid out as `layout`) in `table` of `family`, as text.
 pub fn set_elements(
     family: IpFamily,
@@ -187,20 +288,34 @@ pub fn set_elements(
     layout: &KeyLayout,
 ) -> Result<BTreeMap<String, String>, ElementsError> {
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    set_elements_on(&mut connection, family, table, set, layout)
+}
+
+/// [`set_elements`] over an open connection (one for many sets).
+pub fn set_elements_on(
+    connection: &mut Connection,
+    family: IpFamily,
+    table: &str,
+    set: &str,
+    layout: &KeyLayout,
+) -> Result<BTreeMap<String, String>, ElementsError> {
+    let connection = connection;
     let request = RawMessage::request(
         NFT_MSG_GETSETELEM,
         family,
         &[(LIST_TABLE, table), (LIST_SET, set)],
     );
-    let replies = dump(&mut connection, request)?;
+    let replies = dump(connection, request)?;
+    let undecodable = |what| ElementsError::Undecodable {
+        set: set.to_string(),
+        what,
+    };
     let mut elements = Vec::new();
     for reply in &replies {
-        decode(reply, table, set, layout, &mut elements).map_err(|what| {
-            ElementsError::Undecodable {
-                set: set.to_string(),
-                what,
-            }
-        })?;
+        decode(reply, table, set, layout, &mut elements).map_err(undecodable)?;
+    }
+    if *layout == KeyLayout::Draws {
+        return intervals(elements).map_err(undecodable);
     }
     Ok(elements.into_iter().collect())
 }

@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::iptables::input_context;
-use super::netlink::NetlinkError;
+use super::netlink::{Connection, NetlinkError};
 use super::nf_tables;
 use super::nft_elements::{self, KeyLayout};
 use super::nft_netlink;
 use super::process::{Tool, ToolError};
 use crate::model::IpFamily;
+use netlink_sys::protocols::NETLINK_NETFILTER;
 use tracing::debug;
 
 /// The `nft` binary.
@@ -265,6 +266,8 @@ impl Nftables for SystemNftables {
             source,
         };
         let mut out = SetElements::new();
+        let mut connection = Connection::open(NETLINK_NETFILTER)
+            .map_err(|err| failed(nft_elements::ElementsError::Netlink(err)))?;
         for (name, spec) in sets {
             let layout = KeyLayout::from_spec(spec).ok_or_else(|| {
                 failed(nft_elements::ElementsError::Undecodable {
@@ -273,7 +276,8 @@ impl Nftables for SystemNftables {
                 })
             })?;
             let elements =
-                nft_elements::set_elements(family, table, name, &layout).map_err(failed)?;
+                nft_elements::set_elements_on(&mut connection, family, table, name, &layout)
+                    .map_err(failed)?;
             out.insert(name.clone(), elements);
         }
         Ok(out)

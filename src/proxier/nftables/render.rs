@@ -550,10 +550,11 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
     }
 
     // The policy chains, and the endpoints' own chains where session affinity needs them.
-    // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form):
-    // no endpoint chains, so the table has a tenth of the chains that the kernel re-validates
-    // at every commit that adds a NAT rule; hairpin traffic is found in postrouting by
-    // @hairpin-connections instead of a rule per endpoint chain.
+    // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form,
+    // the map named and the draws fixed: see [`DRAWS`]): no endpoint chains, so the table has a
+    // tenth of the chains that the kernel re-validates at a commit that adds a NAT rule;
+    // hairpin traffic is found in postrouting by @hairpin-connections instead of a rule per
+    // endpoint chain.
     let affinity = port.session_affinity_seconds.is_some();
     let mark_it = if affinity {
         format!("jump {MARK_FOR_MASQUERADE}")
@@ -584,6 +585,10 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
         }
         let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
         chosen.sort_by_key(|ep| ep.address());
+        if !affinity && chosen.len() <= DRAWS as usize {
+            endpoint_map(chain, ip, proto, &chosen, out);
+            continue;
+        }
         if !affinity {
             out.rule(chain, destination_selection(ip, proto, &chosen));
             continue;
@@ -678,7 +683,45 @@ pub fn digest_of(chain: &Chain) -> Option<&str> {
     })
 }
 
-/// The rule that DNATs to one of `endpoints` at random.
+/// How many values the `numgen` of a policy chain's endpoint map draws from. The modulus is
+/// fixed and each endpoint owns an interval of it, so a change of endpoints changes the map's
+/// elements and never the rule: the kernel re-validates the whole table at a commit that adds
+/// a NAT rule (`nft_table_validate`, most of a one-endpoint change at 10,000 services), but
+/// not at one that only changes a data map's elements.
+pub const DRAWS: u32 = 65_536;
+
+/// A policy chain's DNAT through its own named map, which bears the chain's name: each of
+/// `endpoints` owns an equal share (to within one in 65,536) of the draws, in order.
+fn endpoint_map(chain: &str, ip: &str, proto: &str, endpoints: &[&Endpoint], out: &mut Objects) {
+    out.sets.insert(
+        chain.to_string(),
+        SetDef {
+            kind: "map",
+            spec: format!(
+                "{{ typeof numgen random mod {DRAWS} : {ip} daddr . th dport ; flags interval ; }}"
+            ),
+        },
+    );
+    out.rule(
+        chain,
+        format!(
+            "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {DRAWS} map @{chain}"
+        ),
+    );
+    let count = endpoints.len() as u64;
+    for (index, ep) in endpoints.iter().enumerate() {
+        let index = index as u64;
+        let first = index * u64::from(DRAWS) / count;
+        let last = (index + 1) * u64::from(DRAWS) / count - 1;
+        out.element(
+            chain,
+            format!("{first}-{last}"),
+            format!(" : {} . {}", ep.ip, ep.port),
+        );
+    }
+}
+
+/// The rule that DNATs to one of `endpoints` at random (more endpoints than [`DRAWS`]).
 fn destination_selection(ip: &str, proto: &str, endpoints: &[&Endpoint]) -> String {
     let mut rule = format!(
         "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {{ ",

@@ -4,6 +4,7 @@
 //! hands that transaction to `nft` instead.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use super::expr::{
     DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL,
@@ -88,18 +89,52 @@ pub fn compile_with(text: &str, names: AnonymousNames) -> Result<Compiled, Compi
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let first = compiler.out.messages.len();
-        compiler.command(line).map_err(|reason| CompileError {
+        let failed = |reason| CompileError {
             line: index + 1,
             reason,
-        })?;
+        };
+        if compiler.merge_draws(line).map_err(failed)? {
+            continue;
+        }
+        compiler.flush_draws();
+        let first = compiler.out.messages.len();
+        compiler.command(line).map_err(failed)?;
         let added = compiler.out.messages.len() - first;
         compiler
             .out
             .lines
             .extend(std::iter::repeat_n(index + 1, added));
+        if added == 1 {
+            compiler.start_draws(line, index + 1);
+        }
     }
+    compiler.flush_draws();
     Ok(compiler.out)
+}
+
+/// Consecutive lines that add (or delete) intervals of draws in one map, sent as one message:
+/// the kernel looks a set up by name by walking every set of the table, once per message.
+struct DrawLines {
+    /// The line's words before the element: `add element ip kube-proxy NAME`.
+    head: String,
+    ipv6: bool,
+    add: bool,
+    elements: Vec<Element>,
+    line: usize,
+}
+
+/// `VERB element FAMILY TABLE SET { FIRST-LAST ... }`: the head and the body, for lines of
+/// intervals of draws.
+fn draw_line(line: &str) -> Option<(&str, &str)> {
+    let open = line.find(" { ")?;
+    let (head, body) = (&line[..open], &line[open + 3..]);
+    let words: Vec<&str> = head.split(' ').collect();
+    let ["add" | "delete", "element", _, _, _] = words.as_slice() else {
+        return None;
+    };
+    let first = body.split(' ').next()?;
+    draw_interval(first)?;
+    Some((head, body.strip_suffix(" }")?))
 }
 
 /// Splits a line into words; a double-quoted string is one word, quotes included.
@@ -148,6 +183,8 @@ struct Compiler {
     /// Every set this batch declares gets the next id; references to it carry it.
     last_set_id: u32,
     declared_sets: HashMap<(u8, String, String), u32>,
+    /// Interval lines gathered into one message.
+    draws: Option<DrawLines>,
 }
 
 /// Where a command applies: family and table.
@@ -164,6 +201,74 @@ impl Scope<'_> {
 }
 
 impl Compiler {
+    /// Adds `line` to the run of interval lines being gathered if it continues it.
+    fn merge_draws(&mut self, line: &str) -> Result<bool, Unsupported> {
+        let Some(run) = &mut self.draws else {
+            return Ok(false);
+        };
+        let Some((head, body)) = draw_line(line) else {
+            return Ok(false);
+        };
+        if head != run.head {
+            return Ok(false);
+        }
+        let words: Vec<&str> = body.split(' ').collect();
+        run.elements
+            .extend(Element::parse(&words, run.add, run.ipv6)?);
+        Ok(true)
+    }
+
+    /// After an interval line was compiled to its own message: takes that message back to
+    /// gather the lines that follow it.
+    fn start_draws(&mut self, line: &str, number: usize) {
+        let Some((head, body)) = draw_line(line) else {
+            return;
+        };
+        let add = head.starts_with("add ");
+        let ipv6 = head.split(' ').nth(2) == Some("ip6");
+        let words: Vec<&str> = body.split(' ').collect();
+        let Ok(elements) = Element::parse(&words, add, ipv6) else {
+            return;
+        };
+        self.out.messages.pop();
+        self.out.lines.pop();
+        self.draws = Some(DrawLines {
+            head: head.to_string(),
+            ipv6,
+            add,
+            elements,
+            line: number,
+        });
+    }
+
+    /// Sends the gathered interval lines as one message.
+    fn flush_draws(&mut self) {
+        let Some(run) = self.draws.take() else {
+            return;
+        };
+        let words: Vec<&str> = run.head.split(' ').collect();
+        let [_, _, family_word, table, set] = words.as_slice() else {
+            return;
+        };
+        let Ok(family) = family(family_word) else {
+            return;
+        };
+        let scope = Scope { family, table };
+        let mut a = Attributes::new();
+        a.string(1, table).string(2, set);
+        if let Some(id) = self.set_id(scope, set) {
+            a.u32(4, id);
+        }
+        encode_elements(&mut a, &run.elements);
+        let (kind, flags) = if run.add {
+            (NFT_MSG_NEWSETELEM, NLM_F_CREATE)
+        } else {
+            (NFT_MSG_DELSETELEM, 0)
+        };
+        self.push(kind, flags, scope, a);
+        self.out.lines.push(run.line);
+    }
+
     fn push(&mut self, kind: u16, flags: u16, scope: Scope<'_>, attributes: Attributes) {
         self.out.messages.push(Message {
             kind,
@@ -566,11 +671,40 @@ impl Compiler {
         if declared.timeout_ms.is_some() || declared.timeout_flag {
             flags |= SET_TIMEOUT;
         }
+        if declared.destinations.is_some() {
+            flags |= SET_INTERVAL;
+        }
         a.u32(3, flags)
             .u32(4, declared.key_type)
             .u32(5, declared.key_len);
-        if is_map {
-            a.u32(6, DATA_VERDICT).u32(7, 0);
+        match declared.destinations {
+            Some(draws) => {
+                let ipv6 = scope.is_ipv6();
+                let (address_type, address_len) = if ipv6 {
+                    (TYPE_IP6ADDR, 16)
+                } else {
+                    (TYPE_IPADDR, 4)
+                };
+                a.u32(6, address_type << TYPE_BITS | TYPE_INET_SERVICE)
+                    .u32(7, address_len + 4)
+                    .u32(10, id);
+                let mut udata = UserData::new()
+                    .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
+                    .host_u32(UDATA_SET_DATABYTEORDER, 0)
+                    .record(UDATA_SET_KEY_TYPEOF, &numgen_typeof(draws))
+                    .record(UDATA_SET_DATA_TYPEOF, &destination_typeof(ipv6))
+                    .host_u32(UDATA_SET_DATA_INTERVAL, 0);
+                if let Some(comment) = declared.comment {
+                    udata = udata.text(UDATA_SET_COMMENT, comment);
+                }
+                a.raw(13, udata.bytes());
+                self.push(NFT_MSG_NEWSET, NLM_F_CREATE, scope, a);
+                return Ok(());
+            }
+            None if is_map => {
+                a.u32(6, DATA_VERDICT).u32(7, 0);
+            }
+            None => {}
         }
         a.u32(10, id);
         if let Some(timeout) = declared.timeout_ms {
@@ -603,13 +737,13 @@ impl Compiler {
         let [set, "{", body @ .., "}"] = rest else {
             return Err("expected a set name and one element".into());
         };
-        let element = Element::parse(body, add)?;
+        let elements = Element::parse(body, add, scope.is_ipv6())?;
         let mut a = Attributes::new();
         a.string(1, scope.table).string(2, set);
         if let Some(id) = self.set_id(scope, set) {
             a.u32(4, id);
         }
-        encode_elements(&mut a, &[element]);
+        encode_elements(&mut a, &elements);
         let kind = if add {
             NFT_MSG_NEWSETELEM
         } else {
@@ -626,6 +760,9 @@ type AnonymousParts = (String, u32, u32, u32, Vec<Element>, u32, UserData, Expr)
 /// A named set's declaration: `type T [. T ...] [: verdict] ; [flags dynamic,timeout ;]
 /// [timeout Ns ;] [comment "..." ;]`.
 struct SetSpec<'a> {
+    /// `typeof numgen random mod N : ip daddr . th dport ; flags interval`: a map from
+    /// intervals of N draws to an address and a port (the draws).
+    destinations: Option<u32>,
     key_type: u32,
     key_len: u32,
     components: usize,
@@ -638,6 +775,7 @@ struct SetSpec<'a> {
 impl<'a> SetSpec<'a> {
     fn parse(spec: &[&'a str], is_map: bool) -> Result<Self, Unsupported> {
         let mut parsed = SetSpec {
+            destinations: None,
             key_type: 0,
             key_len: 0,
             components: 0,
@@ -678,6 +816,28 @@ impl<'a> SetSpec<'a> {
                         return Err("only address sets stand alone".into());
                     }
                 }
+                [
+                    "typeof",
+                    "numgen",
+                    "random",
+                    "mod",
+                    draws,
+                    ":",
+                    "ip" | "ip6",
+                    "daddr",
+                    ".",
+                    "th",
+                    "dport",
+                ] if is_map => {
+                    let draws: u32 = draws
+                        .parse()
+                        .map_err(|_| format!("not a modulus: {draws:?}"))?;
+                    parsed.destinations = Some(draws);
+                    parsed.key_type = TYPE_INTEGER;
+                    parsed.key_len = 4;
+                    parsed.components = 1;
+                }
+                ["flags", "interval"] if parsed.destinations.is_some() => {}
                 ["flags", flags] => {
                     for flag in flags.split(',') {
                         match flag {
@@ -715,8 +875,49 @@ struct Element {
 }
 
 impl Element {
-    /// `KEY [. KEY ...] [comment "..."] [: VERDICT]`; deletions name the key only.
-    fn parse(body: &[&str], add: bool) -> Result<Self, Unsupported> {
+    /// `KEY [. KEY ...] [comment "..."] [: VERDICT]`, or `FIRST-LAST : ADDRESS . PORT` (an
+    /// interval of draws, two elements); deletions name the key only.
+    fn parse(body: &[&str], add: bool, ipv6: bool) -> Result<Vec<Self>, Unsupported> {
+        if let Some((first, last)) = body.first().and_then(|w| draw_interval(w)) {
+            let data = match &body[1..] {
+                [] if !add => None,
+                [":", address, ".", port] if add => {
+                    let address: IpAddr = address
+                        .parse()
+                        .map_err(|_| format!("not an address: {address:?}"))?;
+                    if address.is_ipv6() != ipv6 {
+                        return Err("an address of the other family".into());
+                    }
+                    let port: u16 = port.parse().map_err(|_| format!("not a port: {port:?}"))?;
+                    let mut data = values::address_bytes(address);
+                    data.extend(port.to_be_bytes());
+                    data.extend([0, 0]);
+                    Some(Data::Value(data))
+                }
+                _ => return Err("unsupported interval element".into()),
+            };
+            let end = last
+                .checked_add(1)
+                .ok_or_else(|| "an interval that reaches the last draw".to_string())?;
+            return Ok(vec![
+                Element {
+                    key: first.to_be_bytes().to_vec(),
+                    bound: None,
+                    data,
+                    comment: None,
+                },
+                Element {
+                    key: end.to_be_bytes().to_vec(),
+                    bound: Some(Bound::End),
+                    data: None,
+                    comment: None,
+                },
+            ]);
+        }
+        Self::parse_one(body, add).map(|element| vec![element])
+    }
+
+    fn parse_one(body: &[&str], add: bool) -> Result<Self, Unsupported> {
         let split = body.iter().position(|w| *w == "comment" || *w == ":");
         let (key_words, mut rest) = body.split_at(split.unwrap_or(body.len()));
         let components: Vec<&str> = key_words
@@ -781,4 +982,36 @@ fn encode_elements(a: &mut Attributes, elements: &[Element]) {
             });
         }
     });
+}
+
+/// `FIRST-LAST`, two numbers, the first not above the last.
+fn draw_interval(word: &str) -> Option<(u32, u32)> {
+    let (first, last) = word.split_once('-')?;
+    let first: u32 = first.parse().ok()?;
+    let last: u32 = last.parse().ok()?;
+    (first <= last).then_some((first, last))
+}
+
+/// nft's typeof record of a `numgen random mod DRAWS` key.
+fn numgen_typeof(draws: u32) -> Vec<u8> {
+    // Expression numgen (23); its type random (1), modulus and offset 0.
+    let mut record = vec![0, 4, 23, 0, 0, 0, 1, 18, 0, 4, 1, 0, 0, 0, 1, 4];
+    record.extend(draws.to_ne_bytes());
+    record.extend([2, 4, 0, 0, 0, 0]);
+    record
+}
+
+/// nft's typeof record of `ip daddr . th dport` (or `ip6 daddr`) data.
+fn destination_typeof(ipv6: bool) -> Vec<u8> {
+    // A concatenation (13) of two payloads (7): the network header's destination (ip 12/12,
+    // ip6 13/9), then the transport header's (11) destination port (2).
+    let (header, field) = if ipv6 { (13, 9) } else { (12, 12) };
+    let mut record = vec![
+        0, 4, 13, 0, 0, 0, 1, 44, 0, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4,
+    ];
+    record.extend([header, 0, 0, 0, 1, 4, field, 0, 0, 0]);
+    record.extend([
+        1, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0,
+    ]);
+    record
 }

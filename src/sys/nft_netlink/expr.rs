@@ -137,6 +137,11 @@ pub enum Expr {
         dreg: u32,
         modulus: u32,
     },
+    /// A 32-bit register from host to network order (nft's step before an interval lookup of
+    /// a host-order integer: interval sets compare keys as big-endian bytes).
+    HostToNetwork32 {
+        reg: u32,
+    },
     Dnat {
         family: u8,
         addr: u32,
@@ -180,6 +185,7 @@ impl Expr {
             Expr::Immediate { .. } => "immediate",
             Expr::Lookup { .. } => "lookup",
             Expr::Numgen { .. } => "numgen",
+            Expr::HostToNetwork32 { .. } => "byteorder",
             Expr::Dnat { .. } | Expr::DnatRange { .. } => "nat",
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
@@ -256,6 +262,10 @@ impl Expr {
             Expr::Numgen { dreg, modulus } => {
                 // Type random (1), offset 0.
                 out.u32(1, *dreg).u32(2, *modulus).u32(3, 1).u32(4, 0);
+            }
+            Expr::HostToNetwork32 { reg } => {
+                // Source, destination, operation hton (1), length 4, size 4.
+                out.u32(1, *reg).u32(2, *reg).u32(3, 1).u32(4, 4).u32(5, 4);
             }
             Expr::Dnat { family, addr, port } => {
                 // Type DNAT (1); the range flag "protocol specified" (2).

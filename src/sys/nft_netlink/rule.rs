@@ -611,11 +611,38 @@ impl<'a> Builder<'_, 'a> {
     }
 
     /// `ip addr . port to numgen random mod N map { 0 : A . P , 1 : B . Q }` (after `dnat`):
-    /// the address and port come from an anonymous map indexed by the random number.
+    /// the address and port come from an anonymous map indexed by the random number; or
+    /// `... numgen random mod N map @NAME`, from a named interval map.
     fn dnat_map(&mut self) -> Result<(), Unsupported> {
         self.position += 1;
         for word in ["addr", ".", "port", "to", "numgen"] {
             self.expect(word)?;
+        }
+        if let Some(name) = self
+            .words
+            .get(self.position + 4)
+            .and_then(|w| w.strip_prefix('@'))
+        {
+            self.expect("random")?;
+            self.expect("mod")?;
+            let modulus = parse_number(self.next()?)?;
+            self.expect("map")?;
+            self.position += 1;
+            self.emit(Expr::Numgen {
+                dreg: REG_1,
+                modulus,
+            });
+            self.emit(Expr::HostToNetwork32 { reg: REG_1 });
+            self.emit(Expr::Lookup {
+                sreg: REG_1,
+                dreg: Some(REG_1),
+                set: SetRef {
+                    name: name.to_string(),
+                    id: None,
+                },
+                inverted: false,
+            });
+            return self.dnat_from_registers();
         }
         let targets = self.numgen_entries("map", |rule| {
             let address: IpAddr = rule
@@ -636,6 +663,11 @@ impl<'a> Builder<'_, 'a> {
                 sreg: REG_1,
                 dreg: REG_1,
             }));
+        self.dnat_from_registers()
+    }
+
+    /// DNAT to the address and port a map lookup left in the registers.
+    fn dnat_from_registers(&mut self) -> Result<(), Unsupported> {
         // The port follows the address in the map's data.
         let (_, length) = self.address_field(false);
         self.emit(Expr::DnatRange {

@@ -5,7 +5,7 @@
 
 use super::*;
 
-const CASES: [(&str, &str, &str); 5] = [
+const CASES: [(&str, &str, &str); 7] = [
     (
         "corpus-ip",
         include_str!("../../../tests/testdata/nft/corpus-ip.nft"),
@@ -25,6 +25,16 @@ const CASES: [(&str, &str, &str); 5] = [
         "changes-ip6",
         include_str!("../../../tests/testdata/nft/changes-ip6.nft"),
         include_str!("../../../tests/testdata/nft/changes-ip6.batch"),
+    ),
+    (
+        "draws-ip",
+        include_str!("../../../tests/testdata/nft/draws-ip.nft"),
+        include_str!("../../../tests/testdata/nft/draws-ip.batch"),
+    ),
+    (
+        "draws-ip6",
+        include_str!("../../../tests/testdata/nft/draws-ip6.nft"),
+        include_str!("../../../tests/testdata/nft/draws-ip6.batch"),
     ),
     (
         "remove-tables",
@@ -138,6 +148,9 @@ fn every_message_equals_what_nft_sends() {
         if name.starts_with("changes") {
             renumber_sets(&ours, &mut theirs);
         }
+        // nft sends the elements of a map declared in the same batch twice in a row (the
+        // second message changes nothing); we send them once.
+        theirs.dedup_by(|a, b| a == b && a.0 & 0xff == wire::NFT_MSG_NEWSETELEM);
         // nft may reorder adjacent element additions; the kernel ends the same either way.
         sort_element_runs(&mut ours);
         sort_element_runs(&mut theirs);

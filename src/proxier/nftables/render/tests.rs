@@ -138,8 +138,8 @@ pub fn golden(name: &str) -> String {
 }
 
 /// The lines of a table outside what our layout replaces (README, "nftables mode"): the
-/// rules of service chains without session affinity, the endpoint chains of those services,
-/// and the hairpin set with its rule and elements.
+/// rules of service chains without session affinity, their endpoint maps, the endpoint chains
+/// of those services, and the hairpin set with its rule and elements.
 pub(crate) fn outside_our_changes(text: &str) -> String {
     let affinity_services: Vec<&str> = text
         .lines()
@@ -155,6 +155,8 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
             match (words.get(1).copied(), object.split_once('-')) {
                 (Some("chain" | "rule"), Some(("endpoint", suffix))) => with_affinity(suffix),
                 (Some("rule"), Some(("service", _))) => affinity_services.contains(&object),
+                // Endpoint maps bear their chain's name.
+                (Some("map" | "element"), Some(("service" | "local", _))) => false,
                 _ => true,
             }
         })
@@ -197,7 +199,25 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
         chain.rules,
         [
             "ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000",
-            "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }",
+            "meta l4proto tcp dnat ip addr . port to numgen random mod 65536 map @service-LAUZTJTB-ns4/svc4/tcp/p80",
+        ]
+    );
+    let endpoint_map = &objects.sets["service-LAUZTJTB-ns4/svc4/tcp/p80"];
+    assert_eq!(
+        endpoint_map.spec,
+        "{ typeof numgen random mod 65536 : ip daddr . th dport ; flags interval ; }"
+    );
+    let shares: Vec<(&String, &String)> = objects.elements["service-LAUZTJTB-ns4/svc4/tcp/p80"]
+        .iter()
+        .collect();
+    assert_eq!(
+        shares,
+        [
+            (&"0-32767".to_string(), &" : 10.180.0.4 . 80".to_string()),
+            (
+                &"32768-65535".to_string(),
+                &" : 10.180.0.5 . 80".to_string()
+            ),
         ]
     );
     let hairpins: Vec<&String> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
