@@ -77,7 +77,7 @@ impl KeyLayout {
             .trim_start_matches('{')
             .trim();
         if declared.starts_with("typeof numgen random mod ")
-            && declared.ends_with(" daddr . th dport")
+            && (declared.ends_with(" daddr . th dport") || declared.ends_with(" daddr . tcp dport"))
         {
             return Some(KeyLayout::Draws);
         }

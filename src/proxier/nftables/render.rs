@@ -257,6 +257,14 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             "NodePort traffic",
         ),
     ];
+    for shard in 0..SHARDS {
+        out.sets.insert(
+            format!("endpoints-{shard}"),
+            map(format!(
+                "{{ typeof numgen random mod {DRAWS} : {ip} daddr . tcp dport ; flags interval ; }}"
+            )),
+        );
+    }
     // Upstream 1.36's: connections DNATed to their own source, masqueraded in postrouting.
     out.sets.insert(
         HAIRPIN_CONNECTIONS.into(),
@@ -693,32 +701,50 @@ pub const DRAWS: u32 = 65_536;
 /// A policy chain's DNAT through its own named map, which bears the chain's name: each of
 /// `endpoints` owns an equal share (to within one in 65,536) of the draws, in order.
 fn endpoint_map(chain: &str, ip: &str, proto: &str, endpoints: &[&Endpoint], out: &mut Objects) {
-    out.sets.insert(
-        chain.to_string(),
-        SetDef {
-            kind: "map",
-            spec: format!(
-                "{{ typeof numgen random mod {DRAWS} : {ip} daddr . th dport ; flags interval ; }}"
-            ),
-        },
-    );
+    let (shard, slot) = placement(chain);
+    let offset = u64::from(slot) * u64::from(DRAWS);
+    let map = format!("endpoints-{shard}");
     out.rule(
         chain,
         format!(
-            "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {DRAWS} map @{chain}"
+            "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {DRAWS} offset {offset} map @{map}"
         ),
     );
     let count = endpoints.len() as u64;
     for (index, ep) in endpoints.iter().enumerate() {
         let index = index as u64;
-        let first = index * u64::from(DRAWS) / count;
-        let last = (index + 1) * u64::from(DRAWS) / count - 1;
+        let first = offset + index * u64::from(DRAWS) / count;
+        let last = offset + (index + 1) * u64::from(DRAWS) / count - 1;
         out.element(
-            chain,
+            &map,
             format!("{first}-{last}"),
             format!(" : {} . {}", ep.ip, ep.port),
         );
     }
+}
+
+/// Shared endpoint maps (experiment).
+pub const SHARDS: u32 = 128;
+
+/// EXPERIMENT ONLY: a chain's (shard, slot), assigned on first sight and kept for the
+/// process's life (a real design recovers them from the rules at a restart).
+fn placement(chain: &str) -> (u32, u32) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static PLACES: Mutex<Option<(HashMap<String, (u32, u32)>, Vec<u32>)>> = Mutex::new(None);
+    let mut guard = PLACES.lock().unwrap_or_else(|p| p.into_inner());
+    let (places, next) = guard.get_or_insert_with(|| (HashMap::new(), vec![0; SHARDS as usize]));
+    if let Some(place) = places.get(chain) {
+        return *place;
+    }
+    let shard = crate::proxier::naming::base32_sha256(chain, 4)
+        .bytes()
+        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)))
+        % SHARDS;
+    let slot = next[shard as usize];
+    next[shard as usize] += 1;
+    places.insert(chain.to_string(), (shard, slot));
+    (shard, slot)
 }
 
 /// The rule that DNATs to one of `endpoints` at random (more endpoints than [`DRAWS`]).

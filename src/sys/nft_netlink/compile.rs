@@ -826,7 +826,7 @@ impl<'a> SetSpec<'a> {
                     "ip" | "ip6",
                     "daddr",
                     ".",
-                    "th",
+                    "th" | "tcp",
                     "dport",
                 ] if is_map => {
                     let draws: u32 = draws

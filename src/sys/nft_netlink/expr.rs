@@ -137,6 +137,11 @@ pub enum Expr {
         dreg: u32,
         modulus: u32,
     },
+    NumgenOffset {
+        dreg: u32,
+        modulus: u32,
+        offset: u32,
+    },
     /// A 32-bit register from host to network order (nft's step before an interval lookup of
     /// a host-order integer: interval sets compare keys as big-endian bytes).
     HostToNetwork32 {
@@ -184,7 +189,7 @@ impl Expr {
             Expr::Ct { .. } => "ct",
             Expr::Immediate { .. } => "immediate",
             Expr::Lookup { .. } => "lookup",
-            Expr::Numgen { .. } => "numgen",
+            Expr::Numgen { .. } | Expr::NumgenOffset { .. } => "numgen",
             Expr::HostToNetwork32 { .. } => "byteorder",
             Expr::Dnat { .. } | Expr::DnatRange { .. } => "nat",
             Expr::Masq { .. } => "masq",
@@ -262,6 +267,13 @@ impl Expr {
             Expr::Numgen { dreg, modulus } => {
                 // Type random (1), offset 0.
                 out.u32(1, *dreg).u32(2, *modulus).u32(3, 1).u32(4, 0);
+            }
+            Expr::NumgenOffset {
+                dreg,
+                modulus,
+                offset,
+            } => {
+                out.u32(1, *dreg).u32(2, *modulus).u32(3, 1).u32(4, *offset);
             }
             Expr::HostToNetwork32 { reg } => {
                 // Source, destination, operation hton (1), length 4, size 4.

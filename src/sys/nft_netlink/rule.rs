@@ -618,19 +618,28 @@ impl<'a> Builder<'_, 'a> {
         for word in ["addr", ".", "port", "to", "numgen"] {
             self.expect(word)?;
         }
-        if let Some(name) = self
-            .words
-            .get(self.position + 4)
-            .and_then(|w| w.strip_prefix('@'))
-        {
+        let named = self.words[self.position..]
+            .iter()
+            .take(7)
+            .any(|w| w.starts_with('@'));
+        if named {
             self.expect("random")?;
             self.expect("mod")?;
             let modulus = parse_number(self.next()?)?;
+            let mut offset = 0;
+            if self.peek() == Some("offset") {
+                self.position += 1;
+                offset = parse_number(self.next()?)?;
+            }
             self.expect("map")?;
-            self.position += 1;
-            self.emit(Expr::Numgen {
+            let name = self
+                .next()?
+                .strip_prefix('@')
+                .ok_or_else(|| "expected a map name".to_string())?;
+            self.emit(Expr::NumgenOffset {
                 dreg: REG_1,
                 modulus,
+                offset,
             });
             self.emit(Expr::HostToNetwork32 { reg: REG_1 });
             self.emit(Expr::Lookup {
