@@ -63,7 +63,7 @@ fn write_component(kind: KeyType, bytes: &[u8], out: &mut String) -> Option<()> 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyLayout {
     Keys(Vec<KeyType>),
-    /// `typeof numgen random mod N : ip daddr . th dport ; flags interval`: intervals of draws
+    /// `typeof numgen random mod N : ip daddr . PROTO dport ; flags interval`: intervals of draws
     /// (`0-32767`) to an address and a port (` : 10.0.0.1 . 80`).
     Draws,
 }
@@ -77,7 +77,9 @@ impl KeyLayout {
             .trim_start_matches('{')
             .trim();
         if declared.starts_with("typeof numgen random mod ")
-            && (declared.ends_with(" daddr . th dport") || declared.ends_with(" daddr . tcp dport"))
+            && ["th", "tcp", "udp", "sctp"]
+                .iter()
+                .any(|proto| declared.ends_with(&format!(" daddr . {proto} dport")))
         {
             return Some(KeyLayout::Draws);
         }
@@ -268,8 +270,11 @@ fn intervals(bounds: Vec<(String, String)>) -> Result<BTreeMap<String, String>, 
     let mut open: Option<(u32, String)> = None;
     for (key, data) in sorted {
         if data.is_empty() {
-            let (first, data) = open.take().ok_or("an end without a start")?;
-            out.insert(format!("{first}-{}", key.wrapping_sub(1)), data);
+            // An end that closes nothing ends the gap below the first interval (nft writes
+            // one at 0).
+            if let Some((first, data)) = open.take() {
+                out.insert(format!("{first}-{}", key.wrapping_sub(1)), data);
+            }
         } else if open.replace((key, data)).is_some() {
             return Err("a start without an end".into());
         }

@@ -383,8 +383,6 @@ impl<N: Nftables> NftablesProxier<N> {
                         }
                     }
                 };
-                let adopted =
-                    with_their_maps(&mut self.nft, family, &services, adopted, &names.sets);
                 if !adopted.is_empty() {
                     info!(
                         ?family,
@@ -810,57 +808,6 @@ fn adoptable(
         })
         .map(|(name, _)| name.clone())
         .collect()
-}
-
-/// `adopted` without the chains whose endpoint map (the map bearing the chain's name) the
-/// kernel does not hold exactly: such a chain is written again, and its map refilled.
-fn with_their_maps<N: Nftables>(
-    nft: &mut N,
-    family: IpFamily,
-    services: &BTreeMap<NamespacedName, Objects>,
-    mut adopted: BTreeSet<String>,
-    present: &BTreeSet<String>,
-) -> BTreeSet<String> {
-    let mut maps = Vec::new();
-    for objects in services.values() {
-        for (name, set) in &objects.sets {
-            let Some(wanted) = objects.elements.get(name) else {
-                continue;
-            };
-            if !adopted.contains(name) {
-                continue;
-            }
-            if present.contains(name) {
-                maps.push(((name.clone(), set.spec.clone()), wanted));
-            } else {
-                adopted.remove(name);
-            }
-        }
-    }
-    if maps.is_empty() {
-        return adopted;
-    }
-    let names: Vec<(String, String)> = maps.iter().map(|(name, _)| name.clone()).collect();
-    match nft.elements(family, TABLE, &names) {
-        Ok(held) => {
-            for ((name, _), wanted) in maps {
-                let same = held.get(&name).is_some_and(|held| {
-                    held.len() == wanted.len()
-                        && wanted.iter().all(|(key, rest)| held.get(key) == Some(rest))
-                });
-                if !same {
-                    adopted.remove(&name);
-                }
-            }
-        }
-        Err(err) => {
-            warn!(?family, error = %err, "Cannot read our endpoint maps back; rewriting their chains");
-            for ((name, _), _) in maps {
-                adopted.remove(&name);
-            }
-        }
-    }
-    adopted
 }
 
 /// A failed transaction `input`, whose services' objects are `services`.

@@ -187,21 +187,6 @@ pub fn full(
         for (name, _) in written.iter().filter(|(n, _)| existing_chains.contains(n)) {
             out.line("flush", "chain", name, "");
         }
-        // A policy chain's endpoint map bears its name: kept with the chain (a restart read
-        // both), else refilled with it.
-        for (name, elements) in objects
-            .elements
-            .iter()
-            .filter(|(set, _)| objects.sets.contains_key(*set))
-            .filter(|(set, _)| recreate || !existing.adopted.contains(*set))
-        {
-            if !recreate && existing.sets.contains(name) {
-                out.line("flush", "map", name, "");
-            }
-            for (key, rest) in elements {
-                out.element("add", name, key, rest);
-            }
-        }
         for (name, chain) in &written {
             out.rules(name, chain);
         }
@@ -238,12 +223,7 @@ pub fn full(
     // allows) goes to the first: adding it again with other data would fail the transaction.
     let mut wanted: BTreeMap<&String, BTreeMap<&String, &String>> = BTreeMap::new();
     for objects in all() {
-        // A service's own maps were written with its chains.
-        let shared = objects
-            .elements
-            .iter()
-            .filter(|(set, _)| std::ptr::eq(objects, base) || !objects.sets.contains_key(*set));
-        for (set, elements) in shared {
+        for (set, elements) in &objects.elements {
             let wanted = wanted.entry(set).or_default();
             for (key, rest) in elements {
                 wanted.entry(key).or_insert(rest);
@@ -251,12 +231,7 @@ pub fn full(
         }
     }
     // Sets read back: what differs goes (deletions first), then what is missing comes.
-    let own_sets: BTreeSet<&String> = services.values().flat_map(|o| o.sets.keys()).collect();
-    let shared = present
-        .into_iter()
-        .flatten()
-        .filter(|(set, _)| !own_sets.contains(set));
-    for (set, present) in shared {
+    for (set, present) in present.into_iter().flatten() {
         let wanted = wanted.get(set);
         for (key, rest) in present {
             if wanted.and_then(|w| w.get(key)) != Some(&rest) {
@@ -294,16 +269,12 @@ pub fn full(
     )
 }
 
-/// Whether a set of our table with this name is a map (upstream's maps, and a policy chain's
-/// endpoint map, which bears the chain's name; every other set of ours, affinity sets
-/// included, is a set).
+/// Whether a set of our table with this name is a map (upstream's maps; every other set of
+/// ours, affinity sets included, is a set).
 fn is_map_name(name: &str) -> bool {
     use super::render::{
         FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
     };
-    if super::names::is_service_chain(name) {
-        return !name.starts_with("affinity-");
-    }
     [
         FIREWALL_IPS,
         NO_ENDPOINT_NODEPORTS,

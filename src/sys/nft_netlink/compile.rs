@@ -678,7 +678,7 @@ impl Compiler {
             .u32(4, declared.key_type)
             .u32(5, declared.key_len);
         match declared.destinations {
-            Some(draws) => {
+            Some((draws, transport)) => {
                 let ipv6 = scope.is_ipv6();
                 let (address_type, address_len) = if ipv6 {
                     (TYPE_IP6ADDR, 16)
@@ -692,7 +692,7 @@ impl Compiler {
                     .host_u32(UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)
                     .host_u32(UDATA_SET_DATABYTEORDER, 0)
                     .record(UDATA_SET_KEY_TYPEOF, &numgen_typeof(draws))
-                    .record(UDATA_SET_DATA_TYPEOF, &destination_typeof(ipv6))
+                    .record(UDATA_SET_DATA_TYPEOF, &destination_typeof(ipv6, transport))
                     .host_u32(UDATA_SET_DATA_INTERVAL, 0);
                 if let Some(comment) = declared.comment {
                     udata = udata.text(UDATA_SET_COMMENT, comment);
@@ -760,9 +760,10 @@ type AnonymousParts = (String, u32, u32, u32, Vec<Element>, u32, UserData, Expr)
 /// A named set's declaration: `type T [. T ...] [: verdict] ; [flags dynamic,timeout ;]
 /// [timeout Ns ;] [comment "..." ;]`.
 struct SetSpec<'a> {
-    /// `typeof numgen random mod N : ip daddr . th dport ; flags interval`: a map from
-    /// intervals of N draws to an address and a port (the draws).
-    destinations: Option<u32>,
+    /// `typeof numgen random mod N : ip daddr . PROTO dport ; flags interval`: a map from
+    /// intervals of draws to an address and a port (the draws, and nft's number for the
+    /// transport header the port is read from).
+    destinations: Option<(u32, u8)>,
     key_type: u32,
     key_len: u32,
     components: usize,
@@ -826,13 +827,15 @@ impl<'a> SetSpec<'a> {
                     "ip" | "ip6",
                     "daddr",
                     ".",
-                    "th" | "tcp",
+                    transport,
                     "dport",
                 ] if is_map => {
                     let draws: u32 = draws
                         .parse()
                         .map_err(|_| format!("not a modulus: {draws:?}"))?;
-                    parsed.destinations = Some(draws);
+                    let header = transport_header(transport)
+                        .ok_or_else(|| format!("unknown transport header {transport:?}"))?;
+                    parsed.destinations = Some((draws, header));
                     parsed.key_type = TYPE_INTEGER;
                     parsed.key_len = 4;
                     parsed.components = 1;
@@ -1001,17 +1004,28 @@ fn numgen_typeof(draws: u32) -> Vec<u8> {
     record
 }
 
-/// nft's typeof record of `ip daddr . th dport` (or `ip6 daddr`) data.
-fn destination_typeof(ipv6: bool) -> Vec<u8> {
+/// nft's number for the header a `PROTO dport` is read from (its `enum proto_desc_id`).
+fn transport_header(word: &str) -> Option<u8> {
+    match word {
+        "udp" => Some(6),
+        "tcp" => Some(8),
+        "sctp" => Some(10),
+        "th" => Some(11),
+        _ => None,
+    }
+}
+
+/// nft's typeof record of `ip daddr . PROTO dport` (or `ip6 daddr`) data.
+fn destination_typeof(ipv6: bool, transport: u8) -> Vec<u8> {
     // A concatenation (13) of two payloads (7): the network header's destination (ip 12/12,
-    // ip6 13/9), then the transport header's (11) destination port (2).
+    // ip6 13/9), then the transport header's destination port (2).
     let (header, field) = if ipv6 { (13, 9) } else { (12, 12) };
     let mut record = vec![
         0, 4, 13, 0, 0, 0, 1, 44, 0, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4,
     ];
     record.extend([header, 0, 0, 0, 1, 4, field, 0, 0, 0]);
     record.extend([
-        1, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0,
+        1, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, transport, 0, 0, 0, 1, 4, 2, 0, 0, 0,
     ]);
     record
 }

@@ -165,9 +165,8 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     let svc4 = NamespacedName::new("ns4", "svc4");
     let port4 = state.services[&svc4].keys().next().unwrap().clone();
 
-    // One more endpoint: the elements of the service chain's endpoint map change and the
-    // endpoint's hairpin element is added, nothing else (no rule: the kernel validates the
-    // table at a commit that adds one).
+    // One more endpoint: the service chain is rewritten and the endpoint's hairpin element
+    // added, nothing else (no endpoint chains without session affinity).
     state
         .endpoints
         .get_mut(&svc4)
@@ -183,17 +182,15 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     assert_eq!(
         lines,
         [
-            "delete element ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 { 0-32767 }",
-            "delete element ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 { 32768-65535 }",
+            "flush chain ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80",
+            "add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000",
+            "add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 3 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 , 2 : 10.180.0.9 . 80 } comment \"kube-proxy-rs:KAMFK2QSQQR5YDM3\"",
             "add element ip kube-proxy hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }",
-            "add element ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 { 0-21844 : 10.180.0.4 . 80 }",
-            "add element ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 { 21845-43689 : 10.180.0.5 . 80 }",
-            "add element ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 { 43690-65535 : 10.180.0.9 . 80 }",
         ],
         "{text}"
     );
 
-    // Endpoints go: the map's elements change, the hairpin elements are deleted.
+    // Endpoints go: the chain is rewritten, the hairpin elements deleted.
     state
         .endpoints
         .get_mut(&svc4)
@@ -203,8 +200,7 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
         .truncate(1);
     p.sync(&state, &changed(&[&svc4])).unwrap();
     let text = &p.last_transactions[0].1;
-    assert_eq!(text.matches("delete element").count(), 5, "{text}");
-    assert!(!text.contains("add rule"), "{text}");
+    assert_eq!(text.matches("delete element").count(), 2, "{text}");
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_table(&mut p, &state);
 
@@ -473,9 +469,8 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     second.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(second.nft.rule_reads, 1);
     assert_eq!(rewritten(&second.nft), BTreeSet::new());
-    // The sets' and maps' elements were read back (the top-level ones, then the endpoint
-    // maps of the chains kept) and are all right: none written.
-    assert_eq!(second.nft.element_reads, 2);
+    // The sets' and maps' elements were read back and are all right: none written.
+    assert_eq!(second.nft.element_reads, 1);
     let written = second.nft.transactions.concat();
     assert!(!written.contains(" element "), "{written}");
     assert_table(&mut second, &state);
@@ -500,23 +495,15 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     kernel
         .apply(&format!("add rule ip kube-proxy {svc1_chain} drop\n"))
         .unwrap();
-    // ... and someone deleted the element of ns2/svc2's endpoint map.
-    let svc2_chain = "service-42NFTM6N-ns2/svc2/tcp/p80";
-    kernel
-        .apply(&format!(
-            "delete element ip kube-proxy {svc2_chain} {{ 0-65535 }}\n"
-        ))
-        .unwrap();
     kernel.transactions.clear();
     let mut third = proxier(kernel);
     third.sync(&state, &ChangeSummary::default()).unwrap();
     let rewritten = rewritten(&third.nft);
     assert!(rewritten.contains(&svc1_chain), "{rewritten:?}");
-    assert!(rewritten.contains(svc2_chain), "{rewritten:?}");
     assert!(
         rewritten
             .iter()
-            .all(|c| c.contains("ns4/svc4") || *c == svc1_chain || c == svc2_chain),
+            .all(|c| c.contains("ns4/svc4") || *c == svc1_chain),
         "{rewritten:?}"
     );
     assert!(
