@@ -4,6 +4,7 @@ mod holders;
 pub mod names;
 mod proxier;
 pub mod render;
+pub mod slots;
 pub mod support;
 pub mod transaction;
 

@@ -19,6 +19,7 @@ use super::holders::ElementHolders;
 use super::render::{
     NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
+use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
@@ -73,6 +74,8 @@ struct FamilyState {
     services: BTreeMap<NamespacedName, Objects>,
     /// How many services hold each element.
     holders: ElementHolders,
+    /// Which policy chain holds which endpoint-map slot.
+    slots: SlotTable,
 }
 
 /// The nftables proxier over any [`Nftables`] (the real one or the fake).
@@ -309,6 +312,8 @@ impl<N: Nftables> NftablesProxier<N> {
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
         let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
+        // Chains keep the slots they hold: a newcomer whose slot is taken does without.
+        let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
         let nft = &mut self.nft;
         let (services, read) = std::thread::scope(|scope| {
             let reader =
@@ -321,7 +326,7 @@ impl<N: Nftables> NftablesProxier<N> {
                     let objects = if quarantine.contains(key) {
                         previous?.services.get(key)?.clone()
                     } else {
-                        service_objects(ports, state.endpoints.get(key), &ctx)
+                        service_objects(ports, state.endpoints.get(key), &ctx, &mut slots)
                     };
                     (!objects.is_empty()).then(|| (key.clone(), objects))
                 })
@@ -425,6 +430,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 ctx,
                 base,
                 holders: ElementHolders::of(services.values()),
+                slots: SlotTable::of(services.values()),
                 services,
             },
         );
@@ -471,6 +477,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 ctx,
                 base,
                 holders: ElementHolders::of(services.values()),
+                slots: SlotTable::of(services.values()),
                 services,
             },
         );
@@ -483,9 +490,12 @@ impl<N: Nftables> NftablesProxier<N> {
         state: &ProxyState,
         changes: &ChangeSummary,
     ) -> Result<Stats, Failure> {
-        let Some(current) = self.programmed.get(&family) else {
+        let Some(current) = self.programmed.get_mut(&family) else {
             return Err(Failure::unattributed("no full sync yet"));
         };
+        // The changed services' chains keep their slots; a slot one of them frees is taken by
+        // no one before the next sync (its elements go in this transaction).
+        let slots = &mut current.slots;
         let rendered: Vec<(NamespacedName, Option<Objects>)> = changes
             .changed_services
             .iter()
@@ -493,11 +503,14 @@ impl<N: Nftables> NftablesProxier<N> {
                 let objects = state
                     .services
                     .get(key)
-                    .map(|ports| service_objects(ports, state.endpoints.get(key), &current.ctx))
+                    .map(|ports| {
+                        service_objects(ports, state.endpoints.get(key), &current.ctx, slots)
+                    })
                     .filter(|objects| !objects.is_empty());
                 (key.clone(), objects)
             })
             .collect();
+        let current = &*current;
         let deltas: Vec<Delta<'_>> = rendered
             .iter()
             .map(|(key, new)| Delta {
@@ -545,9 +558,11 @@ impl<N: Nftables> NftablesProxier<N> {
             for (key, objects) in rendered {
                 if let Some(old) = current.services.get(&key) {
                     current.holders.remove(old);
+                    current.slots.release(old);
                 }
                 if let Some(new) = &objects {
                     current.holders.add(new);
+                    current.slots.add(new);
                 }
                 match objects {
                     Some(objects) => current.services.insert(key, objects),
@@ -782,8 +797,9 @@ fn service_objects(
     ports: &crate::model::ServicePortMap,
     endpoints: Option<&crate::model::EndpointsMap>,
     ctx: &NftContext,
+    slots: &mut SlotTable,
 ) -> Objects {
-    let mut objects = render_service(ports, endpoints, ctx);
+    let mut objects = render_service(ports, endpoints, ctx, slots);
     stamp_digests(&mut objects);
     objects.shrink_to_fit();
     objects

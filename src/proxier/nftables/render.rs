@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::names;
+use super::slots::{self, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
     ports_in_family, select_endpoints,
@@ -144,6 +145,8 @@ pub struct Objects {
     pub elements: VecMap<String, Elements>,
     /// Service ports with no usable local endpoints for internal / external traffic.
     pub no_local_endpoints: (usize, usize),
+    /// The endpoint-map slots the policy chains hold ([`SlotTable`]'s keys), with the chains.
+    pub slots: Vec<(u64, Box<str>)>,
 }
 
 impl Objects {
@@ -173,6 +176,7 @@ impl Objects {
         }
         self.sets.shrink_to_fit();
         self.elements.shrink_to_fit();
+        self.slots.shrink_to_fit();
         for elements in self.elements.values_mut() {
             elements.shrink_to_fit();
         }
@@ -257,13 +261,15 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             "NodePort traffic",
         ),
     ];
-    for shard in 0..SHARDS {
-        out.sets.insert(
-            format!("endpoints-{shard}"),
-            map(format!(
-                "{{ typeof numgen random mod {DRAWS} : {ip} daddr . tcp dport ; flags interval ; }}"
-            )),
-        );
+    for protocol in PROTOCOLS {
+        for index in 0..MAPS_PER_PROTOCOL {
+            out.sets.insert(
+                slots::map_name(protocol, index),
+                map(format!(
+                    "{{ typeof numgen random mod {DRAWS} : {ip} daddr . {protocol} dport ; flags interval ; comment \"endpoint addresses of service chains, by draw\" ; }}"
+                )),
+            );
+        }
     }
     // Upstream 1.36's: connections DNATed to their own source, masqueraded in postrouting.
     out.sets.insert(
@@ -385,19 +391,27 @@ pub fn render_base(ctx: &NftContext) -> Objects {
 }
 
 /// Renders every port of one service in `ctx.family`.
+/// One service's objects; its policy chains take their endpoint-map slots in `slots`.
 pub fn render_service(
     ports: &ServicePortMap,
     endpoints: Option<&EndpointsMap>,
     ctx: &NftContext,
+    slots: &mut SlotTable,
 ) -> Objects {
     let mut out = Objects::default();
     for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
-        render_port(&port, &endpoints, ctx, &mut out);
+        render_port(&port, &endpoints, ctx, slots, &mut out);
     }
     out
 }
 
-fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out: &mut Objects) {
+fn render_port(
+    port: &ServicePort,
+    endpoints: &[Endpoint],
+    ctx: &NftContext,
+    slots: &mut SlotTable,
+    out: &mut Objects,
+) {
     let node = NodeContext {
         node_name: &ctx.node_name,
         zone: ctx.zone.as_deref(),
@@ -559,10 +573,10 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
 
     // The policy chains, and the endpoints' own chains where session affinity needs them.
     // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form,
-    // the map named and the draws fixed: see [`DRAWS`]): no endpoint chains, so the table has a
-    // tenth of the chains that the kernel re-validates at a commit that adds a NAT rule;
-    // hairpin traffic is found in postrouting by @hairpin-connections instead of a rule per
-    // endpoint chain.
+    // in a slot of a shared map: see `slots`): no endpoint chains, so the table has a tenth of
+    // the chains that the kernel re-validates at a commit that adds a NAT rule; hairpin
+    // traffic is found in postrouting by @hairpin-connections instead of a rule per endpoint
+    // chain.
     let affinity = port.session_affinity_seconds.is_some();
     let mark_it = if affinity {
         format!("jump {MARK_FOR_MASQUERADE}")
@@ -593,12 +607,14 @@ fn render_port(port: &ServicePort, endpoints: &[Endpoint], ctx: &NftContext, out
         }
         let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
         chosen.sort_by_key(|ep| ep.address());
-        if !affinity && chosen.len() <= DRAWS as usize {
-            endpoint_map(chain, ip, proto, &chosen, out);
-            continue;
-        }
         if !affinity {
-            out.rule(chain, destination_selection(ip, proto, &chosen));
+            let placement = (chosen.len() <= DRAWS as usize)
+                .then(|| slots.claim(proto, chain, out))
+                .flatten();
+            match placement {
+                Some(placement) => endpoint_map(chain, ip, proto, &chosen, &placement, out),
+                None => out.rule(chain, destination_selection(ip, proto, &chosen)),
+            }
             continue;
         }
         for ep in &chosen {
@@ -691,63 +707,37 @@ pub fn digest_of(chain: &Chain) -> Option<&str> {
     })
 }
 
-/// How many values the `numgen` of a policy chain's endpoint map draws from. The modulus is
-/// fixed and each endpoint owns an interval of it, so a change of endpoints changes the map's
-/// elements and never the rule: the kernel re-validates the whole table at a commit that adds
-/// a NAT rule (`nft_table_validate`, most of a one-endpoint change at 10,000 services), but
-/// not at one that only changes a data map's elements.
-pub const DRAWS: u32 = 65_536;
-
-/// A policy chain's DNAT through its own named map, which bears the chain's name: each of
-/// `endpoints` owns an equal share (to within one in 65,536) of the draws, in order.
-fn endpoint_map(chain: &str, ip: &str, proto: &str, endpoints: &[&Endpoint], out: &mut Objects) {
-    let (shard, slot) = placement(chain);
-    let offset = u64::from(slot) * u64::from(DRAWS);
-    let map = format!("endpoints-{shard}");
+/// A policy chain's DNAT through its slot of a shared endpoint map: each of `endpoints` owns an
+/// equal share (to within one draw) of the slot's draws, in order.
+fn endpoint_map(
+    chain: &str,
+    ip: &str,
+    proto: &str,
+    endpoints: &[&Endpoint],
+    placement: &Placement,
+    out: &mut Objects,
+) {
+    let Placement { map, offset } = placement;
     out.rule(
         chain,
         format!(
             "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {DRAWS} offset {offset} map @{map}"
         ),
     );
-    let count = endpoints.len() as u64;
-    for (index, ep) in endpoints.iter().enumerate() {
-        let index = index as u64;
-        let first = offset + index * u64::from(DRAWS) / count;
-        let last = offset + (index + 1) * u64::from(DRAWS) / count - 1;
+    let (count, draws, offset) = (endpoints.len() as u64, u64::from(DRAWS), u64::from(*offset));
+    for (index, ep) in (0u64..).zip(endpoints) {
+        let first = offset + index * draws / count;
+        let last = offset + (index + 1) * draws / count - 1;
         out.element(
-            &map,
+            map,
             format!("{first}-{last}"),
             format!(" : {} . {}", ep.ip, ep.port),
         );
     }
 }
 
-/// Shared endpoint maps (experiment).
-pub const SHARDS: u32 = 128;
-
-/// EXPERIMENT ONLY: a chain's (shard, slot), assigned on first sight and kept for the
-/// process's life (a real design recovers them from the rules at a restart).
-fn placement(chain: &str) -> (u32, u32) {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static PLACES: Mutex<Option<(HashMap<String, (u32, u32)>, Vec<u32>)>> = Mutex::new(None);
-    let mut guard = PLACES.lock().unwrap_or_else(|p| p.into_inner());
-    let (places, next) = guard.get_or_insert_with(|| (HashMap::new(), vec![0; SHARDS as usize]));
-    if let Some(place) = places.get(chain) {
-        return *place;
-    }
-    let shard = crate::proxier::naming::base32_sha256(chain, 4)
-        .bytes()
-        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)))
-        % SHARDS;
-    let slot = next[shard as usize];
-    next[shard as usize] += 1;
-    places.insert(chain.to_string(), (shard, slot));
-    (shard, slot)
-}
-
-/// The rule that DNATs to one of `endpoints` at random (more endpoints than [`DRAWS`]).
+/// The rule that DNATs to one of `endpoints` at random through an anonymous map (upstream
+/// 1.36's form): for a chain whose slot another holds, or with more endpoints than [`DRAWS`].
 fn destination_selection(ip: &str, proto: &str, endpoints: &[&Endpoint]) -> String {
     let mut rule = format!(
         "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {{ ",

@@ -269,8 +269,8 @@ pub fn full(
     )
 }
 
-/// Whether a set of our table with this name is a map (upstream's maps; every other set of
-/// ours, affinity sets included, is a set).
+/// Whether a set of our table with this name is a map (upstream's maps and the endpoint maps;
+/// every other set of ours, affinity sets included, is a set).
 fn is_map_name(name: &str) -> bool {
     use super::render::{
         FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
@@ -283,6 +283,7 @@ fn is_map_name(name: &str) -> bool {
         SERVICE_NODEPORTS,
     ]
     .contains(&name)
+        || super::slots::is_endpoint_map(name)
 }
 
 /// One service's objects before and after a change (`None`: not programmed / gone).

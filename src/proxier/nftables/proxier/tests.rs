@@ -92,8 +92,9 @@ pub(super) fn as_objects(table: &FakeTable) -> Objects {
 fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Objects {
     let ctx = p.context(V4, &state.node, &state.service_cidrs);
     let mut all = render_base(&ctx);
+    let mut slots = SlotTable::default();
     for (key, ports) in &state.services {
-        let rendered = service_objects(ports, state.endpoints.get(key), &ctx);
+        let rendered = service_objects(ports, state.endpoints.get(key), &ctx, &mut slots);
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
@@ -165,8 +166,9 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     let svc4 = NamespacedName::new("ns4", "svc4");
     let port4 = state.services[&svc4].keys().next().unwrap().clone();
 
-    // One more endpoint: the service chain is rewritten and the endpoint's hairpin element
-    // added, nothing else (no endpoint chains without session affinity).
+    // One more endpoint: the shares of the chain's slot in its endpoint map change and the
+    // endpoint's hairpin element is added, nothing else: no rule (the kernel validates the
+    // whole table at a commit that adds one) and no endpoint chain.
     state
         .endpoints
         .get_mut(&svc4)
@@ -179,18 +181,41 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     assert_table(&mut p, &state);
     let text = &p.last_transactions[0].1;
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(
-        lines,
-        [
-            "flush chain ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80",
-            "add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000",
-            "add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 3 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 , 2 : 10.180.0.9 . 80 } comment \"kube-proxy-rs:KAMFK2QSQQR5YDM3\"",
-            "add element ip kube-proxy hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }",
-        ],
-        "{text}"
-    );
+    let (map, first) = ("endpoints-tcp-13", 4_217_569_280u64);
+    let share = |index: u64| {
+        (
+            first + index * 16_384 / 3,
+            first + (index + 1) * 16_384 / 3 - 1,
+        )
+    };
+    let wanted: Vec<String> = [
+        format!(
+            "delete element ip kube-proxy {map} {{ {first}-{} }}",
+            first + 8191
+        ),
+        format!(
+            "delete element ip kube-proxy {map} {{ {}-{} }}",
+            first + 8192,
+            first + 16_383
+        ),
+    ]
+    .into_iter()
+    .chain(
+        [(0, "10.180.0.4"), (1, "10.180.0.5"), (2, "10.180.0.9")]
+            .into_iter()
+            .map(|(index, ip)| {
+                let (a, b) = share(index);
+                format!("add element ip kube-proxy {map} {{ {a}-{b} : {ip} . 80 }}")
+            }),
+    )
+    .chain([
+        "add element ip kube-proxy hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }"
+            .to_string(),
+    ])
+    .collect();
+    assert_eq!(lines, wanted, "{text}");
 
-    // Endpoints go: the chain is rewritten, the hairpin elements deleted.
+    // Endpoints go: the slot's shares change, the hairpin elements are deleted; no rule.
     state
         .endpoints
         .get_mut(&svc4)
@@ -200,7 +225,10 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
         .truncate(1);
     p.sync(&state, &changed(&[&svc4])).unwrap();
     let text = &p.last_transactions[0].1;
-    assert_eq!(text.matches("delete element").count(), 2, "{text}");
+    // Three shares and two hairpin pairs go; one share, the whole slot, comes.
+    assert_eq!(text.matches("delete element").count(), 5, "{text}");
+    assert_eq!(text.matches("add element").count(), 1, "{text}");
+    assert!(!text.contains("add rule"), "{text}");
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_table(&mut p, &state);
 
@@ -329,13 +357,14 @@ fn a_table_of_another_layout_is_recreated_after_one_failure() {
 fn lines_name_their_service() {
     let state = state();
     let ctx = crate::proxier::nftables::render::tests::context();
+    let mut slots = SlotTable::default();
     let services: BTreeMap<NamespacedName, Objects> = state
         .services
         .iter()
         .map(|(k, ports)| {
             (
                 k.clone(),
-                render_service(ports, state.endpoints.get(k), &ctx),
+                render_service(ports, state.endpoints.get(k), &ctx, &mut slots),
             )
         })
         .collect();

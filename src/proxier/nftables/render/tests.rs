@@ -24,8 +24,9 @@ pub fn context() -> NftContext {
 /// Base and services merged, as one table.
 pub fn table(services: &[Svc], ctx: &NftContext) -> Objects {
     let mut all = render_base(ctx);
+    let mut slots = SlotTable::default();
     for svc in services {
-        let rendered = render_service(&svc.ports, Some(&svc.endpoints), ctx);
+        let rendered = render_service(&svc.ports, Some(&svc.endpoints), ctx, &mut slots);
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
@@ -138,8 +139,8 @@ pub fn golden(name: &str) -> String {
 }
 
 /// The lines of a table outside what our layout replaces (README, "nftables mode"): the
-/// rules of service chains without session affinity, their endpoint maps, the endpoint chains
-/// of those services, and the hairpin set with its rule and elements.
+/// rules of service chains without session affinity, the endpoint maps they DNAT through, the
+/// endpoint chains of those services, and the hairpin set with its rule and elements.
 pub(crate) fn outside_our_changes(text: &str) -> String {
     let affinity_services: Vec<&str> = text
         .lines()
@@ -155,8 +156,7 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
             match (words.get(1).copied(), object.split_once('-')) {
                 (Some("chain" | "rule"), Some(("endpoint", suffix))) => with_affinity(suffix),
                 (Some("rule"), Some(("service", _))) => affinity_services.contains(&object),
-                // Endpoint maps bear their chain's name.
-                (Some("map" | "element"), Some(("service" | "local", _))) => false,
+                (Some("map" | "element"), Some(("endpoints", _))) => false,
                 _ => true,
             }
         })
@@ -185,37 +185,77 @@ fn upstreams_overall_table() {
     assert_same_table(&ours, &golden("overall-ours"));
 }
 
+/// A chain whose slot another chain holds DNATs through upstream's anonymous map, and takes
+/// nothing from the holder.
+#[test]
+fn a_chain_whose_slot_is_taken_keeps_the_anonymous_map() {
+    let ctx = context();
+    let svc4 = &overall_services()[3];
+    let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
+    // The chain's own slot, held by another chain.
+    let mut mine = Objects::default();
+    SlotTable::default().claim("tcp", &name, &mut mine);
+    let key = mine.slots[0].0;
+    let mut slots = SlotTable::default();
+    slots.add(&Objects {
+        slots: vec![(key, "someone-else".into())],
+        ..Objects::default()
+    });
+    let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx, &mut slots);
+    assert_eq!(
+        objects.chains[&name].rules[1],
+        "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }"
+    );
+    assert!(objects.slots.is_empty());
+    assert!(
+        !objects
+            .elements
+            .keys()
+            .any(|set| set.starts_with("endpoints-"))
+    );
+}
+
 #[test]
 fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
     let ctx = context();
     let svc4 = &overall_services()[3];
-    let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx);
+    let objects = render_service(
+        &svc4.ports,
+        Some(&svc4.endpoints),
+        &ctx,
+        &mut SlotTable::default(),
+    );
     assert!(
         !objects.chains.keys().any(|c| c.starts_with("endpoint-")),
         "{objects:?}"
     );
-    let chain = &objects.chains[&names::service_chain(&svc4.ports.values().next().unwrap().name)];
+    let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
+    let chain = &objects.chains[&name];
+    // The chain's slot: its name's, in one of the shared tcp maps.
+    let Placement { map, offset } = SlotTable::default()
+        .claim("tcp", &name, &mut Objects::default())
+        .unwrap();
     assert_eq!(
         chain.rules,
         [
-            "ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000",
-            "meta l4proto tcp dnat ip addr . port to numgen random mod 65536 map @service-LAUZTJTB-ns4/svc4/tcp/p80",
+            "ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000".to_string(),
+            format!(
+                "meta l4proto tcp dnat ip addr . port to numgen random mod 16384 offset {offset} map @{map}"
+            ),
         ]
     );
-    let endpoint_map = &objects.sets["service-LAUZTJTB-ns4/svc4/tcp/p80"];
-    assert_eq!(
-        endpoint_map.spec,
-        "{ typeof numgen random mod 65536 : ip daddr . th dport ; flags interval ; }"
-    );
-    let shares: Vec<(&String, &String)> = objects.elements["service-LAUZTJTB-ns4/svc4/tcp/p80"]
-        .iter()
-        .collect();
+    assert!(objects.sets.is_empty(), "{:?}", objects.sets);
+    let shares: Vec<(&String, &String)> = objects.elements[&map].iter().collect();
+    let half = offset + 8192;
     assert_eq!(
         shares,
         [
-            (&"0-32767".to_string(), &" : 10.180.0.4 . 80".to_string()),
             (
-                &"32768-65535".to_string(),
+                &format!("{offset}-{}", half - 1),
+                &" : 10.180.0.4 . 80".to_string()
+            ),
+            (
+                &format!("{half}-{}", offset + 16383),
                 &" : 10.180.0.5 . 80".to_string()
             ),
         ]
@@ -230,7 +270,12 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
     );
     // With session affinity, upstream's endpoint chains stay (they update the affinity sets).
     let svc5 = &overall_services()[4];
-    let objects = render_service(&svc5.ports, Some(&svc5.endpoints), &ctx);
+    let objects = render_service(
+        &svc5.ports,
+        Some(&svc5.endpoints),
+        &ctx,
+        &mut SlotTable::default(),
+    );
     assert!(objects.chains.keys().any(|c| c.starts_with("endpoint-")));
     assert!(!objects.elements.contains_key(HAIRPIN_CONNECTIONS));
 }
@@ -240,7 +285,15 @@ fn counts_ports_without_local_endpoints() {
     let ctx = context();
     let counts: (usize, usize) = overall_services()
         .iter()
-        .map(|s| render_service(&s.ports, Some(&s.endpoints), &ctx).no_local_endpoints)
+        .map(|s| {
+            render_service(
+                &s.ports,
+                Some(&s.endpoints),
+                &ctx,
+                &mut SlotTable::default(),
+            )
+            .no_local_endpoints
+        })
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     assert_eq!(
         counts,

@@ -5,16 +5,18 @@ use super::*;
 use crate::proxier::iptables::tests::golden::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};
+use crate::proxier::nftables::slots::SlotTable;
 use crate::sys::nftables::SetElements;
 
 fn rendered() -> BTreeMap<NamespacedName, Objects> {
     let ctx = context();
+    let mut slots = SlotTable::default();
     overall_services()
         .into_iter()
         .map(|s| {
             (
                 s.key.clone(),
-                render_service(&s.ports, Some(&s.endpoints), &ctx),
+                render_service(&s.ports, Some(&s.endpoints), &ctx, &mut slots),
             )
         })
         .collect()
@@ -189,8 +191,12 @@ fn a_restart_writes_only_the_elements_that_differ() {
     let base = render_base(&context());
     let services = rendered();
     // What an earlier run left: everything as wanted, but one stale element, one element with
-    // other data and one missing.
-    let mut present: SetElements = SetElements::new();
+    // other data and one missing. Every set is read back, the empty ones too.
+    let mut present: SetElements = base
+        .sets
+        .keys()
+        .map(|name| (name.clone(), Default::default()))
+        .collect();
     for objects in std::iter::once(&base).chain(services.values()) {
         for (set, elements) in &objects.elements {
             present
