@@ -158,7 +158,19 @@ async fn real_packets_through_the_nftables_proxier() {
     );
     assert!(nft(&cluster, &["list", "table", "ip", "other"]).contains("10.99.0.0/16"));
 
-    // Scale down, then up: traffic follows.
+    // Scale down, then up: traffic follows, and the service chain's rules stay as they are
+    // (same handles): only the elements of its slot in an endpoint map change.
+    let web_chain = chain_ending(&cluster, "service-", "default/web/tcp/http");
+    let rules_with_handles = || {
+        nft(
+            &cluster,
+            &["-a", "list", "chain", "ip", "kube-proxy", &web_chain],
+        )
+    };
+    let before = rules_with_handles();
+    let map = endpoint_map_of(&cluster, &web_chain);
+    let shares = || nft(&cluster, &["list", "map", "ip", "kube-proxy", &map]);
+    let shares_before = shares();
     let (_, slice_ports) = web_ports();
     cluster
         .api
@@ -183,6 +195,19 @@ async fn real_packets_through_the_nftables_proxier() {
         .len()
             == 2)
         .await
+    );
+    assert_eq!(rules_with_handles(), before);
+    assert!(
+        before.contains("numgen random mod 16384 offset"),
+        "{before}"
+    );
+    // Two endpoints of the four: each owns half of the slot's draws.
+    let shares_after = shares();
+    assert_ne!(shares_after, shares_before);
+    assert_eq!(
+        shares_after.matches(" : 10.244.").count(),
+        2,
+        "{shares_after}"
     );
     // A new Service is served.
     let tcp = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
@@ -311,6 +336,16 @@ fn chain_ending(cluster: &Cluster, prefix: &str, suffix: &str) -> String {
         .unwrap_or_else(|| panic!("no chain {prefix}...{suffix} in\n{}", our_table(cluster)))
 }
 
+/// The shared endpoint map `chain` DNATs through (`... map @endpoints-tcp-N`).
+fn endpoint_map_of(cluster: &Cluster, chain: &str) -> String {
+    let listing = nft(cluster, &["list", "chain", "ip", "kube-proxy", chain]);
+    listing
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("@endpoints-"))
+        .map(|rest| format!("endpoints-{rest}"))
+        .unwrap_or_else(|| panic!("no endpoint map in\n{listing}"))
+}
+
 /// Another program changing our table: each change is seen in the kernel's events and exactly
 /// what changed is rewritten, well within a syncPeriod (the config's is 30 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,6 +379,13 @@ async fn drift_in_our_table_is_repaired() {
     assert!(
         eventually(WAIT, || works("10.96.0.11:80")).await,
         "element repaired"
+    );
+    // The elements of the endpoint map the service chain DNATs through, all gone.
+    let map = endpoint_map_of(&cluster, &chain);
+    run(&format!("flush map ip kube-proxy {map}"));
+    assert!(
+        eventually(WAIT, || works("10.96.0.10:80")).await,
+        "endpoint map refilled"
     );
     // A rule inserted at the top of a chain of ours.
     run("insert rule ip kube-proxy services ip daddr 10.96.0.10 drop");
