@@ -358,3 +358,34 @@ fn a_kept_socket_follows_the_writers_namespace_and_its_own_batches() {
     }
     assert!(!listing(&first).contains("chain c"), "{}", listing(&first));
 }
+
+/// Element lists longer than one netlink attribute holds (a full sync's run of intervals in one
+/// endpoint map; the anonymous map of a service with thousands of endpoints) reach the kernel
+/// whole, in several messages.
+#[test]
+fn long_element_lists_reach_the_kernel_whole() {
+    require_netns();
+    let ns = Netns::new("nl-long");
+    let mut text = String::from(
+        "add table ip6 t\nadd map ip6 t m { typeof numgen random mod 16384 : ip6 daddr . tcp dport ; flags interval ; }\nadd chain ip6 t c\n",
+    );
+    for index in 0..2_000u32 {
+        let first = index * 16_384;
+        text.push_str(&format!(
+            "add element ip6 t m {{ {first}-{} : fd00:10:180::1 . 80 }}\n",
+            first + 16_383
+        ));
+    }
+    let targets: Vec<String> = (0..3_000u32)
+        .map(|index| format!("{index} : fd00:10:180::{:x} . 80", index + 1))
+        .collect();
+    text.push_str(&format!(
+        "add rule ip6 t c meta l4proto tcp dnat ip6 addr . port to numgen random mod 3000 map {{ {} }}\n",
+        targets.join(" , ")
+    ));
+    apply_netlink(&ns, &text).unwrap();
+    let map = ns.output(&["nft", "list", "map", "ip6", "t", "m"]);
+    assert_eq!(map.matches(" : fd00:10:180::1 . 80").count(), 2_000);
+    let chain = ns.output(&["nft", "list", "chain", "ip6", "t", "c"]);
+    assert_eq!(chain.matches(" . 80").count(), 3_000);
+}

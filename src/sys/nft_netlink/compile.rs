@@ -112,8 +112,13 @@ pub fn compile_with(text: &str, names: AnonymousNames) -> Result<Compiled, Compi
     Ok(compiler.out)
 }
 
-/// Consecutive lines that add (or delete) intervals of draws in one map, sent as one message:
-/// the kernel looks a set up by name by walking every set of the table, once per message.
+/// At most this many elements (an interval is two) go in one message: the element list is one
+/// attribute, whose length must fit in 16 bits (an IPv6 interval takes about 100 bytes).
+const MAX_ELEMENTS_PER_MESSAGE: usize = 512;
+
+/// Consecutive lines that add (or delete) intervals of draws in one map, sent as one message
+/// (up to [`MAX_ELEMENTS_PER_MESSAGE`]): the kernel looks a set up by name by walking every
+/// set of the table, once per message.
 struct DrawLines {
     /// The line's words before the element: `add element ip kube-proxy NAME`.
     head: String,
@@ -209,7 +214,7 @@ impl Compiler {
         let Some((head, body)) = draw_line(line) else {
             return Ok(false);
         };
-        if head != run.head {
+        if head != run.head || run.elements.len() >= MAX_ELEMENTS_PER_MESSAGE {
             return Ok(false);
         }
         let words: Vec<&str> = body.split(' ').collect();
@@ -637,10 +642,19 @@ impl Compiler {
             })
             .raw(13, udata.bytes());
         self.push(NFT_MSG_NEWSET, NLM_F_CREATE, scope, a);
-        let mut a = Attributes::new();
-        a.string(1, scope.table).string(2, &name).u32(4, id);
-        encode_elements(&mut a, &elements);
-        self.push(NFT_MSG_NEWSETELEM, NLM_F_CREATE, scope, a);
+        // A service with thousands of endpoints: its elements in several messages (the set is
+        // bound, and so complete, only when the rule comes).
+        let chunks: Vec<&[Element]> = if elements.is_empty() {
+            vec![&[]]
+        } else {
+            elements.chunks(MAX_ELEMENTS_PER_MESSAGE).collect()
+        };
+        for chunk in chunks {
+            let mut a = Attributes::new();
+            a.string(1, scope.table).string(2, &name).u32(4, id);
+            encode_elements(&mut a, chunk);
+            self.push(NFT_MSG_NEWSETELEM, NLM_F_CREATE, scope, a);
+        }
         Ok(lookup)
     }
 

@@ -3,6 +3,8 @@
 //! (tests/nft_netlink.rs, `UPDATE_GOLDEN=1` takes them again): one line per message, its type
 //! and its payload (nfgenmsg and attributes) in hex, from BATCH_BEGIN on.
 
+use std::fmt::Write as _;
+
 use super::*;
 
 const CASES: [(&str, &str, &str); 7] = [
@@ -172,6 +174,64 @@ fn each_message_knows_its_line() {
     .unwrap();
     // The rule brings its anonymous map and the map's elements.
     assert_eq!(compiled.lines, [3, 4, 5, 5, 5]);
+}
+
+/// A long run of interval lines in one map (a full sync at 10,000 services puts 1,500 in each)
+/// is split into messages whose element list fits its 16-bit attribute length: one attribute
+/// cut short loses elements without an error from the kernel.
+#[test]
+fn long_runs_of_intervals_split_into_messages_that_fit() {
+    let mut text = String::from(
+        "add table ip6 t
+add map ip6 t m { typeof numgen random mod 16384 : ip6 daddr . tcp dport ; flags interval ; }\n",
+    );
+    for index in 0..2_000u32 {
+        let first = index * 16_384;
+        let _ = writeln!(
+            text,
+            "add element ip6 t m {{ {first}-{} : fd00:10:180::1 . 80 }}",
+            first + 16_383
+        );
+    }
+    let compiled = compile(&text).unwrap();
+    let elements = &compiled.messages[2..];
+    assert!(elements.len() >= 4_000 / 512, "{}", elements.len());
+    assert!(
+        elements
+            .iter()
+            .all(|m| m.attributes.len() < usize::from(u16::MAX))
+    );
+    // Every line is in one of them, each message carrying the first line it holds.
+    assert_eq!(compiled.lines.len(), compiled.messages.len());
+    assert_eq!(compiled.lines[2], 3);
+}
+
+/// So is the anonymous map of a service with thousands of endpoints.
+#[test]
+fn big_anonymous_maps_split_into_messages_that_fit() {
+    let mut rule = String::from(
+        "add table ip6 t\nadd chain ip6 t c\nadd rule ip6 t c meta l4proto tcp dnat ip6 addr . port to numgen random mod 3000 map { ",
+    );
+    for index in 0..3_000u32 {
+        if index > 0 {
+            rule.push_str(" , ");
+        }
+        let _ = write!(rule, "{index} : fd00:10:180::{:x} . 80", index + 1);
+    }
+    rule.push_str(" }\n");
+    let compiled = compile(&rule).unwrap();
+    let elements: Vec<&Message> = compiled
+        .messages
+        .iter()
+        .filter(|m| m.kind == super::wire::NFT_MSG_NEWSETELEM)
+        .collect();
+    assert!(elements.len() >= 3_000 / 512, "{}", elements.len());
+    assert!(
+        compiled
+            .messages
+            .iter()
+            .all(|m| m.attributes.len() < usize::from(u16::MAX))
+    );
 }
 
 #[test]

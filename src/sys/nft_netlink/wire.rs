@@ -85,6 +85,8 @@ impl Attributes {
         self.bytes
             .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
         fill(self);
+        // Callers keep what they nest small (a longer attribute would be cut short).
+        debug_assert!(self.bytes.len() - start <= usize::from(u16::MAX));
         let length = (self.bytes.len() - start) as u16;
         self.bytes[start..start + 2].copy_from_slice(&length.to_ne_bytes());
         self
