@@ -97,7 +97,7 @@ mod tests {
             objects
                 .elements
                 .get_or_insert_with(set.to_string(), Elements::default)
-                .insert(key.to_string(), String::new());
+                .insert(key, "");
         }
         objects
     }

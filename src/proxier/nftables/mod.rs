@@ -1,5 +1,6 @@
 //! nftables mode: upstream's `table ip kube-proxy` / `table ip6 kube-proxy` layout (1.34/1.35).
 
+mod elements;
 mod holders;
 pub mod names;
 mod proxier;

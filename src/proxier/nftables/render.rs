@@ -133,9 +133,7 @@ pub struct SetDef {
     pub spec: String,
 }
 
-/// Elements of one set or map, by key (`172.30.0.41 . tcp . 80`), each with the rest of its
-/// text (` comment "ns/svc:p" : goto chain`, or empty for a plain set).
-pub type Elements = VecMap<String, String>;
+pub use super::elements::Elements;
 
 /// Objects of one family's table: chains, sets/maps, elements.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -145,8 +143,9 @@ pub struct Objects {
     pub elements: VecMap<String, Elements>,
     /// Service ports with no usable local endpoints for internal / external traffic.
     pub no_local_endpoints: (usize, usize),
-    /// The endpoint-map slots the policy chains hold ([`SlotTable`]'s keys), with the chains.
-    pub slots: Vec<(u64, Box<str>)>,
+    /// The endpoint-map slots the policy chains hold, with the chains ([`SlotTable`]'s keys
+    /// and holders).
+    pub slots: Vec<(u64, u64)>,
 }
 
 impl Objects {
@@ -162,7 +161,7 @@ impl Objects {
     fn element(&mut self, set: &str, key: String, rest: String) {
         self.elements
             .get_or_insert_with(set.to_string(), Elements::default)
-            .insert(key, rest);
+            .insert(&key, &rest);
     }
 
     /// Gives back the spare capacity of everything (objects kept in memory for long).

@@ -221,7 +221,7 @@ pub fn full(
     }
     // A key two services claim (a NodePort or an IP given twice, which the API server never
     // allows) goes to the first: adding it again with other data would fail the transaction.
-    let mut wanted: BTreeMap<&String, BTreeMap<&String, &String>> = BTreeMap::new();
+    let mut wanted: BTreeMap<&String, BTreeMap<&str, &str>> = BTreeMap::new();
     for objects in all() {
         for (set, elements) in &objects.elements {
             let wanted = wanted.entry(set).or_default();
@@ -234,7 +234,7 @@ pub fn full(
     for (set, present) in present.into_iter().flatten() {
         let wanted = wanted.get(set);
         for (key, rest) in present {
-            if wanted.and_then(|w| w.get(key)) != Some(&rest) {
+            if wanted.and_then(|w| w.get(key.as_str())) != Some(&rest.as_str()) {
                 out.element("delete", set, key, rest);
             }
         }
@@ -242,7 +242,7 @@ pub fn full(
     for (set, elements) in &wanted {
         let present = present.and_then(|p| p.get(*set));
         for (key, rest) in elements {
-            if present.and_then(|p| p.get(*key)) != Some(*rest) {
+            if present.and_then(|p| p.get(*key)).map(String::as_str) != Some(*rest) {
                 out.element("add", set, key, rest);
             }
         }
@@ -355,7 +355,7 @@ pub fn partial(
         }
     }
     // Elements: deletions first, then additions.
-    let mut hairpins_kept: Option<BTreeSet<&String>> = None;
+    let mut hairpins_kept: Option<BTreeSet<&str>> = None;
     for (old, new) in &pairs {
         for (set, elements) in &old.elements {
             let now = new.elements.get(set);

@@ -100,7 +100,7 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
         for (set, elements) in rendered.elements {
             all.elements
                 .get_or_insert_with(set, Default::default)
-                .extend(elements);
+                .extend(&elements);
         }
     }
     all.no_local_endpoints = (0, 0);

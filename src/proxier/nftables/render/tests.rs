@@ -32,7 +32,7 @@ pub fn table(services: &[Svc], ctx: &NftContext) -> Objects {
         for (set, elements) in rendered.elements {
             all.elements
                 .get_or_insert_with(set, Default::default)
-                .extend(elements);
+                .extend(&elements);
         }
     }
     all
@@ -198,7 +198,7 @@ fn a_chain_whose_slot_is_taken_keeps_the_anonymous_map() {
     let key = mine.slots[0].0;
     let mut slots = SlotTable::default();
     slots.add(&Objects {
-        slots: vec![(key, "someone-else".into())],
+        slots: vec![(key, 42)],
         ..Objects::default()
     });
     let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx, &mut slots);
@@ -245,22 +245,22 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
         ]
     );
     assert!(objects.sets.is_empty(), "{:?}", objects.sets);
-    let shares: Vec<(&String, &String)> = objects.elements[&map].iter().collect();
+    let shares: Vec<(&str, &str)> = objects.elements[&map].iter().collect();
     let half = offset + 8192;
     assert_eq!(
         shares,
         [
             (
-                &format!("{offset}-{}", half - 1),
-                &" : 10.180.0.4 . 80".to_string()
+                format!("{offset}-{}", half - 1).as_str(),
+                " : 10.180.0.4 . 80"
             ),
             (
-                &format!("{half}-{}", offset + 16383),
-                &" : 10.180.0.5 . 80".to_string()
+                format!("{half}-{}", offset + 16383).as_str(),
+                " : 10.180.0.5 . 80"
             ),
         ]
     );
-    let hairpins: Vec<&String> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
+    let hairpins: Vec<&str> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
     assert_eq!(
         hairpins,
         [

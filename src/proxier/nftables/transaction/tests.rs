@@ -138,7 +138,7 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
     let services = rendered();
     let svc3 = &services[&NamespacedName::new("ns3", "svc3")];
     let hairpin = svc3.elements.get(HAIRPIN_CONNECTIONS).unwrap();
-    let key = hairpin.keys().next().unwrap().clone();
+    let key = hairpin.keys().next().unwrap().to_string();
     // svc3 goes; another service outside this sync has the same endpoint.
     let gone = Delta {
         old: Some(svc3),
@@ -202,7 +202,7 @@ fn a_restart_writes_only_the_elements_that_differ() {
             present
                 .entry(set.clone())
                 .or_default()
-                .extend(elements.iter().map(|(k, r)| (k.clone(), r.clone())));
+                .extend(elements.iter().map(|(k, r)| (k.to_string(), r.to_string())));
         }
     }
     let service_ips = present.get_mut("service-ips").unwrap();
