@@ -304,7 +304,6 @@ pub fn set_elements_on(
     set: &str,
     layout: &KeyLayout,
 ) -> Result<BTreeMap<String, String>, ElementsError> {
-    let connection = connection;
     let request = RawMessage::request(
         NFT_MSG_GETSETELEM,
         family,
