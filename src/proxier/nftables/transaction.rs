@@ -219,32 +219,40 @@ pub fn full(
     for (name, chain) in &base.chains {
         out.rules(name, chain);
     }
+    // Each set's elements in key order (sorted lists: at 10,000 services there are 300,000).
     // A key two services claim (a NodePort or an IP given twice, which the API server never
     // allows) goes to the first: adding it again with other data would fail the transaction.
-    let mut wanted: BTreeMap<&String, BTreeMap<&str, &str>> = BTreeMap::new();
+    let mut wanted: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
     for objects in all() {
         for (set, elements) in &objects.elements {
-            let wanted = wanted.entry(set).or_default();
-            for (key, rest) in elements {
-                wanted.entry(key).or_insert(rest);
-            }
+            wanted.entry(set).or_default().extend(elements.iter());
         }
     }
+    for elements in wanted.values_mut() {
+        // Stable: of equal keys, the first service's stays first and is kept.
+        elements.sort_by(|a, b| a.0.cmp(b.0));
+        elements.dedup_by(|later, earlier| later.0 == earlier.0);
+    }
     // Sets read back: what differs goes (deletions first), then what is missing comes.
-    for (set, present) in present.into_iter().flatten() {
-        let wanted = wanted.get(set);
-        for (key, rest) in present {
-            if wanted.and_then(|w| w.get(key.as_str())) != Some(&rest.as_str()) {
-                out.element("delete", set, key, rest);
-            }
+    let present_elements = |set: &str| {
+        present
+            .and_then(|p| p.get(set))
+            .into_iter()
+            .flatten()
+            .map(|(key, rest)| (key.as_str(), rest.as_str()))
+    };
+    for set in present.into_iter().flat_map(|p| p.keys()) {
+        let wanted = wanted
+            .get(set.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (key, rest) in differing(present_elements(set), wanted.iter().copied()) {
+            out.element("delete", set, key, rest);
         }
     }
     for (set, elements) in &wanted {
-        let present = present.and_then(|p| p.get(*set));
-        for (key, rest) in elements {
-            if present.and_then(|p| p.get(*key)).map(String::as_str) != Some(*rest) {
-                out.element("add", set, key, rest);
-            }
+        for (key, rest) in differing(elements.iter().copied(), present_elements(set)) {
+            out.element("add", set, key, rest);
         }
     }
     if !recreate {
@@ -267,6 +275,22 @@ pub fn full(
             chains: stale_chains,
         },
     )
+}
+
+/// The elements of `ours` that `theirs` lacks or holds with other text, both in key order (one
+/// walk through each).
+fn differing<'a>(
+    ours: impl Iterator<Item = (&'a str, &'a str)>,
+    theirs: impl Iterator<Item = (&'a str, &'a str)>,
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    let mut theirs = theirs.peekable();
+    ours.filter_map(move |(key, rest)| {
+        while theirs.next_if(|(other, _)| *other < key).is_some() {}
+        match theirs.peek() {
+            Some((other, other_rest)) if *other == key && *other_rest == rest => None,
+            _ => Some((key, rest)),
+        }
+    })
 }
 
 /// Whether a set of our table with this name is a map (upstream's maps and the endpoint maps;
