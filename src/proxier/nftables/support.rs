@@ -75,6 +75,7 @@ fn probe(family: IpFamily) -> String {
         format!("add chain {f} {t} reject-chain"),
         format!("add map {f} {t} service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment \"probe\" ; }}"),
         format!("add set {f} {t} affinity {{ type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }}"),
+        format!("add map {f} {t} endpoints {{ typeof numgen random mod 16384 : ip daddr . tcp dport ; flags interval ; }}"),
         format!("add rule {f} {t} nat-prerouting ip daddr . meta l4proto . th dport vmap @service-ips"),
         format!("add rule {f} {t} nat-prerouting fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto tcp numgen random mod 1 vmap {{ 0 : goto endpoint }}"),
         format!("add rule {f} {t} filter-input ct state new ip daddr 10.0.0.1 jump reject-chain"),
@@ -85,7 +86,9 @@ fn probe(family: IpFamily) -> String {
         format!("add rule {f} {t} endpoint meta l4proto tcp dnat to 10.0.0.1:80"),
         format!("add chain {f} {t} nat-postrouting {{ type nat hook postrouting priority 100 ; }}"),
         format!("add rule {f} {t} nat-postrouting masquerade fully-random"),
+        format!("add rule {f} {t} nat-prerouting meta l4proto tcp dnat ip addr . port to numgen random mod 16384 offset 16384 map @endpoints"),
         format!("add element {f} {t} service-ips {{ 10.0.0.1 . tcp . 80 : goto endpoint }}"),
+        format!("add element {f} {t} endpoints {{ 16384-32767 : 10.0.0.1 . 80 }}"),
     ]
     .join("\n")
         + "\n"
