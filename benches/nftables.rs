@@ -9,9 +9,10 @@
 //! restart, a new Service after it.
 //!
 //! `cargo bench --bench nftables` runs 1k and 5k services; `-- --sizes 1000,10000` picks sizes;
-//! `--only-daemon` / `--no-daemon` pick a part; `--no-one-transaction` skips upstream's
-//! one-transaction baseline (minutes at 10,000 services; the change is then timed on an
-//! empty namespace).
+//! `--only-daemon` / `--no-daemon` pick a part; `--no-one-transaction` skips the
+//! one-transaction baselines: our table as one `nft -f`, and the same services in upstream
+//! 1.35's shape (an anonymous vmap per service, endpoint chains) as one `nft -f`, as upstream
+//! writes its table (minutes at 10,000 services).
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
 #[path = "../tests/support/netns.rs"]
@@ -67,6 +68,80 @@ fn bare_nft(ns: &Netns, text: &str) -> Duration {
     started.elapsed()
 }
 
+/// Our first sync's text reshaped as upstream 1.35 writes a service (its layout without the
+/// constructs ours replaces): each policy chain picks an endpoint chain with `numgen random mod
+/// N vmap { ... }` (an anonymous map per service), and each endpoint chain marks hairpin
+/// traffic and DNATs. The endpoints are read off our slots' shares; the endpoint maps go.
+fn upstream_shaped(ours: &str) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    // (map, first draw of a share) -> the endpoint's address and port.
+    let mut shares: BTreeMap<(&str, u64), (&str, &str)> = BTreeMap::new();
+    for line in ours.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        if let [
+            "add",
+            "element",
+            _,
+            _,
+            map,
+            "{",
+            interval,
+            ":",
+            ip,
+            ".",
+            port,
+            "}",
+        ] = words[..]
+            && map.starts_with("endpoints-")
+            && let Some(first) = interval.split('-').next().and_then(|n| n.parse().ok())
+        {
+            shares.insert((map, first), (ip, port));
+        }
+    }
+    let mut out = String::new();
+    let mut chains = 0;
+    for line in ours.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        if line.contains(" endpoints-") && !line.starts_with("add rule ") {
+            continue;
+        }
+        let Some(at) = words.iter().position(|w| *w == "offset") else {
+            let _ = writeln!(out, "{line}");
+            continue;
+        };
+        let (family, chain) = (words[2], words[4]);
+        let first: u64 = words[at + 1].parse().unwrap();
+        let map = words[at + 3].trim_start_matches('@');
+        let suffix = chain.splitn(3, '-').nth(2).unwrap_or(chain);
+        let mut targets = Vec::new();
+        for (index, (_, (ip, port))) in shares
+            .range((map, first)..(map, first + 16_384))
+            .enumerate()
+        {
+            chains += 1;
+            let endpoint = format!("endpoint-{chains:08}-{suffix}__{ip}/{port}");
+            let _ = writeln!(out, "add chain {family} kube-proxy {endpoint}");
+            let _ = writeln!(
+                out,
+                "add rule {family} kube-proxy {endpoint} ip saddr {ip} jump mark-for-masquerade"
+            );
+            let _ = writeln!(
+                out,
+                "add rule {family} kube-proxy {endpoint} meta l4proto tcp dnat to {ip}:{port}"
+            );
+            targets.push(format!("{index} : goto {endpoint}"));
+        }
+        let _ = writeln!(
+            out,
+            "add rule {family} kube-proxy {chain} numgen random mod {} vmap {{ {} }}",
+            targets.len(),
+            targets.join(" , ")
+        );
+    }
+    out
+}
+
 /// A sync in `ns`, timed, with the transactions it wrote.
 fn timed_sync(
     ns: &Netns,
@@ -98,11 +173,15 @@ fn run(count: usize, one_transaction: bool) {
         .iter()
         .map(|(_, text)| bare_nft(&ours_ns, text))
         .sum();
-    // The same table as one transaction, as upstream writes it.
-    let bare_full = if one_transaction {
-        bare_nft(&Netns::new("nftbare"), &full_text)
+    // The same table as one transaction, as upstream writes it; and the same services in
+    // upstream 1.35's shape, as one transaction.
+    let (bare_full, bare_upstream) = if one_transaction {
+        (
+            bare_nft(&Netns::new("nftbare"), &full_text),
+            bare_nft(&Netns::new("nftupstream"), &upstream_shaped(&full_text)),
+        )
     } else {
-        Duration::ZERO
+        (Duration::ZERO, Duration::ZERO)
     };
 
     // One more endpoint for one service, then one fewer, and so on: the median of 21 such
@@ -163,10 +242,12 @@ fn run(count: usize, one_transaction: bool) {
     );
     if bare_full > Duration::ZERO {
         println!(
-            "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x)",
+            "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x) vs bare nft -f of upstream 1.35's shape of the same services, one transaction, {} ({:.2}x)",
             secs(full),
             secs(bare_full),
             ratio(full, bare_full),
+            secs(bare_upstream),
+            ratio(full, bare_upstream),
         );
     }
     println!(
