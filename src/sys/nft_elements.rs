@@ -170,9 +170,7 @@ pub(crate) fn decode(
         for (kind, value) in attributes(element) {
             match kind {
                 ELEM_KEY => {
-                    let (_, bytes) = attributes(value)
-                        .find(|(k, _)| *k == DATA_VALUE)
-                        .ok_or("a key without a value")?;
+                    let bytes = data_value(value).ok_or("a key without a value")?;
                     key = Some(layout.key_text(bytes).ok_or("a key of another layout")?);
                 }
                 ELEM_DATA => {
@@ -207,17 +205,13 @@ fn decode_draws(list: &[u8], out: &mut Vec<(String, String)>) -> Result<(), Stri
         for (kind, value) in attributes(element) {
             match kind {
                 ELEM_KEY => {
-                    let (_, bytes) = attributes(value)
-                        .find(|(k, _)| *k == DATA_VALUE)
-                        .ok_or("a key without a value")?;
+                    let bytes = data_value(value).ok_or("a key without a value")?;
                     key = Some(u32::from_be_bytes(
                         bytes.try_into().map_err(|_| "a key that is not a draw")?,
                     ));
                 }
                 ELEM_DATA => {
-                    let (_, bytes) = attributes(value)
-                        .find(|(k, _)| *k == DATA_VALUE)
-                        .ok_or("data without a value")?;
+                    let bytes = data_value(value).ok_or("data without a value")?;
                     data = Some(destination_text(bytes).ok_or("data that is not a destination")?);
                 }
                 ELEM_FLAGS => end = value.get(..4).is_some_and(|f| f != [0, 0, 0, 0]),
@@ -232,6 +226,13 @@ fn decode_draws(list: &[u8], out: &mut Vec<(String, String)>) -> Result<(), Stri
         }
     }
     Ok(())
+}
+
+/// The bytes of an NFTA_DATA_VALUE nested in a key or data attribute.
+fn data_value(nested: &[u8]) -> Option<&[u8]> {
+    attributes(nested)
+        .find(|(kind, _)| *kind == DATA_VALUE)
+        .map(|(_, bytes)| bytes)
 }
 
 /// ` : ADDRESS . PORT` from an address, a port and two bytes of padding.

@@ -430,7 +430,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 ctx,
                 base,
                 holders: ElementHolders::of(services.values()),
-                slots: SlotTable::of(services.values()),
+                slots: SlotTable::of(services.values().map(|o| o.slots.as_slice())),
                 services,
             },
         );
@@ -477,7 +477,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 ctx,
                 base,
                 holders: ElementHolders::of(services.values()),
-                slots: SlotTable::of(services.values()),
+                slots: SlotTable::of(services.values().map(|o| o.slots.as_slice())),
                 services,
             },
         );
@@ -558,11 +558,11 @@ impl<N: Nftables> NftablesProxier<N> {
             for (key, objects) in rendered {
                 if let Some(old) = current.services.get(&key) {
                     current.holders.remove(old);
-                    current.slots.release(old);
+                    current.slots.release(&old.slots);
                 }
                 if let Some(new) = &objects {
                     current.holders.add(new);
-                    current.slots.add(new);
+                    current.slots.add(&new.slots);
                 }
                 match objects {
                     Some(objects) => current.services.insert(key, objects),

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::names;
-use super::slots::{self, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
+use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
     ports_in_family, select_endpoints,
@@ -143,9 +143,8 @@ pub struct Objects {
     pub elements: VecMap<String, Elements>,
     /// Service ports with no usable local endpoints for internal / external traffic.
     pub no_local_endpoints: (usize, usize),
-    /// The endpoint-map slots the policy chains hold, with the chains ([`SlotTable`]'s keys
-    /// and holders).
-    pub slots: Vec<(u64, u64)>,
+    /// The endpoint-map slots the policy chains hold.
+    pub slots: Vec<Claim>,
 }
 
 impl Objects {
@@ -608,10 +607,13 @@ fn render_port(
         chosen.sort_by_key(|ep| ep.address());
         if !affinity {
             let placement = (chosen.len() <= DRAWS as usize)
-                .then(|| slots.claim(proto, chain, out))
+                .then(|| slots.claim(proto, chain))
                 .flatten();
             match placement {
-                Some(placement) => endpoint_map(chain, ip, proto, &chosen, &placement, out),
+                Some((placement, claim)) => {
+                    out.slots.push(claim);
+                    endpoint_map(chain, ip, proto, &chosen, &placement, out);
+                }
                 None => out.rule(chain, destination_selection(ip, proto, &chosen)),
             }
             continue;

@@ -13,8 +13,6 @@
 
 use std::collections::HashMap;
 
-use super::render::Objects;
-
 /// How many values a policy chain's `numgen` draws from: each endpoint gets an equal share of
 /// them, to within one draw in 16,384.
 pub const DRAWS: u32 = 16_384;
@@ -48,6 +46,9 @@ pub struct Placement {
 
 /// A slot of one protocol's maps, as one number (protocol, map, slot).
 type SlotKey = u64;
+
+/// A slot held: its key and its holder (kept with the holder's objects).
+pub type Claim = (u64, u64);
 
 /// A chain, as the 64-bit hash of its name (two of a node's chains sharing one is as likely as
 /// one in 10^11 at 10,000 services).
@@ -83,37 +84,36 @@ pub struct SlotTable {
 }
 
 impl SlotTable {
-    /// The slots `objects` hold.
-    pub fn of<'a>(objects: impl IntoIterator<Item = &'a Objects>) -> Self {
+    /// The table of these claims.
+    pub fn of<'a>(claims: impl IntoIterator<Item = &'a [Claim]>) -> Self {
         let mut table = SlotTable::default();
-        for objects in objects {
-            table.add(objects);
+        for claims in claims {
+            table.add(claims);
         }
         table
     }
 
-    /// `chain`'s slot among `protocol`'s maps, taken for it; `None` when another chain holds
-    /// it (or the protocol has no maps).
-    pub fn claim(&mut self, protocol: &str, chain: &str, out: &mut Objects) -> Option<Placement> {
+    /// `chain`'s slot among `protocol`'s maps, taken for it, and the claim to keep with it;
+    /// `None` when another chain holds it (or the protocol has no maps).
+    pub fn claim(&mut self, protocol: &str, chain: &str) -> Option<(Placement, Claim)> {
         let (key, placement) = home(protocol, chain)?;
         let me = name_hash(chain);
         if *self.holders.entry(key).or_insert(me) != me {
             return None;
         }
-        out.slots.push((key, me));
-        Some(placement)
+        Some((placement, (key, me)))
     }
 
-    /// Records the slots `objects` hold.
-    pub fn add(&mut self, objects: &Objects) {
-        for (key, holder) in &objects.slots {
+    /// Records `claims`.
+    pub fn add(&mut self, claims: &[Claim]) {
+        for (key, holder) in claims {
             self.holders.insert(*key, *holder);
         }
     }
 
-    /// Frees the slots `objects` hold.
-    pub fn release(&mut self, objects: &Objects) {
-        for (key, holder) in &objects.slots {
+    /// Frees the slots of `claims` (those their holders still hold).
+    pub fn release(&mut self, claims: &[Claim]) {
+        for (key, holder) in claims {
             if self.holders.get(key) == Some(holder) {
                 self.holders.remove(key);
             }
@@ -129,32 +129,26 @@ mod tests {
     fn a_chain_is_placed_by_its_name_alone_and_a_taken_slot_is_refused() {
         let chain = "service-ULMVA6XW-ns1/svc1/tcp/p80";
         let mut table = SlotTable::default();
-        let mut objects = Objects::default();
-        let placed = table.claim("tcp", chain, &mut objects).unwrap();
+        let (placed, claim) = table.claim("tcp", chain).unwrap();
         // The same name, the same place, in any table (a restart needs no reading).
-        let again = SlotTable::default()
-            .claim("tcp", chain, &mut Objects::default())
-            .unwrap();
-        assert_eq!(placed, again);
+        let again = SlotTable::default().claim("tcp", chain).unwrap();
+        assert_eq!((placed.clone(), claim), again);
         assert!(placed.offset.is_multiple_of(DRAWS));
         assert!(u64::from(placed.offset) + u64::from(DRAWS) <= u64::from(u32::MAX));
         assert!(is_endpoint_map(&placed.map), "{}", placed.map);
         // Its own slot again: granted. Another chain hashing to it: refused until it is free.
-        assert_eq!(
-            table.claim("tcp", chain, &mut Objects::default()),
-            Some(placed)
-        );
-        let (key, _) = home("tcp", chain).unwrap();
-        table.holders.insert(key, name_hash("someone-else"));
-        assert_eq!(table.claim("tcp", chain, &mut Objects::default()), None);
-        let mut other = Objects::default();
-        other.slots.push((key, name_hash("someone-else")));
+        assert_eq!(table.claim("tcp", chain), Some((placed, claim)));
+        let key = claim.0;
+        let other = [(key, name_hash("someone-else"))];
+        table.release(&[claim]);
+        table.add(&other);
+        assert_eq!(table.claim("tcp", chain), None);
         table.release(&other);
-        assert!(table.claim("tcp", chain, &mut Objects::default()).is_some());
+        assert!(table.claim("tcp", chain).is_some());
         // Releasing what another chain holds frees nothing.
         table.release(&other);
         assert_eq!(
-            SlotTable::of([&objects]).holders.get(&key),
+            SlotTable::of([&[claim][..]]).holders.get(&key),
             Some(&name_hash(chain))
         );
         assert_eq!(home("icmp", chain), None);
@@ -168,8 +162,8 @@ mod tests {
         let mut refused = 0;
         for index in 0..10_000 {
             let chain = format!("service-{index:08}-ns/svc-{index}/tcp/p80");
-            match table.claim("tcp", &chain, &mut Objects::default()) {
-                Some(placement) => *per_map.entry(placement.map).or_default() += 1,
+            match table.claim("tcp", &chain) {
+                Some((placement, _)) => *per_map.entry(placement.map).or_default() += 1,
                 None => refused += 1,
             }
         }

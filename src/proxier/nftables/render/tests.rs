@@ -193,14 +193,9 @@ fn a_chain_whose_slot_is_taken_keeps_the_anonymous_map() {
     let svc4 = &overall_services()[3];
     let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
     // The chain's own slot, held by another chain.
-    let mut mine = Objects::default();
-    SlotTable::default().claim("tcp", &name, &mut mine);
-    let key = mine.slots[0].0;
+    let (_, (key, _)) = SlotTable::default().claim("tcp", &name).unwrap();
     let mut slots = SlotTable::default();
-    slots.add(&Objects {
-        slots: vec![(key, 42)],
-        ..Objects::default()
-    });
+    slots.add(&[(key, 42)]);
     let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx, &mut slots);
     assert_eq!(
         objects.chains[&name].rules[1],
@@ -232,9 +227,7 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
     let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
     let chain = &objects.chains[&name];
     // The chain's slot: its name's, in one of the shared tcp maps.
-    let Placement { map, offset } = SlotTable::default()
-        .claim("tcp", &name, &mut Objects::default())
-        .unwrap();
+    let (Placement { map, offset }, _) = SlotTable::default().claim("tcp", &name).unwrap();
     assert_eq!(
         chain.rules,
         [
