@@ -19,7 +19,7 @@ use super::holders::ElementHolders;
 use super::render::{
     NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
-use super::slots::SlotTable;
+use super::slots::{SlotTable, service_tag};
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
@@ -338,6 +338,9 @@ impl<N: Nftables> NftablesProxier<N> {
             });
             (services, read)
         });
+        // A chain that lost its slot to a chain of a later service does without it.
+        let mut services = services;
+        rerender_evicted(&mut slots, &mut services, state, &ctx);
         // Memory is exact and the kernel reports every change other programs make: a full
         // sync (the hourly one, a Node change) writes only what differs from what is
         // programmed, as a partial sync over every service and the base.
@@ -494,22 +497,30 @@ impl<N: Nftables> NftablesProxier<N> {
             return Err(Failure::unattributed("no full sync yet"));
         };
         // The changed services' chains keep their slots; a slot one of them frees is taken by
-        // no one before the next sync (its elements go in this transaction).
+        // no one before the next sync (its elements go in this transaction). A service whose
+        // chain a changed one evicts from its slot (a smaller hash wins) is rewritten with it,
+        // in the same transaction, whose deletions come before its additions.
         let slots = &mut current.slots;
-        let rendered: Vec<(NamespacedName, Option<Objects>)> = changes
+        let render = |key: &NamespacedName, slots: &mut SlotTable| {
+            state
+                .services
+                .get(key)
+                .map(|ports| service_objects(ports, state.endpoints.get(key), &current.ctx, slots))
+                .filter(|objects| !objects.is_empty())
+        };
+        let mut rendered: Vec<(NamespacedName, Option<Objects>)> = changes
             .changed_services
             .iter()
-            .map(|key| {
-                let objects = state
-                    .services
-                    .get(key)
-                    .map(|ports| {
-                        service_objects(ports, state.endpoints.get(key), &current.ctx, slots)
-                    })
-                    .filter(|objects| !objects.is_empty());
-                (key.clone(), objects)
-            })
+            .map(|key| (key.clone(), render(key, slots)))
             .collect();
+        let mut changing_keys: BTreeSet<&NamespacedName> =
+            changes.changed_services.iter().collect();
+        let evicted = slots.take_evicted();
+        for key in current.services.keys() {
+            if evicted.contains(&service_tag(key)) && changing_keys.insert(key) {
+                rendered.push((key.clone(), render(key, slots)));
+            }
+        }
         let current = &*current;
         let deltas: Vec<Delta<'_>> = rendered
             .iter()
@@ -520,17 +531,16 @@ impl<N: Nftables> NftablesProxier<N> {
             .collect();
         // Elements the services this sync leaves alone hold: counted, and where a count says
         // "held", confirmed among them.
-        let changing: Vec<&Objects> = changes
-            .changed_services
+        let changing: Vec<&Objects> = changing_keys
             .iter()
-            .filter_map(|key| current.services.get(key))
+            .filter_map(|key| current.services.get(*key))
             .collect();
         let held_elsewhere = |set: &str, key: &str| {
             current.holders.held_elsewhere(set, key, &changing, || {
                 current
                     .services
                     .iter()
-                    .filter(|(service, _)| !changes.changed_services.contains(*service))
+                    .filter(|(service, _)| !changing_keys.contains(service))
                     .any(|(_, objects)| {
                         objects
                             .elements
@@ -791,6 +801,28 @@ fn read_names_and_elements<N: Nftables>(
         }
     };
     Ok((names, elements))
+}
+
+/// Renders again the services of `services` whose chains lost their slots while the others
+/// rendered (they then do without; an eviction never leads to another).
+fn rerender_evicted(
+    slots: &mut SlotTable,
+    services: &mut BTreeMap<NamespacedName, Objects>,
+    state: &ProxyState,
+    ctx: &NftContext,
+) {
+    let evicted = slots.take_evicted();
+    if evicted.is_empty() {
+        return;
+    }
+    for (key, objects) in services.iter_mut() {
+        if let Some(ports) = state.services.get(key)
+            && evicted.contains(&service_tag(key))
+        {
+            *objects = service_objects(ports, state.endpoints.get(key), ctx, slots);
+        }
+    }
+    slots.take_evicted();
 }
 
 fn service_objects(

@@ -607,7 +607,7 @@ fn render_port(
         chosen.sort_by_key(|ep| ep.address());
         if !affinity {
             let placement = (chosen.len() <= DRAWS as usize)
-                .then(|| slots.claim(proto, chain))
+                .then(|| slots.claim(proto, chain, &name.service))
                 .flatten();
             match placement {
                 Some((placement, claim)) => {

@@ -8,10 +8,15 @@
 //! The maps are shared (a map of its own per chain is quadratic in the kernel, which finds a
 //! set by name by walking the table's list of sets), and sharded (a map's every element add
 //! checks every rule bound to it). A chain's slot is its name's hash, so a restarted daemon
-//! places every chain where the earlier run did without reading anything; the rare chain whose
-//! slot another chain holds keeps upstream's anonymous map instead.
+//! places every chain where the earlier run did without reading anything. Of chains whose
+//! names hash to one slot (about 3 in 10,000), the one with the smallest hash holds it, however
+//! they came, and the others keep upstream's anonymous map: a restart decides as the running
+//! daemon did. A newcomer that wins a slot evicts its holder, whose service is rewritten in the
+//! same transaction (see [`SlotTable::take_evicted`]).
 
 use std::collections::HashMap;
+
+use crate::model::NamespacedName;
 
 /// How many values a policy chain's `numgen` draws from: each endpoint gets an equal share of
 /// them, to within one draw in 16,384.
@@ -47,8 +52,8 @@ pub struct Placement {
 /// A slot of one protocol's maps, as one number (protocol, map, slot).
 type SlotKey = u64;
 
-/// A slot held: its key and its holder (kept with the holder's objects).
-pub type Claim = (u64, u64);
+/// A slot held: its key, its holder and the holder's service (kept with the holder's objects).
+pub type Claim = (u64, u64, u64);
 
 /// A chain, as the 64-bit hash of its name (two of a node's chains sharing one is as likely as
 /// one in 10^11 at 10,000 services).
@@ -59,6 +64,11 @@ fn name_hash(chain: &str) -> u64 {
     chain.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// A service, as the hash of its `namespace/name` (which service an eviction concerns).
+pub fn service_tag(service: &NamespacedName) -> u64 {
+    name_hash(&format!("{}/{}", service.namespace, service.name))
 }
 
 /// The slot `chain`'s name hashes to among `protocol`'s maps, and that slot's place.
@@ -80,7 +90,10 @@ fn home(protocol: &str, chain: &str) -> Option<(SlotKey, Placement)> {
 /// Which chain holds which slot, in one family's table.
 #[derive(Clone, Debug, Default)]
 pub struct SlotTable {
-    holders: HashMap<SlotKey, Holder>,
+    /// Each slot's holder and the holder's service.
+    holders: HashMap<SlotKey, (Holder, u64)>,
+    /// Services whose chain lost its slot to a newcomer since the last look.
+    evicted: Vec<u64>,
 }
 
 impl SlotTable {
@@ -93,28 +106,44 @@ impl SlotTable {
         table
     }
 
-    /// `chain`'s slot among `protocol`'s maps, taken for it, and the claim to keep with it;
-    /// `None` when another chain holds it (or the protocol has no maps).
-    pub fn claim(&mut self, protocol: &str, chain: &str) -> Option<(Placement, Claim)> {
+    /// `chain`'s (of `service`) slot among `protocol`'s maps, taken for it, and the claim to
+    /// keep with it; `None` when a chain with a smaller hash holds it (or the protocol has no
+    /// maps). A holder with a larger hash is evicted: its service must be rendered again.
+    pub fn claim(
+        &mut self,
+        protocol: &str,
+        chain: &str,
+        service: &NamespacedName,
+    ) -> Option<(Placement, Claim)> {
         let (key, placement) = home(protocol, chain)?;
         let me = name_hash(chain);
-        if *self.holders.entry(key).or_insert(me) != me {
-            return None;
+        match self.holders.get(&key) {
+            Some((holder, _)) if *holder < me => return None,
+            Some((holder, loser)) if *holder > me => self.evicted.push(*loser),
+            _ => {}
         }
-        Some((placement, (key, me)))
+        let tag = service_tag(service);
+        self.holders.insert(key, (me, tag));
+        Some((placement, (key, me, tag)))
+    }
+
+    /// The services whose chains were evicted since the last call: rendered again, they do
+    /// without the slot.
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Records `claims`.
     pub fn add(&mut self, claims: &[Claim]) {
-        for (key, holder) in claims {
-            self.holders.insert(*key, *holder);
+        for (key, holder, service) in claims {
+            self.holders.insert(*key, (*holder, *service));
         }
     }
 
     /// Frees the slots of `claims` (those their holders still hold).
     pub fn release(&mut self, claims: &[Claim]) {
-        for (key, holder) in claims {
-            if self.holders.get(key) == Some(holder) {
+        for (key, holder, _) in claims {
+            if self.holders.get(key).is_some_and(|(h, _)| h == holder) {
                 self.holders.remove(key);
             }
         }
@@ -126,30 +155,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_chain_is_placed_by_its_name_alone_and_a_taken_slot_is_refused() {
+    fn a_chain_is_placed_by_its_name_alone_and_the_smaller_hash_holds_a_slot() {
         let chain = "service-ULMVA6XW-ns1/svc1/tcp/p80";
+        let service = NamespacedName::new("ns1", "svc1");
         let mut table = SlotTable::default();
-        let (placed, claim) = table.claim("tcp", chain).unwrap();
+        let (placed, claim) = table.claim("tcp", chain, &service).unwrap();
         // The same name, the same place, in any table (a restart needs no reading).
-        let again = SlotTable::default().claim("tcp", chain).unwrap();
+        let again = SlotTable::default().claim("tcp", chain, &service).unwrap();
         assert_eq!((placed.clone(), claim), again);
         assert!(placed.offset.is_multiple_of(DRAWS));
         assert!(u64::from(placed.offset) + u64::from(DRAWS) <= u64::from(u32::MAX));
         assert!(is_endpoint_map(&placed.map), "{}", placed.map);
-        // Its own slot again: granted. Another chain hashing to it: refused until it is free.
-        assert_eq!(table.claim("tcp", chain), Some((placed, claim)));
+        // Its own slot again: granted, nobody evicted.
+        assert_eq!(table.claim("tcp", chain, &service), Some((placed, claim)));
+        assert!(table.take_evicted().is_empty());
+        // A holder with a smaller hash keeps the slot; one with a larger hash is evicted.
         let key = claim.0;
-        let other = [(key, name_hash("someone-else"))];
-        table.release(&[claim]);
-        table.add(&other);
-        assert_eq!(table.claim("tcp", chain), None);
-        table.release(&other);
-        assert!(table.claim("tcp", chain).is_some());
+        table.add(&[(key, 0, 7)]);
+        assert_eq!(table.claim("tcp", chain, &service), None);
+        table.release(&[(key, 0, 7)]);
+        table.add(&[(key, u64::MAX, 9)]);
+        assert!(table.claim("tcp", chain, &service).is_some());
+        assert_eq!(table.take_evicted(), [9]);
         // Releasing what another chain holds frees nothing.
-        table.release(&other);
+        table.release(&[(key, u64::MAX, 9)]);
         assert_eq!(
             SlotTable::of([&[claim][..]]).holders.get(&key),
-            Some(&name_hash(chain))
+            Some(&(name_hash(chain), service_tag(&service)))
         );
         assert_eq!(home("icmp", chain), None);
         assert!(!is_endpoint_map("endpoints-tcp-x") && !is_endpoint_map("service-ips"));
@@ -162,10 +194,15 @@ mod tests {
         let mut refused = 0;
         for index in 0..10_000 {
             let chain = format!("service-{index:08}-ns/svc-{index}/tcp/p80");
-            match table.claim("tcp", &chain) {
+            match table.claim(
+                "tcp",
+                &chain,
+                &NamespacedName::new("ns", format!("svc-{index}")),
+            ) {
                 Some((placement, _)) => *per_map.entry(placement.map).or_default() += 1,
                 None => refused += 1,
             }
+            refused += table.take_evicted().len();
         }
         assert_eq!(per_map.len(), MAPS_PER_PROTOCOL as usize);
         assert!(per_map.values().all(|n| *n < 300), "{per_map:?}");

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
+use crate::model::Protocol;
 use crate::proxier::iptables::tests::golden::overall_services;
 use crate::proxier::iptables::tests::{NODE, NODE_IP, ep, svc};
 use crate::proxier::nftables::render::tests::table;
@@ -574,4 +575,87 @@ fn a_key_another_service_holds_goes_to_the_first_in_partial_syncs_too() {
     p.sync(&state, &changed(&[&late.key])).unwrap();
     let table = p.nft.table(IpFamily::V4, "kube-proxy").unwrap();
     assert!(table.sets["service-nodeports"].elements["tcp . 3003"].contains("ns3/svc3"));
+}
+
+/// Two services whose service chains hash to one slot: the chain with the smaller hash holds
+/// it whichever came first, the other keeps the anonymous map. When the winner comes second it
+/// takes the slot in the same transaction that rewrites the loser, and a restart (which sees
+/// both at once) keeps everything as it is.
+#[test]
+fn of_two_chains_hashing_to_one_slot_the_same_one_wins_in_any_order() {
+    // Services svc-0, svc-1, ... until two service chains share a slot (about 5,000 names).
+    let mut seen: BTreeMap<u64, NamespacedName> = BTreeMap::new();
+    let mut pair = None;
+    for index in 0..200_000 {
+        let key = NamespacedName::new("ns", format!("svc-{index}"));
+        let port = crate::model::ServicePortName::new("ns", &key.name, "p80", Protocol::Tcp);
+        let chain = crate::proxier::nftables::names::service_chain(&port);
+        let (_, (slot, _, _)) = SlotTable::default().claim("tcp", &chain, &key).unwrap();
+        if seen.contains_key(&slot) {
+            pair = Some((key, slot));
+            break;
+        }
+        seen.insert(slot, key);
+    }
+    let (second, slot) = pair.expect("a collision among 200,000 names");
+    let first = seen[&slot].clone();
+    let service = |key: &NamespacedName, octet: u8| {
+        svc(
+            &key.namespace,
+            &key.name,
+            &format!("172.30.1.{octet}"),
+            |_| {},
+        )
+        .with_endpoints(vec![
+            ep(&format!("10.180.1.{octet}"), 80, ""),
+            ep(&format!("10.180.2.{octet}"), 80, ""),
+        ])
+    };
+    let holder_of = |p: &NftablesProxier<FakeNftables>| -> Vec<NamespacedName> {
+        p.programmed[&V4]
+            .services
+            .iter()
+            .filter(|(_, objects)| !objects.slots.is_empty())
+            .map(|(key, _)| key.clone())
+            .collect()
+    };
+    for (early, late) in [(&first, &second), (&second, &first)] {
+        let mut state = ProxyState {
+            node: node(),
+            ..ProxyState::default()
+        };
+        let add = |state: &mut ProxyState, key: &NamespacedName, octet| {
+            let s = service(key, octet);
+            state.services.insert(s.key.clone(), s.ports);
+            state.endpoints.insert(s.key.clone(), s.endpoints);
+        };
+        add(&mut state, early, 1);
+        let mut p = proxier(FakeNftables::default());
+        p.sync(&state, &ChangeSummary::default()).unwrap();
+        assert_eq!(holder_of(&p), std::slice::from_ref(early));
+        add(&mut state, late, 2);
+        p.sync(&state, &changed(&[late])).unwrap();
+        let holders = holder_of(&p);
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        let winner = holders[0].clone();
+        let text = &p.last_transactions[0].1;
+        if winner == *late {
+            // The loser's chain is rewritten in the transaction that gives the slot away.
+            assert!(text.contains(&format!("/{}/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 map {{", early.name)), "{text}");
+        }
+        assert_table(&mut p, &state);
+        // A restart onto this table rewrites no service chain and no element.
+        let mut kernel = p.nft.clone();
+        kernel.transactions.clear();
+        let mut restarted = proxier(kernel);
+        restarted.sync(&state, &ChangeSummary::default()).unwrap();
+        let written = restarted.nft.transactions.concat();
+        assert!(
+            !written
+                .lines()
+                .any(|l| l.contains("/tcp/p80") || l.contains(" element ")),
+            "{written}"
+        );
+        assert_eq!(holder_of(&restarted), [winner]);
+    }
 }

@@ -193,9 +193,10 @@ fn a_chain_whose_slot_is_taken_keeps_the_anonymous_map() {
     let svc4 = &overall_services()[3];
     let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
     // The chain's own slot, held by another chain.
-    let (_, (key, _)) = SlotTable::default().claim("tcp", &name).unwrap();
+    let (_, (key, _, _)) = SlotTable::default().claim("tcp", &name, &svc4.key).unwrap();
+    // ... by a chain whose name hashes lower (it keeps the slot).
     let mut slots = SlotTable::default();
-    slots.add(&[(key, 42)]);
+    slots.add(&[(key, 0, 0)]);
     let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx, &mut slots);
     assert_eq!(
         objects.chains[&name].rules[1],
@@ -227,7 +228,8 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
     let name = names::service_chain(&svc4.ports.values().next().unwrap().name);
     let chain = &objects.chains[&name];
     // The chain's slot: its name's, in one of the shared tcp maps.
-    let (Placement { map, offset }, _) = SlotTable::default().claim("tcp", &name).unwrap();
+    let (Placement { map, offset }, _) =
+        SlotTable::default().claim("tcp", &name, &svc4.key).unwrap();
     assert_eq!(
         chain.rules,
         [
