@@ -516,9 +516,11 @@ impl<N: Nftables> NftablesProxier<N> {
         let mut changing_keys: BTreeSet<&NamespacedName> =
             changes.changed_services.iter().collect();
         let evicted = slots.take_evicted();
-        for key in current.services.keys() {
-            if evicted.contains(&service_tag(key)) && changing_keys.insert(key) {
-                rendered.push((key.clone(), render(key, slots)));
+        if !evicted.is_empty() {
+            for key in current.services.keys() {
+                if evicted.contains(&service_tag(key)) && changing_keys.insert(key) {
+                    rendered.push((key.clone(), render(key, slots)));
+                }
             }
         }
         let current = &*current;
