@@ -1,6 +1,6 @@
 //! `kube-proxy-rs render` as a user runs it: kubectl's YAML in, what would be programmed out,
-//! with no root and no cluster; bad objects named on stderr while the rest still renders. One
-//! test feeds the output to the real iptables-restore in a namespace.
+//! with no root and no cluster; bad objects named on stderr while the rest still renders. Two
+//! tests feed the output to the real iptables-restore and nft in a namespace.
 
 mod support;
 
@@ -294,4 +294,39 @@ fn the_kernel_accepts_what_render_prints() {
     assert!(applied.status.success(), "{}", stderr(&applied));
     let saved = ns.output(&["iptables-nft-save", "-t", "nat"]);
     assert!(saved.contains("-j KUBE-SVC-XRY76EGRC3BSCIIJ"), "{saved}");
+}
+
+/// nftables mode: `render` prints `nft -f` input that nft and the kernel accept, and the table
+/// it makes DNATs each service through its slot of an endpoint map holding its endpoints.
+#[test]
+fn nftables_mode_prints_what_nft_applies() {
+    require_netns();
+    let example = example();
+    let output = render(
+        &[
+            "--proxy-mode=nftables",
+            "--hostname-override=node-a",
+            example.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("# nft -f input (IPv4)"), "{text}");
+    let ns = Netns::new("render-nft");
+    let path = std::env::temp_dir().join(format!("kprs-render-{}.nft", std::process::id()));
+    std::fs::write(&path, &text).unwrap();
+    ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    let table = ns.output(&["nft", "list", "table", "ip", "kube-proxy"]);
+    let rule = table
+        .lines()
+        .find(|l| l.contains("numgen random mod 16384 offset"))
+        .unwrap_or_else(|| panic!("no DNAT through an endpoint map in\n{table}"));
+    let map = rule
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('@'))
+        .unwrap();
+    let elements = ns.output(&["nft", "list", "map", "ip", "kube-proxy", map]);
+    assert!(elements.contains(" : 10.244."), "{elements}");
 }
