@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use netlink_sys::protocols::NETLINK_NETFILTER;
-
 use super::netlink::{Connection, NetlinkError};
 use super::nf_tables::{RawMessage, attributes, dump, nul_terminated, udata_comment};
 use super::nft_netlink::{KeyType, protocol_name, verdict_text};
@@ -92,10 +90,11 @@ impl KeyLayout {
         (!components.is_empty()).then_some(KeyLayout::Keys(components))
     }
 
-    /// A key's text, as this program writes it (a draw: its number).
+    /// A key's text, as this program writes it (draws are read as intervals instead, see
+    /// [`set_elements`]).
     pub fn key_text(&self, bytes: &[u8]) -> Option<String> {
         let KeyLayout::Keys(components) = self else {
-            return Some(u32::from_be_bytes(bytes.try_into().ok()?).to_string());
+            return None;
         };
         let concatenated = components.len() > 1;
         let mut text = String::with_capacity(48);
@@ -136,6 +135,27 @@ fn verdict(value: &[u8]) -> Option<String> {
     verdict_text(code?, chain.as_deref())
 }
 
+/// The element list of a reply for `table`/`set` (empty for another reply).
+fn element_list<'a>(reply: &'a RawMessage, table: &str, set: &str) -> &'a [u8] {
+    let Some(message) = reply.attributes_of(NFT_MSG_NEWSETELEM) else {
+        return &[];
+    };
+    let mut names = (None, None);
+    let mut list: &[u8] = &[];
+    for (kind, value) in attributes(message) {
+        match kind {
+            LIST_TABLE => names.0 = Some(nul_terminated(value)),
+            LIST_SET => names.1 = Some(nul_terminated(value)),
+            LIST_ELEMENTS => list = value,
+            _ => {}
+        }
+    }
+    if names.0.as_deref() != Some(table) || names.1.as_deref() != Some(set) {
+        return &[];
+    }
+    list
+}
+
 /// The elements a reply carries for `table`/`set`: key text -> the text after the key.
 pub(crate) fn decode(
     reply: &RawMessage,
@@ -144,26 +164,7 @@ pub(crate) fn decode(
     layout: &KeyLayout,
     out: &mut Vec<(String, String)>,
 ) -> Result<(), String> {
-    let Some(message) = reply.attributes_of(NFT_MSG_NEWSETELEM) else {
-        return Ok(());
-    };
-    let mut names = (None, None);
-    let mut list = None;
-    for (kind, value) in attributes(message) {
-        match kind {
-            LIST_TABLE => names.0 = Some(nul_terminated(value)),
-            LIST_SET => names.1 = Some(nul_terminated(value)),
-            LIST_ELEMENTS => list = Some(value),
-            _ => {}
-        }
-    }
-    if names.0.as_deref() != Some(table) || names.1.as_deref() != Some(set) {
-        return Ok(());
-    }
-    if *layout == KeyLayout::Draws {
-        return decode_draws(list.unwrap_or_default(), out);
-    }
-    for (_, element) in attributes(list.unwrap_or_default()) {
+    for (_, element) in attributes(element_list(reply, table, set)) {
         let mut key = None;
         let mut rest = String::new();
         let mut verdict = None;
@@ -197,7 +198,7 @@ pub(crate) fn decode(
 
 /// The elements of a map of draws in one reply, as `(FIRST, ' : ADDRESS . PORT')` for starts
 /// and `(END, "")` for ends (the draw after an interval's last); [`intervals`] pairs them.
-fn decode_draws(list: &[u8], out: &mut Vec<(String, String)>) -> Result<(), String> {
+fn decode_draws(list: &[u8], out: &mut Vec<(u32, String)>) -> Result<(), String> {
     for (_, element) in attributes(list) {
         let mut key = None;
         let mut data = None;
@@ -220,8 +221,8 @@ fn decode_draws(list: &[u8], out: &mut Vec<(String, String)>) -> Result<(), Stri
         }
         let key = key.ok_or("an element without a key")?;
         match (end, data) {
-            (true, _) => out.push((format!("{key}"), String::new())),
-            (false, Some(data)) => out.push((format!("{key}"), data)),
+            (true, _) => out.push((key, String::new())),
+            (false, Some(data)) => out.push((key, data)),
             (false, None) => return Err("a start of an interval without data".into()),
         }
     }
@@ -256,20 +257,11 @@ fn destination_text(bytes: &[u8]) -> Option<String> {
 
 /// Interval elements as this program writes them (`FIRST-LAST`), from starts (with data) and
 /// ends (without): each start runs to the next end.
-fn intervals(bounds: Vec<(String, String)>) -> Result<BTreeMap<String, String>, String> {
-    let mut sorted: Vec<(u32, String)> = bounds
-        .into_iter()
-        .map(|(key, data)| {
-            Ok((
-                key.parse().map_err(|_| "a draw that is not a number")?,
-                data,
-            ))
-        })
-        .collect::<Result<_, String>>()?;
-    sorted.sort_by_key(|(key, data)| (*key, !data.is_empty()));
+fn intervals(mut bounds: Vec<(u32, String)>) -> Result<BTreeMap<String, String>, String> {
+    bounds.sort_by_key(|(key, data)| (*key, !data.is_empty()));
     let mut out = BTreeMap::new();
     let mut open: Option<(u32, String)> = None;
-    for (key, data) in sorted {
+    for (key, data) in bounds {
         if data.is_empty() {
             // An end that closes nothing ends the gap below the first interval (nft writes
             // one at 0).
@@ -286,19 +278,9 @@ fn intervals(bounds: Vec<(String, String)>) -> Result<BTreeMap<String, String>, 
     Ok(out)
 }
 
-/// Every element of `set` (laid out as `layout`) in `table` of `family`, as text.
+/// Every element of `set` (laid out as `layout`) in `table` of `family`, as text, over
+/// `connection` (one for many sets).
 pub fn set_elements(
-    family: IpFamily,
-    table: &str,
-    set: &str,
-    layout: &KeyLayout,
-) -> Result<BTreeMap<String, String>, ElementsError> {
-    let mut connection = Connection::open(NETLINK_NETFILTER)?;
-    set_elements_on(&mut connection, family, table, set, layout)
-}
-
-/// [`set_elements`] over an open connection (one for many sets).
-pub fn set_elements_on(
     connection: &mut Connection,
     family: IpFamily,
     table: &str,
@@ -315,12 +297,16 @@ pub fn set_elements_on(
         set: set.to_string(),
         what,
     };
+    if *layout == KeyLayout::Draws {
+        let mut bounds = Vec::new();
+        for reply in &replies {
+            decode_draws(element_list(reply, table, set), &mut bounds).map_err(undecodable)?;
+        }
+        return intervals(bounds).map_err(undecodable);
+    }
     let mut elements = Vec::new();
     for reply in &replies {
         decode(reply, table, set, layout, &mut elements).map_err(undecodable)?;
-    }
-    if *layout == KeyLayout::Draws {
-        return intervals(elements).map_err(undecodable);
     }
     Ok(elements.into_iter().collect())
 }

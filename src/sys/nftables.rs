@@ -276,7 +276,7 @@ impl Nftables for SystemNftables {
                 })
             })?;
             let elements =
-                nft_elements::set_elements_on(&mut connection, family, table, name, &layout)
+                nft_elements::set_elements(&mut connection, family, table, name, &layout)
                     .map_err(failed)?;
             out.insert(name.clone(), elements);
         }

@@ -19,7 +19,7 @@ use super::holders::ElementHolders;
 use super::render::{
     NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
-use super::slots::{SlotTable, service_tag};
+use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
@@ -312,10 +312,10 @@ impl<N: Nftables> NftablesProxier<N> {
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
         let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
-        // Chains keep the slots they hold: a newcomer whose slot is taken does without.
+        // The slots programmed, for the render to find taken ones (see `slots`).
         let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
         let nft = &mut self.nft;
-        let (services, read) = std::thread::scope(|scope| {
+        let (mut services, read) = std::thread::scope(|scope| {
             let reader =
                 (!from_memory).then(|| scope.spawn(|| read_names_and_elements(nft, family, &base)));
             // A quarantined service keeps what the kernel last accepted for it.
@@ -339,7 +339,6 @@ impl<N: Nftables> NftablesProxier<N> {
             (services, read)
         });
         // A chain that lost its slot to a chain of a later service does without it.
-        let mut services = services;
         rerender_evicted(&mut slots, &mut services, state, &ctx);
         // Memory is exact and the kernel reports every change other programs make: a full
         // sync (the hourly one, a Node change) writes only what differs from what is
@@ -515,12 +514,9 @@ impl<N: Nftables> NftablesProxier<N> {
             .collect();
         let mut changing_keys: BTreeSet<&NamespacedName> =
             changes.changed_services.iter().collect();
-        let evicted = slots.take_evicted();
-        if !evicted.is_empty() {
-            for key in current.services.keys() {
-                if evicted.contains(&service_tag(key)) && changing_keys.insert(key) {
-                    rendered.push((key.clone(), render(key, slots)));
-                }
+        for key in slots.take_evicted(current.services.keys()) {
+            if changing_keys.insert(key) {
+                rendered.push((key.clone(), render(key, slots)));
             }
         }
         let current = &*current;
@@ -813,18 +809,18 @@ fn rerender_evicted(
     state: &ProxyState,
     ctx: &NftContext,
 ) {
-    let evicted = slots.take_evicted();
-    if evicted.is_empty() {
-        return;
-    }
-    for (key, objects) in services.iter_mut() {
-        if let Some(ports) = state.services.get(key)
-            && evicted.contains(&service_tag(key))
-        {
-            *objects = service_objects(ports, state.endpoints.get(key), ctx, slots);
+    let evicted: Vec<NamespacedName> = slots
+        .take_evicted(services.keys())
+        .into_iter()
+        .cloned()
+        .collect();
+    for key in evicted {
+        if let (Some(ports), Some(objects)) = (state.services.get(&key), services.get_mut(&key)) {
+            *objects = service_objects(ports, state.endpoints.get(&key), ctx, slots);
         }
     }
-    slots.take_evicted();
+    // Rendered again, they evict no one (their other chains hold their slots already).
+    slots.take_evicted([]);
 }
 
 fn service_objects(

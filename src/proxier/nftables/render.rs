@@ -388,8 +388,8 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     out
 }
 
-/// Renders every port of one service in `ctx.family`.
-/// One service's objects; its policy chains take their endpoint-map slots in `slots`.
+/// Renders every port of one service in `ctx.family`; its policy chains take their
+/// endpoint-map slots in `slots`.
 pub fn render_service(
     ports: &ServicePortMap,
     endpoints: Option<&EndpointsMap>,

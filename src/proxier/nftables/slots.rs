@@ -52,12 +52,15 @@ pub struct Placement {
 /// A slot of one protocol's maps, as one number (protocol, map, slot).
 type SlotKey = u64;
 
-/// A slot held: its key, its holder and the holder's service (kept with the holder's objects).
-pub type Claim = (u64, u64, u64);
-
 /// A chain, as the 64-bit hash of its name (two of a node's chains sharing one is as likely as
 /// one in 10^11 at 10,000 services).
 type Holder = u64;
+
+/// A service, as the hash of its `namespace/name` (which service an eviction concerns).
+type ServiceTag = u64;
+
+/// A slot held: its key, its holder and the holder's service (kept with the holder's objects).
+pub type Claim = (SlotKey, Holder, ServiceTag);
 
 /// FNV-1a of a chain's name: stable across builds and releases, as a restart needs.
 fn name_hash(chain: &str) -> u64 {
@@ -66,8 +69,7 @@ fn name_hash(chain: &str) -> u64 {
     })
 }
 
-/// A service, as the hash of its `namespace/name` (which service an eviction concerns).
-pub fn service_tag(service: &NamespacedName) -> u64 {
+fn service_tag(service: &NamespacedName) -> ServiceTag {
     name_hash(&format!("{}/{}", service.namespace, service.name))
 }
 
@@ -91,9 +93,9 @@ fn home(protocol: &str, chain: &str) -> Option<(SlotKey, Placement)> {
 #[derive(Clone, Debug, Default)]
 pub struct SlotTable {
     /// Each slot's holder and the holder's service.
-    holders: HashMap<SlotKey, (Holder, u64)>,
+    holders: HashMap<SlotKey, (Holder, ServiceTag)>,
     /// Services whose chain lost its slot to a newcomer since the last look.
-    evicted: Vec<u64>,
+    evicted: Vec<ServiceTag>,
 }
 
 impl SlotTable {
@@ -127,10 +129,20 @@ impl SlotTable {
         Some((placement, (key, me, tag)))
     }
 
-    /// The services whose chains were evicted since the last call: rendered again, they do
-    /// without the slot.
-    pub fn take_evicted(&mut self) -> Vec<u64> {
-        std::mem::take(&mut self.evicted)
+    /// Those of `services` whose chains were evicted since the last call: rendered again, they
+    /// do without the slot.
+    pub fn take_evicted<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a NamespacedName>,
+    ) -> Vec<&'a NamespacedName> {
+        let evicted = std::mem::take(&mut self.evicted);
+        if evicted.is_empty() {
+            return Vec::new();
+        }
+        services
+            .into_iter()
+            .filter(|service| evicted.contains(&service_tag(service)))
+            .collect()
     }
 
     /// Records `claims`.
@@ -168,17 +180,18 @@ mod tests {
         assert!(is_endpoint_map(&placed.map), "{}", placed.map);
         // Its own slot again: granted, nobody evicted.
         assert_eq!(table.claim("tcp", chain, &service), Some((placed, claim)));
-        assert!(table.take_evicted().is_empty());
+        assert!(table.take_evicted([&service]).is_empty());
         // A holder with a smaller hash keeps the slot; one with a larger hash is evicted.
         let key = claim.0;
         table.add(&[(key, 0, 7)]);
         assert_eq!(table.claim("tcp", chain, &service), None);
         table.release(&[(key, 0, 7)]);
-        table.add(&[(key, u64::MAX, 9)]);
+        let other = NamespacedName::new("ns9", "svc9");
+        table.add(&[(key, u64::MAX, service_tag(&other))]);
         assert!(table.claim("tcp", chain, &service).is_some());
-        assert_eq!(table.take_evicted(), [9]);
+        assert_eq!(table.take_evicted([&service, &other]), [&other]);
         // Releasing what another chain holds frees nothing.
-        table.release(&[(key, u64::MAX, 9)]);
+        table.release(&[(key, u64::MAX, service_tag(&other))]);
         assert_eq!(
             SlotTable::of([&[claim][..]]).holders.get(&key),
             Some(&(name_hash(chain), service_tag(&service)))
@@ -202,7 +215,7 @@ mod tests {
                 Some((placement, _)) => *per_map.entry(placement.map).or_default() += 1,
                 None => refused += 1,
             }
-            refused += table.take_evicted().len();
+            refused += std::mem::take(&mut table.evicted).len();
         }
         assert_eq!(per_map.len(), MAPS_PER_PROTOCOL as usize);
         assert!(per_map.values().all(|n| *n < 300), "{per_map:?}");

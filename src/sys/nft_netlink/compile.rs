@@ -262,19 +262,7 @@ impl Compiler {
         let Ok(family) = family(family_word) else {
             return;
         };
-        let scope = Scope { family, table };
-        let mut a = Attributes::new();
-        a.string(1, table).string(2, set);
-        if let Some(id) = self.set_id(scope, set) {
-            a.u32(4, id);
-        }
-        encode_elements(&mut a, &run.elements);
-        let (kind, flags) = if run.add {
-            (NFT_MSG_NEWSETELEM, NLM_F_CREATE)
-        } else {
-            (NFT_MSG_DELSETELEM, 0)
-        };
-        self.push(kind, flags, scope, a);
+        self.push_elements(Scope { family, table }, set, run.add, &run.elements);
         self.out.lines.push(run.line);
     }
 
@@ -756,19 +744,24 @@ impl Compiler {
             return Err("expected a set name and one element".into());
         };
         let elements = Element::parse(body, add, scope.is_ipv6())?;
+        self.push_elements(scope, set, add, &elements);
+        Ok(())
+    }
+
+    /// One message adding (or deleting) `elements` of `set`.
+    fn push_elements(&mut self, scope: Scope<'_>, set: &str, add: bool, elements: &[Element]) {
         let mut a = Attributes::new();
         a.string(1, scope.table).string(2, set);
         if let Some(id) = self.set_id(scope, set) {
             a.u32(4, id);
         }
-        encode_elements(&mut a, &elements);
-        let kind = if add {
-            NFT_MSG_NEWSETELEM
+        encode_elements(&mut a, elements);
+        let (kind, flags) = if add {
+            (NFT_MSG_NEWSETELEM, NLM_F_CREATE)
         } else {
-            NFT_MSG_DELSETELEM
+            (NFT_MSG_DELSETELEM, 0)
         };
-        self.push(kind, if add { NLM_F_CREATE } else { 0 }, scope, a);
-        Ok(())
+        self.push(kind, flags, scope, a);
     }
 }
 

@@ -136,10 +136,6 @@ pub enum Expr {
     Numgen {
         dreg: u32,
         modulus: u32,
-    },
-    NumgenOffset {
-        dreg: u32,
-        modulus: u32,
         offset: u32,
     },
     /// A 32-bit register from host to network order (nft's step before an interval lookup of
@@ -189,7 +185,7 @@ impl Expr {
             Expr::Ct { .. } => "ct",
             Expr::Immediate { .. } => "immediate",
             Expr::Lookup { .. } => "lookup",
-            Expr::Numgen { .. } | Expr::NumgenOffset { .. } => "numgen",
+            Expr::Numgen { .. } => "numgen",
             Expr::HostToNetwork32 { .. } => "byteorder",
             Expr::Dnat { .. } | Expr::DnatRange { .. } => "nat",
             Expr::Masq { .. } => "masq",
@@ -264,15 +260,12 @@ impl Expr {
                     out.u32(5, LOOKUP_INVERTED);
                 }
             }
-            Expr::Numgen { dreg, modulus } => {
-                // Type random (1), offset 0.
-                out.u32(1, *dreg).u32(2, *modulus).u32(3, 1).u32(4, 0);
-            }
-            Expr::NumgenOffset {
+            Expr::Numgen {
                 dreg,
                 modulus,
                 offset,
             } => {
+                // Type random (1).
                 out.u32(1, *dreg).u32(2, *modulus).u32(3, 1).u32(4, *offset);
             }
             Expr::HostToNetwork32 { reg } => {

@@ -589,6 +589,7 @@ impl<'a> Builder<'_, 'a> {
         self.emit(Expr::Numgen {
             dreg: REG_1,
             modulus,
+            offset: 0,
         });
         Ok(entries)
     }
@@ -618,25 +619,8 @@ impl<'a> Builder<'_, 'a> {
         for word in ["addr", ".", "port", "to", "numgen"] {
             self.expect(word)?;
         }
-        let named = self.words[self.position..]
-            .iter()
-            .take(7)
-            .any(|w| w.starts_with('@'));
-        if named {
-            self.expect("random")?;
-            self.expect("mod")?;
-            let modulus = parse_number(self.next()?)?;
-            let mut offset = 0;
-            if self.peek() == Some("offset") {
-                self.position += 1;
-                offset = parse_number(self.next()?)?;
-            }
-            self.expect("map")?;
-            let name = self
-                .next()?
-                .strip_prefix('@')
-                .ok_or_else(|| "expected a map name".to_string())?;
-            self.emit(Expr::NumgenOffset {
+        if let Some((modulus, offset, name)) = self.named_draw_map()? {
+            self.emit(Expr::Numgen {
                 dreg: REG_1,
                 modulus,
                 offset,
@@ -673,6 +657,28 @@ impl<'a> Builder<'_, 'a> {
                 dreg: REG_1,
             }));
         self.dnat_from_registers()
+    }
+
+    /// `random mod N [offset O] map @NAME` after `numgen`, taken; `None` (nothing taken) for
+    /// an anonymous map.
+    fn named_draw_map(&mut self) -> Result<Option<(u32, u32, &'a str)>, Unsupported> {
+        let start = self.position;
+        self.expect("random")?;
+        self.expect("mod")?;
+        let modulus = parse_number(self.next()?)?;
+        let mut offset = 0;
+        if self.peek() == Some("offset") {
+            self.position += 1;
+            offset = parse_number(self.next()?)?;
+        }
+        self.expect("map")?;
+        match self.next()?.strip_prefix('@') {
+            Some(name) => Ok(Some((modulus, offset, name))),
+            None => {
+                self.position = start;
+                Ok(None)
+            }
+        }
     }
 
     /// DNAT to the address and port a map lookup left in the registers.
