@@ -3,7 +3,9 @@
 //! `nft -f` of the same transaction into another one, a one-endpoint change against a bare
 //! `nft -f` of the same change and against a forced full sync on the same node (what a
 //! whole-table rewrite costs, as upstream's hourly sync does), the same forced full sync as the
-//! daemon runs it (with the kernel's change events: only differences written), and a restart (a new proxier's first sync on the programmed node).
+//! daemon runs it (with the kernel's change events: only differences written), a restart (a
+//! new proxier's first sync on the programmed node), the sync after it (which reads the table
+//! back), and a restart after one endpoint came while no proxier ran.
 //!
 //! Then the real daemon in nftables mode (as the iptables benchmark runs it): RSS, first sync,
 //! restart, a new Service after it.
@@ -232,18 +234,38 @@ fn run(count: usize, one_transaction: bool) {
     p.force_full_sync();
     let (_, diffed, diffed_text) = timed_sync(&node, p, state.clone(), ChangeSummary::default());
     assert!(diffed_text.is_empty(), "{diffed_text}");
-    let (_, restart, restart_text) =
+    let (restarted, restart, restart_text) =
         timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
-    // Nothing changed: no service's chain, no element is written (only the base chains).
-    let service_lines = restart_text
-        .lines()
-        .filter(|line| {
-            let words: Vec<&str> = line.split(' ').collect();
-            let declares = matches!(words[..2], ["add", "table" | "chain" | "map" | "set"]);
-            !declares && (words[1] == "element" || names::is_service_chain(words[4]))
-        })
-        .inspect(|line| eprintln!("restart wrote: {line}"))
-        .count();
+    // Nothing changed: no service's chain, no element is written.
+    let service_lines = |text: &str| {
+        text.lines()
+            .filter(|line| {
+                let words: Vec<&str> = line.split(' ').collect();
+                let declares = matches!(words[..2], ["add", "table" | "chain" | "map" | "set"]);
+                !declares && (words[1] == "element" || names::is_service_chain(words[4]))
+            })
+            .inspect(|line| eprintln!("restart wrote: {line}"))
+            .count()
+    };
+    // The sync after a restart reads the whole table back (see `digests`).
+    let (_, verify, verify_text) =
+        timed_sync(&node, restarted, state.clone(), ChangeSummary::default());
+    // A restart after one endpoint came while no daemon ran: the sets whose digests differ are
+    // read back.
+    let mut moved = state.clone();
+    moved
+        .endpoints
+        .get_mut(&key)
+        .unwrap()
+        .get_mut(&port)
+        .unwrap()
+        .push(Endpoint::ready(
+            "10.250.0.2".parse().unwrap(),
+            8080,
+            Some("node-b"),
+        ));
+    let (_, moved_restart, moved_text) =
+        timed_sync(&node, proxier(), moved, ChangeSummary::default());
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
     println!(
@@ -266,7 +288,8 @@ fn run(count: usize, one_transaction: bool) {
         "nftables {count} services x 10 endpoints: \
          one-endpoint change {} (median of {CHANGES}; {} lines) vs bare nft -f {} ({:.2}x) vs forced full sync {} ({:.3}x of it); \
          forced full sync with change events {} ({:.3}x the rewrite); \
-         restart {} ({:.2}x the first sync; {} lines, {} of them a service's); {} lines in the first sync",
+         restart {} ({:.2}x the first sync; {} lines, {} of them a service's), the read-back sync after it {} ({:.2}x; {} lines, {} of them a service's); \
+         restart after one endpoint came {} ({:.2}x; {} lines); {} lines in the first sync",
         secs(change),
         change_text.lines().count(),
         secs(bare_change),
@@ -278,7 +301,14 @@ fn run(count: usize, one_transaction: bool) {
         secs(restart),
         ratio(restart, full),
         restart_text.lines().count(),
-        service_lines,
+        service_lines(&restart_text),
+        secs(verify),
+        ratio(verify, full),
+        verify_text.lines().count(),
+        service_lines(&verify_text),
+        secs(moved_restart),
+        ratio(moved_restart, full),
+        moved_text.lines().count(),
         full_text.lines().count(),
     );
 }

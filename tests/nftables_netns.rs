@@ -285,10 +285,44 @@ async fn real_packets_through_the_nftables_proxier() {
         .await
     );
     daemon.wait_for("\"Synced proxy rules\"").await;
-    // What the earlier run wrote and nothing changed is read back and kept as it is.
+    // What the earlier run wrote and nothing changed is kept as it is: the table's digests
+    // vouch for most of it, and the sync after reads it back.
+    daemon
+        .wait_for("Took what our table's digests vouch for as right")
+        .await;
     daemon
         .wait_for("Kept chains an earlier run programmed as they are")
         .await;
+    assert!(
+        our_table(&cluster).contains("chain kube-proxy-rs-digests"),
+        "{}",
+        our_table(&cluster)
+    );
+    daemon.stop().await;
+
+    // Another program changes the table while no daemon runs (the digests do not see it): the
+    // restart keeps what they vouch for, and the sync after it reads the table back and
+    // repairs the change.
+    let tampered = cluster.node.exec(&[
+        "nft",
+        "delete",
+        "element",
+        "ip",
+        "kube-proxy",
+        "service-ips",
+        "{ 10.96.0.11 . tcp . 80 }",
+    ]);
+    assert!(tampered.status.success(), "{tampered:?}");
+    assert!(tcp_request(node, addr("10.96.0.11:80")).is_err());
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
+    daemon
+        .wait_for("Took what our table's digests vouch for as right")
+        .await;
+    assert!(
+        eventually(WAIT, || tcp_request(node, addr("10.96.0.11:80")).is_ok()).await,
+        "{}",
+        our_table(&cluster)
+    );
     daemon.stop().await;
 
     // Switching to iptables mode: served by iptables, and our nftables tables go.

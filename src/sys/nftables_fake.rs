@@ -38,6 +38,10 @@ pub struct FakeNftables {
     pub rule_reads: usize,
     /// How many element reads were made.
     pub element_reads: usize,
+    /// The sets whose elements were read, in order.
+    pub sets_read: Vec<String>,
+    /// The chains whose rules were read, in order.
+    pub chains_read: Vec<String>,
 }
 
 impl FakeNftables {
@@ -108,6 +112,7 @@ impl Nftables for FakeNftables {
         chains: &std::collections::BTreeSet<String>,
     ) -> Result<RuleComments, NftError> {
         self.rule_reads += 1;
+        self.chains_read.extend(chains.iter().cloned());
         let comment = |rule: &String| {
             let after = rule.rsplit_once(" comment \"")?.1;
             Some(after.strip_suffix('"')?.to_string())
@@ -136,6 +141,8 @@ impl Nftables for FakeNftables {
         sets: &[(String, String)],
     ) -> Result<SetElements, NftError> {
         self.element_reads += 1;
+        self.sets_read
+            .extend(sets.iter().map(|(name, _)| name.clone()));
         Ok(self.set_elements(family, table, sets))
     }
 }

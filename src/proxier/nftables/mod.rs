@@ -1,6 +1,8 @@
 //! nftables mode: upstream's `table ip kube-proxy` / `table ip6 kube-proxy` layout (1.34/1.35).
 
+mod digests;
 mod elements;
+mod fnv;
 mod holders;
 pub mod names;
 mod proxier;

@@ -61,6 +61,26 @@ pub fn firewall_chain(port: &ServicePortName) -> String {
     format!("firewall-{}", hash_and_truncate(&service_base(port)))
 }
 
+/// A service port's four chains, its name hashed once.
+pub struct PortChains {
+    pub service: String,
+    pub local: String,
+    pub external: String,
+    pub firewall: String,
+}
+
+/// The chains of `port`: [`service_chain`], [`local_chain`], [`external_chain`] and
+/// [`firewall_chain`].
+pub fn port_chains(port: &ServicePortName) -> PortChains {
+    let hash = hash_and_truncate(&service_base(port));
+    PortChains {
+        service: format!("service-{hash}"),
+        local: format!("local-{hash}"),
+        external: format!("external-{hash}"),
+        firewall: format!("firewall-{hash}"),
+    }
+}
+
 /// One endpoint's chain.
 pub fn endpoint_chain(port: &ServicePortName, endpoint: &Endpoint) -> String {
     format!(

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use super::digests::{DIGEST_CHAIN, Digests};
 use super::holders::ElementHolders;
 use super::render::{
     NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
@@ -22,7 +23,7 @@ use super::render::{
 use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
-use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
+use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
 use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
 use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
@@ -37,6 +38,9 @@ use crate::sys::nftables::{
 const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 /// After a failed batch deletion, at most this many stale chains are tried one by one per sync.
 const SINGLE_DELETIONS_PER_SYNC: usize = 64;
+/// A restart that took parts of the table on the trust of its digests reads the table back
+/// this long after, in a full sync of its own (see `digests`).
+const VERIFY_DELAY: Duration = Duration::from_secs(1);
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
@@ -76,6 +80,8 @@ struct FamilyState {
     holders: ElementHolders,
     /// Which policy chain holds which endpoint-map slot.
     slots: SlotTable,
+    /// The digests of `base` and `services`, which the table's digest chain holds.
+    digests: Digests,
 }
 
 /// The nftables proxier over any [`Nftables`] (the real one or the fake).
@@ -88,6 +94,9 @@ pub struct NftablesProxier<N: Nftables> {
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose table holds exactly the objects `programmed` says.
     known: BTreeSet<IpFamily>,
+    /// Families whose table a restart took on the trust of its digests, in part: the next
+    /// sync is a full one that reads it back.
+    unverified: BTreeSet<IpFamily>,
     /// Chains flushed because nothing wants them, with when; deleted a moment later.
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
     quarantine: Quarantine,
@@ -122,6 +131,7 @@ impl<N: Nftables> NftablesProxier<N> {
             families: Vec::new(),
             programmed: BTreeMap::new(),
             known: BTreeSet::new(),
+            unverified: BTreeSet::new(),
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
             events: None,
@@ -276,21 +286,28 @@ impl<N: Nftables> NftablesProxier<N> {
         }
     }
 
+    /// Asks for a sync `delay` from now (when there is someone to ask).
+    fn wake_after(&self, delay: Duration, why: &'static str) {
+        let Some(wake) = self.wake.clone() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("nftables-wake".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                wake();
+            });
+        if let Err(err) = spawned {
+            debug!(error = %err, "{why} at the next sync");
+        }
+    }
+
     fn remember_stale(&mut self, family: IpFamily, chains: Vec<String>) {
-        if let (Some(wake), false) = (&self.wake, chains.is_empty()) {
-            let (wake, delay) = (
-                wake.clone(),
+        if !chains.is_empty() {
+            self.wake_after(
                 self.stale_chain_delay + Duration::from_millis(100),
+                "Stale chains will be deleted",
             );
-            let spawned = std::thread::Builder::new()
-                .name("stale-chains".into())
-                .spawn(move || {
-                    std::thread::sleep(delay);
-                    wake();
-                });
-            if let Err(err) = spawned {
-                debug!(error = %err, "Stale chains will be deleted at the next sync");
-            }
         }
         let now = Instant::now();
         let stale = self.stale_chains.entry(family).or_default();
@@ -307,37 +324,53 @@ impl<N: Nftables> NftablesProxier<N> {
     ) -> Result<Stats, Failure> {
         let base = render_base(&ctx);
         // What the table holds is known from memory when memory is exact; else (at start, an
-        // earlier run's objects, and after a failure) it is read: names, and the top-level
-        // sets' elements, while the services render on the other core.
+        // earlier run's objects, and after a failure) it is read: names and digests, and,
+        // unless this is a restart that trusts the digests, the top-level sets' elements,
+        // while the services render on the other core.
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
+        let trust = !self.programmed.contains_key(&family) && !self.recreate;
         let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
         // The slots programmed, for the render to find taken ones (see `slots`).
         let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
         let nft = &mut self.nft;
-        let (mut services, read) = std::thread::scope(|scope| {
-            let reader =
-                (!from_memory).then(|| scope.spawn(|| read_names_and_elements(nft, family, &base)));
-            // A quarantined service keeps what the kernel last accepted for it.
-            let services: BTreeMap<NamespacedName, Objects> = state
-                .services
-                .iter()
+        // A quarantined service keeps what the kernel last accepted for it.
+        let render = |part: &[(&NamespacedName, &ServicePortMap)], slots: &mut SlotTable| {
+            part.iter()
                 .filter_map(|(key, ports)| {
                     let objects = if quarantine.contains(key) {
-                        previous?.services.get(key)?.clone()
+                        previous?.services.get(*key)?.clone()
                     } else {
-                        service_objects(ports, state.endpoints.get(key), &ctx, &mut slots)
+                        service_objects(ports, state.endpoints.get(*key), &ctx, slots)
                     };
-                    (!objects.is_empty()).then(|| (key.clone(), objects))
+                    (!objects.is_empty()).then(|| ((*key).clone(), objects))
                 })
-                .collect();
+                .collect::<Vec<_>>()
+        };
+        let render = &render;
+        let all: Vec<(&NamespacedName, &ServicePortMap)> = state.services.iter().collect();
+        let (mut services, read) = std::thread::scope(|scope| {
+            let reader =
+                (!from_memory).then(|| scope.spawn(|| read_table(nft, family, &base, trust)));
+            // Half of the services render on another thread, with a copy of the slot table
+            // whose grants are then settled with this one's (see `SlotTable::merge`).
+            let (mine, theirs) = all.split_at(all.len() / 2);
+            let mut their_slots = slots.clone();
+            let helper = scope.spawn(move || (render(theirs, &mut their_slots), their_slots));
+            let mut services: BTreeMap<NamespacedName, Objects> =
+                render(mine, &mut slots).into_iter().collect();
+            let (theirs, their_slots) = helper
+                .join()
+                .map_err(|_| Failure::unattributed("a renderer of services panicked"))?;
+            slots.merge(their_slots, theirs.iter().map(|(_, o)| o.slots.as_slice()));
+            services.extend(theirs);
             let read = reader.map(|reader| {
                 reader.join().unwrap_or_else(|_| {
                     Err(Failure::unattributed("the reader of our table panicked"))
                 })
             });
-            (services, read)
-        });
+            Ok::<_, Failure>((services, read))
+        })?;
         // A chain that lost its slot to a chain of a later service does without it.
         rerender_evicted(&mut slots, &mut services, state, &ctx);
         // Memory is exact and the kernel reports every change other programs make: a full
@@ -346,7 +379,9 @@ impl<N: Nftables> NftablesProxier<N> {
         if self.events.is_some() && from_memory && !self.recreate {
             return self.diff_sync(family, ctx, base, services);
         }
-        let existing = match read {
+        let digests = Digests::of(&base, services.values());
+        let mut trusted = false;
+        let (existing, held_digests) = match read {
             None => {
                 let programmed = self
                     .programmed
@@ -364,55 +399,36 @@ impl<N: Nftables> NftablesProxier<N> {
                         .into_iter()
                         .flat_map(|s| s.keys().cloned()),
                 );
-                existing
+                (existing, Some(programmed.digests.clone()))
             }
             Some(read) => {
-                let (names, elements) = read?;
-                // A restart: chains an earlier run wrote that are exactly what we would write
-                // (same digest, same rule count) stay as they are.
-                // Only chains that exist and that we would write with a digest are read.
-                let candidates: BTreeSet<String> = services
-                    .values()
-                    .flat_map(|objects| &objects.chains)
-                    .filter(|(name, chain)| {
-                        names.chains.contains(*name) && digest_of(chain).is_some()
-                    })
-                    .map(|(name, _)| name.clone())
-                    .collect();
-                let adopted = if candidates.is_empty() {
-                    BTreeSet::new()
-                } else {
-                    match self.nft.rule_comments(family, TABLE, &candidates) {
-                        Ok(comments) => adoptable(&services, &comments),
-                        Err(err) => {
-                            warn!(?family, error = %err, "Cannot read our rules back; rewriting every chain");
-                            BTreeSet::new()
-                        }
-                    }
-                };
-                if !adopted.is_empty() {
-                    info!(
-                        ?family,
-                        chains = adopted.len(),
-                        "Kept chains an earlier run programmed as they are"
-                    );
-                }
-                Existing {
-                    chains: names.chains,
-                    sets: names.sets,
-                    adopted,
-                    elements,
-                }
+                let read = read?;
+                trusted = trust && read.digests.is_some();
+                self.existing(family, &base, &services, &digests, read, trusted)
             }
         };
         let recreate = std::mem::take(&mut self.recreate);
-        let (transactions, stats, removed) = transaction::full(
-            family_keyword(family),
-            &base,
-            &services,
-            &existing,
-            recreate,
-        );
+        let write_digests = recreate || held_digests.as_ref() != Some(&digests);
+        // What memory keeps of the services is indexed on the other core meanwhile.
+        let ((transactions, stats, removed), index) = std::thread::scope(|scope| {
+            let index = scope.spawn(|| {
+                (
+                    ElementHolders::of(services.values()),
+                    SlotTable::of(services.values().map(|o| o.slots.as_slice())),
+                )
+            });
+            let built = transaction::full(
+                family_keyword(family),
+                &base,
+                &services,
+                &existing,
+                recreate,
+                write_digests.then_some(&digests),
+            );
+            (built, index.join())
+        });
+        let (holders, slots) =
+            index.map_err(|_| Failure::unattributed("the indexer of our services panicked"))?;
         for text in &transactions {
             if let Err(err) = self.apply(family, text) {
                 let failure = transaction_failure(err, text, &services);
@@ -431,13 +447,114 @@ impl<N: Nftables> NftablesProxier<N> {
             FamilyState {
                 ctx,
                 base,
-                holders: ElementHolders::of(services.values()),
-                slots: SlotTable::of(services.values().map(|o| o.slots.as_slice())),
+                holders,
+                slots,
                 services,
+                digests,
             },
         );
-        self.known.insert(family);
+        if trusted {
+            // Another program may have changed the table while no daemon watched it: read it
+            // back in a moment.
+            info!(
+                ?family,
+                "Took what our table's digests vouch for as right; reading the table back in a moment"
+            );
+            self.unverified.insert(family);
+            self.wake_after(VERIFY_DELAY, "The table will be read back");
+        } else {
+            self.unverified.remove(&family);
+            self.known.insert(family);
+        }
         Ok(stats)
+    }
+
+    /// What a full sync finds in the table, from what it `read` back: names, and, where the
+    /// table's digests (when it can `trust` them) do not vouch for them, the chains' digests
+    /// and the sets' elements. Also returns the digests the table holds.
+    fn existing(
+        &mut self,
+        family: IpFamily,
+        base: &Objects,
+        services: &BTreeMap<NamespacedName, Objects>,
+        wanted: &Digests,
+        read: ReadBack,
+        trust: bool,
+    ) -> (Existing, Option<Digests>) {
+        let ReadBack {
+            names,
+            digests: held,
+            elements,
+        } = read;
+        let trusted = held.as_ref().filter(|_| trust);
+        // Chains an earlier run wrote that are exactly what we would write stay as they are:
+        // those the table's digests vouch for, and those whose rules carry the digest they
+        // would carry (same digest, same rule count). Only chains that exist and that we would
+        // write with a digest are read.
+        let mut adopted = BTreeSet::new();
+        let mut candidates = BTreeSet::new();
+        for (name, chain) in services.values().flat_map(|objects| &objects.chains) {
+            if !names.chains.contains(name) {
+                continue;
+            }
+            if trusted.is_some_and(|held| held.same_chains(wanted, name)) {
+                adopted.insert(name.clone());
+            } else if digest_of(chain).is_some() {
+                candidates.insert(name.clone());
+            }
+        }
+        if !candidates.is_empty() {
+            match self.nft.rule_comments(family, TABLE, &candidates) {
+                Ok(comments) => adopted.extend(adoptable(services, &comments)),
+                Err(err) => {
+                    warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
+                }
+            }
+        }
+        // The top-level sets: trusted, or read (all of them already, when not trusting).
+        let present: Vec<(String, String)> = base
+            .sets
+            .iter()
+            .filter(|(name, _)| names.sets.contains(*name))
+            .map(|(name, set)| (name.clone(), set.spec.clone()))
+            .collect();
+        let (trusted_sets, elements) = match trusted {
+            None => (BTreeSet::new(), elements),
+            Some(held) => {
+                let (vouched, differing): (Vec<_>, Vec<_>) = present
+                    .into_iter()
+                    .partition(|(name, _)| held.same_elements(wanted, name));
+                let elements = if differing.is_empty() {
+                    Some(SetElements::new())
+                } else {
+                    read_elements(&mut self.nft, family, &differing)
+                };
+                (
+                    vouched.into_iter().map(|(name, _)| name).collect(),
+                    elements,
+                )
+            }
+        };
+        let base_kept = trusted.is_some_and(|held| held.same_layout(wanted))
+            && base.chains.keys().all(|name| names.chains.contains(name))
+            && base.sets.keys().all(|name| names.sets.contains(name));
+        let kept = adopted.len();
+        if kept > 0 {
+            info!(
+                ?family,
+                chains = kept,
+                "Kept chains an earlier run programmed as they are"
+            );
+        }
+        let existing = Existing {
+            chains: names.chains,
+            sets: names.sets,
+            adopted,
+            elements,
+            trusted_sets,
+            base_kept,
+        };
+        (existing, held)
     }
 
     /// Brings the table from what memory says it holds to `base` and `services`, writing only
@@ -464,10 +581,12 @@ impl<N: Nftables> NftablesProxier<N> {
         }))
         .collect();
         let mut stats = Stats::default();
+        let digests = Digests::of(&base, services.values());
         // Every service is among the deltas: none elsewhere keeps an element.
-        if let Some((text, written, removed)) =
+        if let Some((mut text, mut written, removed)) =
             transaction::partial(family_keyword(family), &deltas, &|_, _| false)
         {
+            with_digests(family, &mut text, &mut written, &current.digests, &digests);
             self.apply(family, &text)
                 .map_err(|err| transaction_failure(err, &text, &services))?;
             self.remember_stale(family, removed.chains);
@@ -481,6 +600,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 holders: ElementHolders::of(services.values()),
                 slots: SlotTable::of(services.values().map(|o| o.slots.as_slice())),
                 services,
+                digests,
             },
         );
         Ok(stats)
@@ -547,11 +667,21 @@ impl<N: Nftables> NftablesProxier<N> {
                     })
             })
         };
-        let Some((text, stats, removed)) =
+        let Some((mut text, mut stats, removed)) =
             transaction::partial(family_keyword(family), &deltas, &held_elsewhere)
         else {
             return Ok(Stats::default());
         };
+        let mut digests = current.digests.clone();
+        for (key, new) in &rendered {
+            if let Some(old) = current.services.get(key) {
+                digests.remove(old);
+            }
+            if let Some(new) = new {
+                digests.add(new);
+            }
+        }
+        with_digests(family, &mut text, &mut stats, &current.digests, &digests);
         let involved: BTreeMap<NamespacedName, Objects> = rendered
             .iter()
             .filter_map(|(key, new)| {
@@ -563,6 +693,7 @@ impl<N: Nftables> NftablesProxier<N> {
             .map_err(|err| transaction_failure(err, &text, &involved))?;
         self.remember_stale(family, removed.chains);
         if let Some(current) = self.programmed.get_mut(&family) {
+            current.digests = digests;
             for (key, objects) in rendered {
                 if let Some(old) = current.services.get(&key) {
                     current.holders.remove(old);
@@ -596,8 +727,11 @@ impl<N: Nftables> NftablesProxier<N> {
         let pending = self.stale_chains.get(&family);
         let mut repairs = transaction::Repairs::default();
         let mut unknown = Vec::new();
+        let mut digest_chain = false;
         for name in names {
-            if let Some(set) = name.strip_prefix('@') {
+            if name == DIGEST_CHAIN {
+                digest_chain = true;
+            } else if let Some(set) = name.strip_prefix('@') {
                 match objects
                     .iter()
                     .find_map(|o| Some((o.sets.get(set)?, o.elements.get(set))))
@@ -623,16 +757,20 @@ impl<N: Nftables> NftablesProxier<N> {
             // ... reading the table's names, since memory does not hold them.
             self.known.remove(&family);
         }
-        let count = repairs.chains.len() + repairs.sets.len();
+        let count = repairs.chains.len() + repairs.sets.len() + usize::from(digest_chain);
         if count == 0 {
             return Ok(0);
         }
-        let text = transaction::repair(family_keyword(family), &repairs);
+        let mut text = transaction::repair(family_keyword(family), &repairs);
+        if digest_chain {
+            text.push_str(&transaction::digest_lines(family_keyword(family), &current.digests).0);
+        }
         let names: Vec<String> = repairs
             .chains
             .iter()
             .map(|(n, _)| n.to_string())
             .chain(repairs.sets.iter().map(|(n, _, _)| format!("@{n}")))
+            .chain(digest_chain.then(|| DIGEST_CHAIN.to_string()))
             .collect();
         self.apply(family, &text).map_err(Failure::unattributed)?;
         info!(?family, objects = ?names, "Rewrote our nftables objects another program changed");
@@ -653,7 +791,9 @@ impl<N: Nftables> NftablesProxier<N> {
         let hourly = self
             .last_full_sync
             .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
+        // A restart that trusted the table's digests reads the table back at the sync after it.
+        let verify = !self.unverified.is_empty();
+        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly || verify;
         let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
         let mut drifted: BTreeMap<IpFamily, BTreeSet<String>> = BTreeMap::new();
         for (family, _, name) in drift.chains {
@@ -774,31 +914,79 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 
 /// One service's objects as this proxier writes them: rendered, each chain stamped with its
 /// digest.
-/// Our table's names and the elements of the top-level sets and maps of `base` it holds
-/// (`None` when they cannot be read: the sets are then refilled).
-fn read_names_and_elements<N: Nftables>(
+/// What a full sync reads of our table before it knows what it wants.
+struct ReadBack {
+    names: TableNames,
+    /// The digests the table holds (see `digests`), if it holds digests of ours.
+    digests: Option<Digests>,
+    /// The elements of the top-level sets and maps present, unless the digests are to be
+    /// trusted (then only the sets they do not vouch for are read, later), or when they cannot
+    /// be read (the sets are then refilled).
+    elements: Option<SetElements>,
+}
+
+/// Our table's names and digests, and, unless `trust`ing the digests, the elements of the
+/// top-level sets and maps of `base` it holds.
+fn read_table<N: Nftables>(
     nft: &mut N,
     family: IpFamily,
     base: &Objects,
-) -> Result<(TableNames, Option<SetElements>), Failure> {
+    trust: bool,
+) -> Result<ReadBack, Failure> {
     let names = nft.names(family, TABLE).map_err(Failure::unattributed)?;
-    let present: Vec<(String, String)> = base
-        .sets
-        .iter()
-        .filter(|(name, _)| names.sets.contains(*name))
-        .map(|(name, set)| (name.clone(), set.spec.clone()))
-        .collect();
-    if present.is_empty() {
-        return Ok((names, None));
-    }
-    let elements = match nft.elements(family, TABLE, &present) {
-        Ok(elements) => Some(elements),
-        Err(err) => {
-            warn!(?family, error = %err, "Cannot read our sets' elements back; refilling them");
+    let digests = if names.chains.contains(DIGEST_CHAIN) {
+        read_digests(nft, family)
+    } else {
+        None
+    };
+    let elements = if trust && digests.is_some() {
+        None
+    } else {
+        let present: Vec<(String, String)> = base
+            .sets
+            .iter()
+            .filter(|(name, _)| names.sets.contains(*name))
+            .map(|(name, set)| (name.clone(), set.spec.clone()))
+            .collect();
+        if present.is_empty() {
             None
+        } else {
+            read_elements(nft, family, &present)
         }
     };
-    Ok((names, elements))
+    Ok(ReadBack {
+        names,
+        digests,
+        elements,
+    })
+}
+
+/// The digests our table's digest chain holds; `None` if it holds anything else.
+fn read_digests<N: Nftables>(nft: &mut N, family: IpFamily) -> Option<Digests> {
+    let chain = BTreeSet::from([DIGEST_CHAIN.to_string()]);
+    let comments = nft
+        .rule_comments(family, TABLE, &chain)
+        .inspect_err(|err| warn!(?family, error = %err, "Cannot read our table's digests back"))
+        .ok()?;
+    let (count, comments) = comments.get(DIGEST_CHAIN)?;
+    if *count == 0 || *count != comments.len() {
+        return None;
+    }
+    Digests::parse(comments.iter().map(String::as_str))
+}
+
+/// The elements of `sets` (name and declaration); `None` when they cannot be read (the sets
+/// are then refilled).
+fn read_elements<N: Nftables>(
+    nft: &mut N,
+    family: IpFamily,
+    sets: &[(String, String)],
+) -> Option<SetElements> {
+    nft.elements(family, TABLE, sets)
+        .inspect_err(|err| {
+            warn!(?family, error = %err, "Cannot read our sets' elements back; refilling them");
+        })
+        .ok()
 }
 
 /// Renders again the services of `services` whose chains lost their slots while the others
@@ -854,6 +1042,21 @@ fn adoptable(
         })
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// Ends a sync's transaction `text` with the digest chain's new rules, when the digests change.
+fn with_digests(
+    family: IpFamily,
+    text: &mut String,
+    stats: &mut Stats,
+    held: &Digests,
+    digests: &Digests,
+) {
+    if held != digests {
+        let (lines, count) = transaction::digest_lines(family_keyword(family), digests);
+        text.push_str(&lines);
+        stats.lines += count;
+    }
 }
 
 /// A failed transaction `input`, whose services' objects are `services`.

@@ -422,10 +422,12 @@ fn render_port(
     let key = |address: &IpAddr, number: u16| format!("{address} . {proto} . {number}");
     let comment = quoted(&name.to_string());
 
-    let cluster_chain = names::service_chain(name);
-    let local_chain = names::local_chain(name);
-    let external_chain = names::external_chain(name);
-    let firewall_chain = names::firewall_chain(name);
+    let names::PortChains {
+        service: cluster_chain,
+        local: local_chain,
+        external: external_chain,
+        firewall: firewall_chain,
+    } = names::port_chains(name);
 
     let uses_cluster_chain = !selected.cluster.is_empty() && port.uses_cluster_endpoints();
     let uses_local_chain = !selected.local.is_empty() && port.uses_local_endpoints();
@@ -604,7 +606,7 @@ fn render_port(
             out.rule(chain, rule.clone());
         }
         let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
-        chosen.sort_by_key(|ep| ep.address());
+        chosen.sort_by_cached_key(|ep| ep.address());
         if !affinity {
             let placement = (chosen.len() <= DRAWS as usize)
                 .then(|| slots.claim(proto, chain, &name.service))

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 
+use super::fnv::fnv1a_64;
 use crate::model::NamespacedName;
 
 /// How many values a policy chain's `numgen` draws from: each endpoint gets an equal share of
@@ -62,11 +63,9 @@ type ServiceTag = u64;
 /// A slot held: its key, its holder and the holder's service (kept with the holder's objects).
 pub type Claim = (SlotKey, Holder, ServiceTag);
 
-/// FNV-1a of a chain's name: stable across builds and releases, as a restart needs.
+/// A chain's name, hashed the same way in every build and release, as a restart needs.
 fn name_hash(chain: &str) -> u64 {
-    chain.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    fnv1a_64(chain)
 }
 
 fn service_tag(service: &NamespacedName) -> ServiceTag {
@@ -145,6 +144,27 @@ impl SlotTable {
             .collect()
     }
 
+    /// Takes in what `other`, a copy of this table, granted while services rendered on
+    /// another thread: `claims` (of its services), settled against this table's as
+    /// [`SlotTable::claim`] settles them (the smaller hash holds; a loser's service is
+    /// evicted), and the evictions it made.
+    pub fn merge<'a>(&mut self, other: SlotTable, claims: impl IntoIterator<Item = &'a [Claim]>) {
+        self.evicted.extend(other.evicted);
+        for (key, holder, service) in claims.into_iter().flatten() {
+            match self.holders.get(key) {
+                Some((held, _)) if held == holder => {}
+                Some((held, _)) if held < holder => self.evicted.push(*service),
+                Some((_, loser)) => {
+                    self.evicted.push(*loser);
+                    self.holders.insert(*key, (*holder, *service));
+                }
+                None => {
+                    self.holders.insert(*key, (*holder, *service));
+                }
+            }
+        }
+    }
+
     /// Records `claims`.
     pub fn add(&mut self, claims: &[Claim]) {
         for (key, holder, service) in claims {
@@ -198,6 +218,35 @@ mod tests {
         );
         assert_eq!(home("icmp", chain), None);
         assert!(!is_endpoint_map("endpoints-tcp-x") && !is_endpoint_map("service-ips"));
+    }
+
+    #[test]
+    fn tables_filled_apart_merge_as_if_filled_in_one() {
+        let (a, b) = (
+            NamespacedName::new("ns1", "a"),
+            NamespacedName::new("ns2", "b"),
+        );
+        let chain = "service-ULMVA6XW-ns1/svc1/tcp/p80";
+        let (_, claim) = SlotTable::default().claim("tcp", chain, &a).unwrap();
+        let key = claim.0;
+        // The other table granted the slot to a chain with a larger hash: it loses.
+        let mut table = SlotTable::default();
+        table.claim("tcp", chain, &a).unwrap();
+        let larger = (key, u64::MAX, service_tag(&b));
+        table.merge(SlotTable::default(), [&[larger][..]]);
+        assert_eq!(table.take_evicted([&a, &b]), [&b]);
+        assert_eq!(table.holders[&key].1, service_tag(&a));
+        // ... to one with a smaller hash: it wins, and this table's holder is evicted.
+        let smaller = (key, 0, service_tag(&b));
+        table.merge(SlotTable::default(), [&[smaller][..]]);
+        assert_eq!(table.take_evicted([&a, &b]), [&a]);
+        assert_eq!(table.holders[&key], (0, service_tag(&b)));
+        // The same claim in both: nothing changes. Evictions the other table made come along.
+        let mut other = table.clone();
+        other.evicted.push(service_tag(&a));
+        table.merge(other, [&[smaller][..]]);
+        assert_eq!(table.take_evicted([&a, &b]), [&a]);
+        assert_eq!(table.holders[&key], (0, service_tag(&b)));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use super::digests::{DIGEST_CHAIN, Digests};
 use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::model::NamespacedName;
 use crate::sys::nftables::SetElements;
@@ -79,9 +80,27 @@ impl<'a> Writer<'a> {
         self.line(verb, "element", set, &format!("{{ {key}{rest} }}"));
     }
 
+    /// [`DIGEST_CHAIN`] declared and holding `digests` (see `digests`).
+    fn digests(&mut self, digests: &Digests) {
+        self.line("add", "chain", DIGEST_CHAIN, "");
+        self.line("flush", "chain", DIGEST_CHAIN, "");
+        for rule in digests.rules() {
+            self.line("add", "rule", DIGEST_CHAIN, &rule);
+        }
+    }
+
     fn finish(self) -> (String, Stats) {
         (self.text, self.stats)
     }
+}
+
+/// The lines that make [`DIGEST_CHAIN`] hold `digests`, to end a transaction with, and how many
+/// they are.
+pub fn digest_lines(family: &str, digests: &Digests) -> (String, usize) {
+    let mut out = Writer::new(family);
+    out.digests(digests);
+    let (text, stats) = out.finish();
+    (text, stats.lines)
 }
 
 /// What is in the table before a full sync, besides what memory says (a restart, a failure).
@@ -94,6 +113,12 @@ pub struct Existing {
     /// The elements the top-level sets and maps hold, when read (a restart): only the
     /// differences are written instead of flushing and refilling them.
     pub elements: Option<SetElements>,
+    /// Top-level sets and maps whose elements the table's digests say are already right
+    /// (a restart): left alone.
+    pub trusted_sets: BTreeSet<String>,
+    /// The base chains and the declarations are already right (a restart, by the digests):
+    /// neither declared nor written again.
+    pub base_kept: bool,
 }
 
 /// How many chains one transaction of a full sync's service part holds. Each `numgen ... vmap`
@@ -113,13 +138,16 @@ pub const CHAINS_PER_TRANSACTION: usize = 5_000;
 ///
 /// Affinity sets that stay are not flushed: they hold the clients' affinity. With `recreate`,
 /// the table is deleted and made again first (after a failure whose cause the text cannot
-/// name, such as a set of another layout with the same name).
+/// name, such as a set of another layout with the same name). When `digests` are given (the
+/// table's digests after the sync, when they differ from the ones it holds), the first
+/// transaction empties the digest chain and the last one writes them.
 pub fn full(
     family: &str,
     base: &Objects,
     services: &BTreeMap<NamespacedName, Objects>,
     existing: &Existing,
     recreate: bool,
+    digests: Option<&Digests>,
 ) -> (Vec<String>, Stats, Removed) {
     let mut stats = Stats::default();
     let mut transactions = Vec::new();
@@ -138,22 +166,35 @@ pub fn full(
         existing.chains.iter().collect()
     };
 
+    let base_kept = existing.base_kept && !recreate;
+    let trusted = |set: &str| !recreate && existing.trusted_sets.contains(set);
+
     // 1. Declarations.
     let mut out = Writer::new(family);
-    if recreate {
+    if base_kept {
+        // Nothing to declare.
+    } else if recreate {
         out.text.push_str(&format!(
             "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
         ));
     }
-    let _ = writeln!(
-        out.text,
-        "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
-    );
-    for (name, set) in &base.sets {
-        out.declare_set(name, set);
+    if !base_kept {
+        let _ = writeln!(
+            out.text,
+            "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
+        );
+        for (name, set) in &base.sets {
+            out.declare_set(name, set);
+        }
+        for (name, chain) in &base.chains {
+            out.declare_chain(name, chain);
+        }
     }
-    for (name, chain) in &base.chains {
-        out.declare_chain(name, chain);
+    if digests.is_some() {
+        // The table's digests are about to change: until the last transaction writes them, the
+        // table holds none (a daemon stopped between two transactions must not trust them).
+        out.line("add", "chain", DIGEST_CHAIN, "");
+        out.line("flush", "chain", DIGEST_CHAIN, "");
     }
     finish(out, &mut transactions);
 
@@ -195,14 +236,18 @@ pub fn full(
 
     // 3. The base, the top-level maps, what is stale.
     let mut out = Writer::new(family);
-    for name in base.chains.keys().filter(|n| existing_chains.contains(n)) {
+    for name in base
+        .chains
+        .keys()
+        .filter(|n| !base_kept && existing_chains.contains(n))
+    {
         out.line("flush", "chain", name, "");
     }
     let all = || std::iter::once(base).chain(services.values());
     let wanted: BTreeSet<&String> = all().flat_map(|o| o.chains.keys()).collect();
     let stale_chains: Vec<String> = existing_chains
         .iter()
-        .filter(|name| !wanted.contains(*name))
+        .filter(|name| !wanted.contains(*name) && **name != DIGEST_CHAIN)
         .map(|name| name.to_string())
         .collect();
     for name in &stale_chains {
@@ -211,20 +256,22 @@ pub fn full(
     let present = existing.elements.as_ref().filter(|_| !recreate);
     if !recreate {
         for (name, set) in &base.sets {
-            if present.is_none_or(|p| !p.contains_key(name)) {
+            if present.is_none_or(|p| !p.contains_key(name)) && !trusted(name) {
                 out.line("flush", set.kind, name, "");
             }
         }
     }
-    for (name, chain) in &base.chains {
-        out.rules(name, chain);
+    if !base_kept {
+        for (name, chain) in &base.chains {
+            out.rules(name, chain);
+        }
     }
     // Each set's elements in key order (sorted lists: at 10,000 services there are 300,000).
     // A key two services claim (a NodePort or an IP given twice, which the API server never
     // allows) goes to the first: adding it again with other data would fail the transaction.
     let mut wanted: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
     for objects in all() {
-        for (set, elements) in &objects.elements {
+        for (set, elements) in objects.elements.iter().filter(|(set, _)| !trusted(set)) {
             wanted.entry(set).or_default().extend(elements.iter());
         }
     }
@@ -241,7 +288,11 @@ pub fn full(
             .flatten()
             .map(|(key, rest)| (key.as_str(), rest.as_str()))
     };
-    for set in present.into_iter().flat_map(|p| p.keys()) {
+    for set in present
+        .into_iter()
+        .flat_map(|p| p.keys())
+        .filter(|set| !trusted(set))
+    {
         let wanted = wanted
             .get(set.as_str())
             .map(Vec::as_slice)
@@ -266,6 +317,9 @@ pub fn full(
                 "",
             );
         }
+    }
+    if let Some(digests) = digests {
+        out.digests(digests);
     }
     finish(out, &mut transactions);
     (

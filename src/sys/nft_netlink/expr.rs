@@ -173,6 +173,8 @@ pub enum Expr {
         sreg: u32,
         set: SetRef,
     },
+    /// `counter`, from zero (nft sends no attribute for a zero count).
+    Counter,
 }
 
 impl Expr {
@@ -192,6 +194,7 @@ impl Expr {
             Expr::Reject { .. } => "reject",
             Expr::FibAddressType { .. } => "fib",
             Expr::DynsetUpdate { .. } => "dynset",
+            Expr::Counter => "counter",
         }
     }
 
@@ -308,6 +311,7 @@ impl Expr {
                     out.u32(2, id);
                 }
             }
+            Expr::Counter => {}
         }
     }
 }

@@ -262,6 +262,7 @@ impl<'a> Builder<'_, 'a> {
             }
             "mark" => self.mark()?,
             "numgen" => self.numgen()?,
+            "counter" => self.emit(Expr::Counter),
             "update" => {
                 let set = self
                     .next()?

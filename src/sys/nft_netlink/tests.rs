@@ -238,7 +238,7 @@ fn big_anonymous_maps_split_into_messages_that_fit() {
 fn text_this_program_never_writes_is_refused_with_its_line() {
     for (text, line) in [
         ("add table inet filter\n", 1),
-        ("add table ip t\nadd rule ip t c counter\n", 2),
+        ("add table ip t\nadd rule ip t c limit rate 1/second\n", 2),
         ("add rule ip t c ip saddr 1.2.3.4 ip daddr ::1 drop\n", 1),
         ("add rule ip t c ip saddr { 1.2.3.4, 5.6.7.8 } drop\n", 1),
         ("add rule ip t c ip saddr != 0.0.0.0/0 drop\n", 1),

@@ -10,6 +10,7 @@ use super::*;
 use crate::model::Protocol;
 use crate::proxier::iptables::tests::golden::overall_services;
 use crate::proxier::iptables::tests::{NODE, NODE_IP, ep, svc};
+use crate::proxier::nftables::render::Chain;
 use crate::proxier::nftables::render::tests::table;
 use crate::sys::net::FixedAddresses;
 use crate::sys::nftables_fake::{FakeNftables, FakeTable};
@@ -94,8 +95,20 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
     let ctx = p.context(V4, &state.node, &state.service_cidrs);
     let mut all = render_base(&ctx);
     let mut slots = SlotTable::default();
-    for (key, ports) in &state.services {
-        let rendered = service_objects(ports, state.endpoints.get(key), &ctx, &mut slots);
+    let services: Vec<Objects> = state
+        .services
+        .iter()
+        .map(|(key, ports)| service_objects(ports, state.endpoints.get(key), &ctx, &mut slots))
+        .collect();
+    let digests = Digests::of(&all, &services);
+    all.chains.insert(
+        DIGEST_CHAIN.to_string(),
+        Chain {
+            spec: String::new(),
+            rules: digests.rules(),
+        },
+    );
+    for rendered in services {
         all.chains.extend(rendered.chains);
         all.sets.extend(rendered.sets);
         for (set, elements) in rendered.elements {
@@ -106,6 +119,14 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
     }
     all.no_local_endpoints = (0, 0);
     all
+}
+
+/// A transaction's text without the lines that keep the table's digests.
+fn without_digest_chain(text: &str) -> String {
+    text.lines()
+        .filter(|line| !line.split(' ').any(|word| word == DIGEST_CHAIN))
+        .map(|line| format!("{line}\n"))
+        .collect()
 }
 
 fn programmed(p: &NftablesProxier<FakeNftables>) -> Objects {
@@ -151,7 +172,10 @@ fn a_full_sync_programs_the_rendered_table_and_its_golden() {
     golden.no_local_endpoints = (0, 0);
     // ... plus the digest comments (see `stamp_digests`).
     stamp_digests(&mut golden);
-    assert_eq!(programmed(&p), golden);
+    // ... and the chain of the table's digests (checked by `assert_table`).
+    let mut got = programmed(&p);
+    assert!(got.chains.remove(DIGEST_CHAIN).is_some());
+    assert_eq!(got, golden);
     assert_eq!(
         report.no_local_endpoints,
         vec![(IpFamily::V4, (0, 1))],
@@ -180,7 +204,13 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     let report = p.sync(&state, &changed(&[&svc4])).unwrap();
     assert!(!report.full);
     assert_table(&mut p, &state);
+    // The table's digests change with it, in the same transaction (`assert_table` checks them).
     let text = &p.last_transactions[0].1;
+    assert!(
+        text.contains(&format!("flush chain ip kube-proxy {DIGEST_CHAIN}")),
+        "{text}"
+    );
+    let text = &without_digest_chain(text);
     let lines: Vec<&str> = text.lines().collect();
     let (map, first) = ("endpoints-tcp-13", 4_217_569_280u64);
     let share = |index: u64| {
@@ -225,7 +255,7 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
         .unwrap()
         .truncate(1);
     p.sync(&state, &changed(&[&svc4])).unwrap();
-    let text = &p.last_transactions[0].1;
+    let text = &without_digest_chain(&p.last_transactions[0].1);
     // Three shares and two hairpin pairs go; one share, the whole slot, comes.
     assert_eq!(text.matches("delete element").count(), 5, "{text}");
     assert_eq!(text.matches("add element").count(), 1, "{text}");
@@ -247,7 +277,7 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     let text = &p
         .last_transactions
         .iter()
-        .map(|t| t.1.clone())
+        .map(|t| without_digest_chain(&t.1))
         .collect::<String>();
     assert!(text.is_empty() || !text.contains("add rule"), "{text}");
 
@@ -304,6 +334,9 @@ fn a_restart_finds_an_earlier_runs_objects_and_removes_what_is_gone() {
         second.nft.name_reads, 1,
         "names read once, at the first full sync"
     );
+    // The sync after a restart reads the table back again; then no more.
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(second.nft.name_reads, 2);
     second.sync(&state, &ChangeSummary::default()).unwrap();
     assert_table(&mut second, &state);
     assert!(
@@ -312,7 +345,7 @@ fn a_restart_finds_an_earlier_runs_objects_and_removes_what_is_gone() {
             .keys()
             .any(|s| s.starts_with("affinity-"))
     );
-    assert_eq!(second.nft.name_reads, 1);
+    assert_eq!(second.nft.name_reads, 2);
 }
 
 #[test]
@@ -462,7 +495,7 @@ fn with_change_events_a_full_sync_writes_only_what_differs() {
         },
     )
     .unwrap();
-    let text = &p.last_transactions[0].1;
+    let text = &without_digest_chain(&p.last_transactions[0].1);
     assert!(!text.contains("add rule"), "{text}");
     assert!(text.contains("192.168.0.3"), "{text}");
     assert_table(&mut p, &state);
@@ -476,37 +509,53 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     let mut kernel = first.nft.clone();
     kernel.transactions.clear();
 
-    // Chains whose every rule has a comment of upstream's carry no digest: always rewritten.
-    let undigested: BTreeSet<String> = programmed(&first)
-        .chains
-        .iter()
-        .filter(|(name, chain)| name.contains('/') && digest_of(chain).is_none())
-        .map(|(name, _)| name.clone())
-        .collect();
     let rewritten = |nft: &FakeNftables| -> BTreeSet<String> {
         nft.transactions
             .concat()
             .lines()
             .filter(|l| l.starts_with("add rule") && l.contains('/'))
             .filter_map(|l| l.split(' ').nth(4))
-            .filter(|c| !undigested.contains(*c))
             .map(str::to_string)
             .collect()
     };
+    let fresh = |kernel: &FakeNftables| {
+        let mut nft = kernel.clone();
+        nft.transactions.clear();
+        proxier(nft)
+    };
 
-    // Nothing changed while no daemon ran: no per-service chain is written.
-    let mut second = proxier(kernel.clone());
+    // Nothing changed while no daemon ran: the table's digests say everything is right, and
+    // nothing else is read or written.
+    let mut second = fresh(&kernel);
     second.sync(&state, &ChangeSummary::default()).unwrap();
-    assert_eq!(second.nft.rule_reads, 1);
-    assert_eq!(rewritten(&second.nft), BTreeSet::new());
-    // The sets' and maps' elements were read back and are all right: none written.
-    assert_eq!(second.nft.element_reads, 1);
-    let written = second.nft.transactions.concat();
-    assert!(!written.contains(" element "), "{written}");
+    assert_eq!(second.nft.chains_read, [DIGEST_CHAIN]);
+    assert_eq!(second.nft.element_reads, 0);
+    assert_eq!(second.nft.transactions, Vec::<String>::new());
     assert_table(&mut second, &state);
+    // The sync after it reads the whole table back (another program may have changed it while
+    // no daemon watched), finds it right and writes no service's chain and no element (the
+    // base chains, which carry no digest of their own, are written again).
+    let report = second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_eq!(second.nft.element_reads, 1);
+    assert!(second.nft.chains_read.len() > 1);
+    // (Chains whose every rule has a comment of upstream's carry no digest: a read-back sync
+    // always writes them.)
+    let undigested: BTreeSet<String> = programmed(&first)
+        .chains
+        .iter()
+        .filter(|(name, chain)| name.contains('/') && digest_of(chain).is_none())
+        .map(|(name, _)| name.clone())
+        .collect();
+    let written = second.nft.transactions.concat();
+    assert_eq!(rewritten(&second.nft), undigested, "{written}");
+    assert!(!written.contains(" element "), "{written}");
+    // ... and then syncs from memory again.
+    let reads = (second.nft.name_reads, second.nft.element_reads);
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!((second.nft.name_reads, second.nft.element_reads), reads);
 
-    // svc4 gained an endpoint and someone inserted a rule into svc1's chain: exactly those are
-    // rewritten.
+    // svc4 gained an endpoint and someone inserted a rule into svc1's chain.
     let svc4 = NamespacedName::new("ns4", "svc4");
     let port4 = state.services[&svc4].keys().next().unwrap().clone();
     state
@@ -525,25 +574,30 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
     kernel
         .apply(&format!("add rule ip kube-proxy {svc1_chain} drop\n"))
         .unwrap();
-    kernel.transactions.clear();
-    let mut third = proxier(kernel);
+    let mut third = fresh(&kernel);
     third.sync(&state, &ChangeSummary::default()).unwrap();
-    let rewritten = rewritten(&third.nft);
-    assert!(rewritten.contains(&svc1_chain), "{rewritten:?}");
+    // The restart reads back only the sets whose digests differ (svc4's slot's endpoint map
+    // and the hairpin set) and writes their differing elements and the new digests.
+    let mut sets_read = third.nft.sets_read.clone();
+    sets_read.sort();
+    assert_eq!(sets_read, ["endpoints-tcp-13", "hairpin-connections"]);
+    let written = without_digest_chain(&third.nft.transactions.concat());
     assert!(
-        rewritten
-            .iter()
-            .all(|c| c.contains("ns4/svc4") || *c == svc1_chain),
-        "{rewritten:?}"
+        written.contains(
+            "add element ip kube-proxy hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }"
+        ),
+        "{written}"
     );
     assert!(
-        third
-            .nft
-            .transactions
-            .concat()
-            .contains("10.180.0.9 . 10.180.0.9 . tcp . 80"),
-        "the new endpoint's hairpin element"
+        written.lines().all(|l| l.contains(" element ")),
+        "{written}"
     );
+    // The inserted rule is found by the sync after it, which rewrites that chain alone.
+    third.nft.transactions.clear();
+    third.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut want = undigested;
+    want.insert(svc1_chain);
+    assert_eq!(rewritten(&third.nft), want);
     assert_table(&mut third, &state);
 }
 

@@ -40,8 +40,9 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
         adopted: Default::default(),
         elements: None,
+        ..Existing::default()
     };
-    let (transactions, stats, removed) = full("ip", &base, &services, &existing, false);
+    let (transactions, stats, removed) = full("ip", &base, &services, &existing, false, None);
     assert_eq!(
         transactions.len(),
         3,
@@ -224,8 +225,9 @@ fn a_restart_writes_only_the_elements_that_differ() {
         sets: base.sets.keys().cloned().collect(),
         adopted: Default::default(),
         elements: Some(present),
+        ..Existing::default()
     };
-    let (transactions, _, _) = full("ip", &base, &services, &existing, false);
+    let (transactions, _, _) = full("ip", &base, &services, &existing, false, None);
     let all = transactions.concat();
     let elements: Vec<&str> = all
         .lines()
@@ -248,5 +250,68 @@ fn a_restart_writes_only_the_elements_that_differ() {
             )
             .as_str(),
         ]
+    );
+}
+
+#[test]
+fn a_full_sync_empties_the_digest_chain_first_and_fills_it_last() {
+    let base = render_base(&context());
+    let services = rendered();
+    let digests = Digests::of(&base, services.values());
+    let existing = Existing::default();
+    let (transactions, _, _) = full("ip", &base, &services, &existing, false, Some(&digests));
+    assert!(transactions.len() > 1);
+    let first = &transactions[0];
+    let last = transactions.last().unwrap();
+    let flush = format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n");
+    let rule = format!("add rule ip kube-proxy {DIGEST_CHAIN} counter comment");
+    assert!(first.contains(&flush) && !first.contains(&rule), "{first}");
+    assert!(last.contains(&rule), "{last}");
+    assert!(
+        transactions[1..transactions.len() - 1]
+            .iter()
+            .all(|t| !t.contains(DIGEST_CHAIN))
+    );
+    // Unchanged digests: the chain is left alone.
+    let (transactions, _, _) = full("ip", &base, &services, &existing, false, None);
+    assert!(!transactions.concat().contains(DIGEST_CHAIN));
+}
+
+#[test]
+fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
+    let base = render_base(&context());
+    let services = rendered();
+    let chains: BTreeSet<String> = std::iter::once(&base)
+        .chain(services.values())
+        .flat_map(|o| o.chains.keys().cloned())
+        .collect();
+    let existing = Existing {
+        chains: chains.clone(),
+        sets: std::iter::once(&base)
+            .chain(services.values())
+            .flat_map(|o| o.sets.keys().cloned())
+            .collect(),
+        adopted: chains,
+        elements: Some(SetElements::new()),
+        trusted_sets: base.sets.keys().cloned().collect(),
+        base_kept: true,
+    };
+    let (transactions, stats, _) = full("ip", &base, &services, &existing, false, None);
+    assert_eq!(transactions, Vec::<String>::new());
+    assert_eq!(stats.lines, 0);
+    // A set the digests do not vouch for (and not read back) is refilled; the others stay as
+    // they are.
+    let mut one_set = existing.clone();
+    one_set.trusted_sets.remove("cluster-ips");
+    let (transactions, _, _) = full("ip", &base, &services, &one_set, false, None);
+    let text = transactions.concat();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "flush set ip kube-proxy cluster-ips", "{text}");
+    assert!(lines.len() > 1);
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l.starts_with("add element ip kube-proxy cluster-ips ")),
+        "{text}"
     );
 }
