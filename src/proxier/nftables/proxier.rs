@@ -503,9 +503,25 @@ impl<N: Nftables> NftablesProxier<N> {
                 candidates.insert(name.clone());
             }
         }
+        let names_present = base.chains.keys().all(|name| names.chains.contains(name))
+            && base.sets.keys().all(|name| names.sets.contains(name));
+        let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
+        // Unless the digests vouch for them, the base chains are read with the candidates: they
+        // are kept when they hold as many rules with the same comments, and the declarations
+        // then too, when the digests the table holds say it was declared as we would.
+        let check_base = !layout_vouched
+            && names_present
+            && held.as_ref().is_some_and(|held| held.same_layout(wanted));
+        if check_base {
+            candidates.extend(base.chains.keys().cloned());
+        }
+        let mut base_read_back = false;
         if !candidates.is_empty() {
             match self.nft.rule_comments(family, TABLE, &candidates) {
-                Ok(comments) => adopted.extend(adoptable(services, &comments)),
+                Ok(comments) => {
+                    adopted.extend(adoptable(services, &comments));
+                    base_read_back = check_base && base_unchanged(base, &comments);
+                }
                 Err(err) => {
                     warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
                 }
@@ -535,9 +551,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 )
             }
         };
-        let base_kept = trusted.is_some_and(|held| held.same_layout(wanted))
-            && base.chains.keys().all(|name| names.chains.contains(name))
-            && base.sets.keys().all(|name| names.sets.contains(name));
+        let base_kept = names_present && (layout_vouched || base_read_back);
         let kept = adopted.len();
         if kept > 0 {
             info!(
@@ -1057,6 +1071,27 @@ fn with_digests(
         text.push_str(&lines);
         stats.lines += count;
     }
+}
+
+/// Whether the kernel's base chains hold as many rules as `base`'s, with the same comments (the
+/// check a chain without a digest of its own can have; a rule changed in place under the same
+/// comment is not seen).
+fn base_unchanged(base: &Objects, kernel: &RuleComments) -> bool {
+    base.chains.iter().all(|(name, chain)| {
+        let mut ours: Vec<&str> = chain
+            .rules
+            .iter()
+            .filter_map(|rule| rule.rsplit_once(" comment \"")?.1.strip_suffix('"'))
+            .collect();
+        let (count, theirs) = kernel
+            .get(name)
+            .map(|(count, comments)| (*count, comments.as_slice()))
+            .unwrap_or((0, &[]));
+        let mut theirs: Vec<&str> = theirs.iter().map(String::as_str).collect();
+        ours.sort_unstable();
+        theirs.sort_unstable();
+        count == chain.rules.len() && ours == theirs
+    })
 }
 
 /// A failed transaction `input`, whose services' objects are `services`.
