@@ -528,12 +528,7 @@ impl<N: Nftables> NftablesProxier<N> {
             }
         }
         // The top-level sets: trusted, or read (all of them already, when not trusting).
-        let present: Vec<(String, String)> = base
-            .sets
-            .iter()
-            .filter(|(name, _)| names.sets.contains(*name))
-            .map(|(name, set)| (name.clone(), set.spec.clone()))
-            .collect();
+        let present = present_sets(base, &names);
         let (trusted_sets, elements) = match trusted {
             None => (BTreeSet::new(), elements),
             Some(held) => {
@@ -956,12 +951,7 @@ fn read_table<N: Nftables>(
     let elements = if trust && digests.is_some() {
         None
     } else {
-        let present: Vec<(String, String)> = base
-            .sets
-            .iter()
-            .filter(|(name, _)| names.sets.contains(*name))
-            .map(|(name, set)| (name.clone(), set.spec.clone()))
-            .collect();
+        let present = present_sets(base, &names);
         if present.is_empty() {
             None
         } else {
@@ -973,6 +963,15 @@ fn read_table<N: Nftables>(
         digests,
         elements,
     })
+}
+
+/// The top-level sets and maps of `base` that the table holds (name and declaration).
+fn present_sets(base: &Objects, names: &TableNames) -> Vec<(String, String)> {
+    base.sets
+        .iter()
+        .filter(|(name, _)| names.sets.contains(*name))
+        .map(|(name, set)| (name.clone(), set.spec.clone()))
+        .collect()
 }
 
 /// The digests our table's digest chain holds; `None` if it holds anything else.
