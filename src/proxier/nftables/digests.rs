@@ -111,9 +111,16 @@ impl Digests {
         };
         let (mine, theirs) = services.split_at(services.len() / 2);
         let mut digests = std::thread::scope(|scope| {
-            let helper = (theirs.len() >= PARALLEL_FROM).then(|| scope.spawn(|| of_part(theirs)));
+            let helper = (theirs.len() >= PARALLEL_FROM)
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("nftables-digests".into())
+                        .spawn_scoped(scope, || of_part(theirs))
+                        .ok()
+                })
+                .flatten();
             let mut digests = of_part(mine);
-            // (Hashing cannot panic; if the helper did, its part is hashed here.)
+            // (Without a thread, or if hashing there panicked, the part is hashed here.)
             let other = match helper {
                 Some(helper) => helper.join().unwrap_or_else(|_| of_part(theirs)),
                 None => of_part(theirs),

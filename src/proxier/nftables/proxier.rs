@@ -97,6 +97,9 @@ pub struct NftablesProxier<N: Nftables> {
     /// Families whose table a restart took on the trust of its digests, in part: the next
     /// sync is a full one that reads it back.
     unverified: BTreeSet<IpFamily>,
+    /// Whether the last full sync wrote only what differs from memory (then what other
+    /// programs changed meanwhile is still to repair).
+    last_full_sync_from_memory: bool,
     /// Chains flushed because nothing wants them, with when; deleted a moment later.
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
     quarantine: Quarantine,
@@ -132,6 +135,7 @@ impl<N: Nftables> NftablesProxier<N> {
             programmed: BTreeMap::new(),
             known: BTreeSet::new(),
             unverified: BTreeSet::new(),
+            last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
             events: None,
@@ -328,6 +332,7 @@ impl<N: Nftables> NftablesProxier<N> {
         // unless this is a restart that trusts the digests, the top-level sets' elements,
         // while the services render on the other core.
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
+        self.last_full_sync_from_memory = false;
         let trust = !self.programmed.contains_key(&family) && !self.recreate;
         let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
@@ -350,20 +355,43 @@ impl<N: Nftables> NftablesProxier<N> {
         let render = &render;
         let all: Vec<(&NamespacedName, &ServicePortMap)> = state.services.iter().collect();
         let (mut services, read) = std::thread::scope(|scope| {
-            let reader =
-                (!from_memory).then(|| scope.spawn(|| read_table(nft, family, &base, trust)));
+            let reader = match from_memory {
+                true => None,
+                false => Some(
+                    std::thread::Builder::new()
+                        .name("nftables-read".into())
+                        .spawn_scoped(scope, || read_table(nft, family, &base, trust))
+                        .map_err(|err| {
+                            Failure::unattributed(format!("cannot start a thread: {err}"))
+                        })?,
+                ),
+            };
             // Half of the services render on another thread, with a copy of the slot table
-            // whose grants are then settled with this one's (see `SlotTable::merge`).
+            // whose grants are then settled with this one's (see `SlotTable::merge`); here,
+            // after the first half, if no thread can be had.
             let (mine, theirs) = all.split_at(all.len() / 2);
             let mut their_slots = slots.clone();
-            let helper = scope.spawn(move || (render(theirs, &mut their_slots), their_slots));
+            let helper = std::thread::Builder::new()
+                .name("nftables-render".into())
+                .spawn_scoped(scope, move || {
+                    (render(theirs, &mut their_slots), their_slots)
+                })
+                .ok();
             let mut services: BTreeMap<NamespacedName, Objects> =
                 render(mine, &mut slots).into_iter().collect();
-            let (theirs, their_slots) = helper
-                .join()
-                .map_err(|_| Failure::unattributed("a renderer of services panicked"))?;
-            slots.merge(their_slots, theirs.iter().map(|(_, o)| o.slots.as_slice()));
-            services.extend(theirs);
+            match helper {
+                Some(helper) => {
+                    let (rendered, their_slots) = helper
+                        .join()
+                        .map_err(|_| Failure::unattributed("a renderer of services panicked"))?;
+                    slots.merge(
+                        their_slots,
+                        rendered.iter().map(|(_, o)| o.slots.as_slice()),
+                    );
+                    services.extend(rendered);
+                }
+                None => services.extend(render(theirs, &mut slots)),
+            }
             let read = reader.map(|reader| {
                 reader.join().unwrap_or_else(|_| {
                     Err(Failure::unattributed("the reader of our table panicked"))
@@ -377,6 +405,7 @@ impl<N: Nftables> NftablesProxier<N> {
         // sync (the hourly one, a Node change) writes only what differs from what is
         // programmed, as a partial sync over every service and the base.
         if self.events.is_some() && from_memory && !self.recreate {
+            self.last_full_sync_from_memory = true;
             return self.diff_sync(family, ctx, base, services);
         }
         let digests = Digests::of(&base, services.values());
@@ -410,13 +439,17 @@ impl<N: Nftables> NftablesProxier<N> {
         let recreate = std::mem::take(&mut self.recreate);
         let write_digests = recreate || held_digests.as_ref() != Some(&digests);
         // What memory keeps of the services is indexed on the other core meanwhile.
+        let index = || {
+            (
+                ElementHolders::of(services.values()),
+                SlotTable::of(services.values().map(|o| o.slots.as_slice())),
+            )
+        };
         let ((transactions, stats, removed), index) = std::thread::scope(|scope| {
-            let index = scope.spawn(|| {
-                (
-                    ElementHolders::of(services.values()),
-                    SlotTable::of(services.values().map(|o| o.slots.as_slice())),
-                )
-            });
+            let indexer = std::thread::Builder::new()
+                .name("nftables-index".into())
+                .spawn_scoped(scope, index)
+                .ok();
             let built = transaction::full(
                 family_keyword(family),
                 &base,
@@ -425,10 +458,15 @@ impl<N: Nftables> NftablesProxier<N> {
                 recreate,
                 write_digests.then_some(&digests),
             );
-            (built, index.join())
+            let index = match indexer {
+                Some(indexer) => indexer
+                    .join()
+                    .map_err(|_| Failure::unattributed("the indexer of our services panicked")),
+                None => Ok(index()),
+            };
+            (built, index)
         });
-        let (holders, slots) =
-            index.map_err(|_| Failure::unattributed("the indexer of our services panicked"))?;
+        let (holders, slots) = index?;
         for text in &transactions {
             if let Err(err) = self.apply(family, text) {
                 let failure = transaction_failure(err, text, &services);
@@ -503,25 +541,9 @@ impl<N: Nftables> NftablesProxier<N> {
                 candidates.insert(name.clone());
             }
         }
-        let names_present = base.chains.keys().all(|name| names.chains.contains(name))
-            && base.sets.keys().all(|name| names.sets.contains(name));
-        let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
-        // Unless the digests vouch for them, the base chains are read with the candidates: they
-        // are kept when they hold as many rules with the same comments, and the declarations
-        // then too, when the digests the table holds say it was declared as we would.
-        let check_base = !layout_vouched
-            && names_present
-            && held.as_ref().is_some_and(|held| held.same_layout(wanted));
-        if check_base {
-            candidates.extend(base.chains.keys().cloned());
-        }
-        let mut base_read_back = false;
         if !candidates.is_empty() {
             match self.nft.rule_comments(family, TABLE, &candidates) {
-                Ok(comments) => {
-                    adopted.extend(adoptable(services, &comments));
-                    base_read_back = check_base && base_unchanged(base, &comments);
-                }
+                Ok(comments) => adopted.extend(adoptable(services, &comments)),
                 Err(err) => {
                     warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
                 }
@@ -546,7 +568,11 @@ impl<N: Nftables> NftablesProxier<N> {
                 )
             }
         };
-        let base_kept = names_present && (layout_vouched || base_read_back);
+        // The base chains (most of whose rules carry no comment, and none a digest) are kept
+        // on the digests' word only; a sync that reads the table back writes them again.
+        let base_kept = trusted.is_some_and(|held| held.same_layout(wanted))
+            && base.chains.keys().all(|name| names.chains.contains(name))
+            && base.sets.keys().all(|name| names.sets.contains(name));
         let kept = adopted.len();
         if kept > 0 {
             info!(
@@ -621,14 +647,15 @@ impl<N: Nftables> NftablesProxier<N> {
         state: &ProxyState,
         changes: &ChangeSummary,
     ) -> Result<Stats, Failure> {
-        let Some(current) = self.programmed.get_mut(&family) else {
+        let Some(current) = self.programmed.get(&family) else {
             return Err(Failure::unattributed("no full sync yet"));
         };
         // The changed services' chains keep their slots; a slot one of them frees is taken by
         // no one before the next sync (its elements go in this transaction). A service whose
         // chain a changed one evicts from its slot (a smaller hash wins) is rewritten with it,
-        // in the same transaction, whose deletions come before its additions.
-        let slots = &mut current.slots;
+        // in the same transaction, whose deletions come before its additions. The slots are
+        // granted in a copy of the table, kept if the transaction is.
+        let mut slots = current.slots.clone();
         let render = |key: &NamespacedName, slots: &mut SlotTable| {
             state
                 .services
@@ -639,16 +666,27 @@ impl<N: Nftables> NftablesProxier<N> {
         let mut rendered: Vec<(NamespacedName, Option<Objects>)> = changes
             .changed_services
             .iter()
-            .map(|key| (key.clone(), render(key, slots)))
+            .map(|key| (key.clone(), render(key, &mut slots)))
             .collect();
         let mut changing_keys: BTreeSet<&NamespacedName> =
             changes.changed_services.iter().collect();
-        for key in slots.take_evicted(current.services.keys()) {
-            if changing_keys.insert(key) {
-                rendered.push((key.clone(), render(key, slots)));
+        // The evicted: programmed services, and changed ones rendered before their evictor.
+        let evicted: BTreeSet<&NamespacedName> = slots
+            .take_evicted(current.services.keys().chain(&changes.changed_services))
+            .into_iter()
+            .collect();
+        for key in evicted {
+            let objects = render(key, &mut slots);
+            match rendered.iter_mut().find(|(rendered, _)| rendered == key) {
+                Some(entry) => entry.1 = objects,
+                None => {
+                    changing_keys.insert(key);
+                    rendered.push((key.clone(), objects));
+                }
             }
         }
-        let current = &*current;
+        // Rendered again, they evict no one (their other chains hold their slots already).
+        slots.take_evicted([]);
         let deltas: Vec<Delta<'_>> = rendered
             .iter()
             .map(|(key, new)| Delta {
@@ -703,6 +741,7 @@ impl<N: Nftables> NftablesProxier<N> {
         self.remember_stale(family, removed.chains);
         if let Some(current) = self.programmed.get_mut(&family) {
             current.digests = digests;
+            current.slots = slots;
             for (key, objects) in rendered {
                 if let Some(old) = current.services.get(&key) {
                     current.holders.remove(old);
@@ -835,7 +874,8 @@ impl<N: Nftables> NftablesProxier<N> {
             self.delete_stale_chains(family);
             let ctx = self.context(family, &state.node, &state.service_cidrs);
             let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
-            let mut result = if full || ctx_changed {
+            let mut family_full = full || ctx_changed;
+            let mut result = if family_full {
                 report.full = true;
                 self.full_sync(family, ctx.clone(), state)
             } else {
@@ -855,10 +895,12 @@ impl<N: Nftables> NftablesProxier<N> {
                 }
                 skipped += 1;
                 report.full = true;
+                family_full = true;
                 result = self.full_sync(family, ctx.clone(), state);
             }
+            // What other programs changed is rewritten unless the sync read the table back.
             if result.is_ok()
-                && !report.full
+                && (!family_full || self.last_full_sync_from_memory)
                 && let Some(names) = drifted.remove(&family)
             {
                 result = self.repair(family, &names).map(|repaired| {
@@ -1070,27 +1112,6 @@ fn with_digests(
         text.push_str(&lines);
         stats.lines += count;
     }
-}
-
-/// Whether the kernel's base chains hold as many rules as `base`'s, with the same comments (the
-/// check a chain without a digest of its own can have; a rule changed in place under the same
-/// comment is not seen).
-fn base_unchanged(base: &Objects, kernel: &RuleComments) -> bool {
-    base.chains.iter().all(|(name, chain)| {
-        let mut ours: Vec<&str> = chain
-            .rules
-            .iter()
-            .filter_map(|rule| rule.rsplit_once(" comment \"")?.1.strip_suffix('"'))
-            .collect();
-        let (count, theirs) = kernel
-            .get(name)
-            .map(|(count, comments)| (*count, comments.as_slice()))
-            .unwrap_or((0, &[]));
-        let mut theirs: Vec<&str> = theirs.iter().map(String::as_str).collect();
-        ours.sort_unstable();
-        theirs.sort_unstable();
-        count == chain.rules.len() && ours == theirs
-    })
 }
 
 /// A failed transaction `input`, whose services' objects are `services`.
