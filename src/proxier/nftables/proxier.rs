@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::digests::{DIGEST_CHAIN, Digests};
 use super::holders::ElementHolders;
 use super::render::{
-    NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
+    Chain, NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
 };
 use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
@@ -326,7 +326,8 @@ impl<N: Nftables> NftablesProxier<N> {
         ctx: NftContext,
         state: &ProxyState,
     ) -> Result<Stats, Failure> {
-        let base = render_base(&ctx);
+        let mut base = render_base(&ctx);
+        stamp_digests(&mut base);
         // What the table holds is known from memory when memory is exact; else (at start, an
         // earlier run's objects, and after a failure) it is read: names and digests, and,
         // unless this is a restart that trusts the digests, the top-level sets' elements,
@@ -526,24 +527,39 @@ impl<N: Nftables> NftablesProxier<N> {
         } = read;
         let trusted = held.as_ref().filter(|_| trust);
         // Chains an earlier run wrote that are exactly what we would write stay as they are:
-        // those the table's digests vouch for, and those whose rules carry the digest they
-        // would carry (same digest, same rule count). Only chains that exist and that we would
-        // write with a digest are read.
+        // those the table's digests vouch for, and those read back unchanged (see
+        // `unchanged`). Only chains that exist are read.
         let mut adopted = BTreeSet::new();
         let mut candidates = BTreeSet::new();
-        for (name, chain) in services.values().flat_map(|objects| &objects.chains) {
+        for name in services.values().flat_map(|objects| objects.chains.keys()) {
             if !names.chains.contains(name) {
                 continue;
             }
             if trusted.is_some_and(|held| held.same_chains(wanted, name)) {
                 adopted.insert(name.clone());
-            } else if digest_of(chain).is_some() {
+            } else {
                 candidates.insert(name.clone());
             }
         }
+        let names_present = base.chains.keys().all(|name| names.chains.contains(name))
+            && base.sets.keys().all(|name| names.sets.contains(name));
+        let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
+        // Unless the digests vouch for them, the base chains are read with the candidates.
+        let check_base = !layout_vouched && names_present;
+        if check_base {
+            candidates.extend(base.chains.keys().cloned());
+        }
+        let mut base_unchanged = false;
         if !candidates.is_empty() {
             match self.nft.rule_comments(family, TABLE, &candidates) {
-                Ok(comments) => adopted.extend(adoptable(services, &comments)),
+                Ok(comments) => {
+                    adopted.extend(adoptable(services, &comments));
+                    base_unchanged = check_base
+                        && base
+                            .chains
+                            .iter()
+                            .all(|(name, chain)| unchanged(name, chain, &comments));
+                }
                 Err(err) => {
                     warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
                 }
@@ -568,11 +584,11 @@ impl<N: Nftables> NftablesProxier<N> {
                 )
             }
         };
-        // The base chains (most of whose rules carry no comment, and none a digest) are kept
-        // on the digests' word only; a sync that reads the table back writes them again.
-        let base_kept = trusted.is_some_and(|held| held.same_layout(wanted))
-            && base.chains.keys().all(|name| names.chains.contains(name))
-            && base.sets.keys().all(|name| names.sets.contains(name));
+        // The base is kept, its declarations included, when the digests vouch for it, or when
+        // its chains read back unchanged and the digests the table holds say it was declared
+        // as we would declare it.
+        let declared_alike = held.as_ref().is_some_and(|held| held.same_layout(wanted));
+        let base_kept = names_present && (layout_vouched || (base_unchanged && declared_alike));
         let kept = adopted.len();
         if kept > 0 {
             info!(
@@ -1078,8 +1094,7 @@ fn service_objects(
     objects
 }
 
-/// The chains of `services` the kernel already holds exactly: the digest they would carry is
-/// among their rules' comments, and they hold as many rules.
+/// The chains of `services` the kernel already holds exactly (see [`unchanged`]).
 fn adoptable(
     services: &BTreeMap<NamespacedName, Objects>,
     kernel: &RuleComments,
@@ -1087,16 +1102,37 @@ fn adoptable(
     services
         .values()
         .flat_map(|objects| &objects.chains)
-        .filter(|(name, chain)| {
-            let Some(digest) = digest_of(chain) else {
-                return false;
-            };
-            kernel.get(*name).is_some_and(|(count, comments)| {
-                *count == chain.rules.len() && comments.iter().any(|c| c == digest)
-            })
-        })
+        .filter(|(name, chain)| unchanged(name, chain, kernel))
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// Whether the kernel holds `chain` as we would write it: as many rules, and among their
+/// comments the digest it would carry; for a chain without a digest (every rule carries a
+/// comment of upstream's), the same comments. A rule changed in place under the same comment
+/// is not seen.
+fn unchanged(name: &str, chain: &Chain, kernel: &RuleComments) -> bool {
+    let (count, comments) = kernel
+        .get(name)
+        .map(|(count, comments)| (*count, comments.as_slice()))
+        .unwrap_or((0, &[]));
+    if count != chain.rules.len() {
+        return false;
+    }
+    match digest_of(chain) {
+        Some(digest) => comments.iter().any(|c| c == digest),
+        None => {
+            let mut ours: Vec<&str> = chain
+                .rules
+                .iter()
+                .filter_map(|rule| rule.rsplit_once(" comment \"")?.1.strip_suffix('"'))
+                .collect();
+            let mut theirs: Vec<&str> = comments.iter().map(String::as_str).collect();
+            ours.sort_unstable();
+            theirs.sort_unstable();
+            ours == theirs
+        }
+    }
 }
 
 /// Ends a sync's transaction `text` with the digest chain's new rules, when the digests change.

@@ -677,16 +677,13 @@ fn render_port(
 /// What starts the comment that carries a chain's digest.
 pub const DIGEST_PREFIX: &str = "kube-proxy-rs:";
 
-/// Marks each per-service chain with a digest of its rules, as the comment of its last rule that
-/// has none (upstream's text has no comment there): a restarted daemon reads the rules' comments
-/// and counts of our table back and leaves alone every chain whose digest and rule count match
-/// what it would write. A chain whose rules all carry comments gets no digest (it is always
-/// rewritten).
+/// Marks each chain with a digest of its rules, as the comment of its last rule that has none
+/// (upstream's text has no comment there): a daemon that reads our table back (after a restart,
+/// a failure) reads the rules' comments and counts and leaves alone every chain whose digest and
+/// rule count match what it would write. A chain whose rules all carry comments gets no digest
+/// (its comments and count are compared instead).
 pub fn stamp_digests(objects: &mut Objects) {
-    for (name, chain) in objects.chains.iter_mut() {
-        if !names::is_service_chain(name) {
-            continue;
-        }
+    for chain in objects.chains.values_mut() {
         let digest = crate::proxier::naming::base32_sha256(
             &format!("{}\n{}", chain.spec, chain.rules.join("\n")),
             16,
