@@ -12,6 +12,7 @@
 //! they describe what the table holds unless another program changed the table while no daemon
 //! watched it, which the sync after a restart checks by reading the table.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -21,9 +22,12 @@ use super::render::Objects;
 /// The chain whose rules carry the digests.
 pub const DIGEST_CHAIN: &str = "kube-proxy-rs-digests";
 
-/// Per-service chains are digested in this many groups (by name), so that a restart after a
-/// change reads back the rules of a sixteenth of them.
-const CHAIN_GROUPS: u64 = 16;
+/// Per-service chains are digested in these groups (by name), so that a restart after a change
+/// reads back the rules of a sixteenth of them.
+const CHAIN_GROUPS: [&str; 16] = [
+    "chains-0", "chains-1", "chains-2", "chains-3", "chains-4", "chains-5", "chains-6", "chains-7",
+    "chains-8", "chains-9", "chains-a", "chains-b", "chains-c", "chains-d", "chains-e", "chains-f",
+];
 
 /// A digest comment is at most this long: `nft` reads no longer comment back in.
 const COMMENT_LENGTH: usize = 128;
@@ -57,20 +61,20 @@ fn item_hash(parts: &[&str]) -> u64 {
     mixed(hash.finish())
 }
 
-/// The part a per-service chain's (or set's) declaration and rules count in.
-pub fn chain_group(name: &str) -> String {
-    format!("chains-{:x}", super::fnv::fnv1a_64(name) % CHAIN_GROUPS)
+/// The index of the group a per-service chain's (or set's) declaration and rules count in.
+fn chain_group(name: &str) -> usize {
+    (super::fnv::fnv1a_64(name) % CHAIN_GROUPS.len() as u64) as usize
 }
 
 /// What one object set adds to each part: (part, sum).
-fn contributions(objects: &Objects, base: bool) -> Vec<(String, u64)> {
-    let mut out: Vec<(String, u64)> = Vec::new();
+fn contributions(objects: &Objects, base: bool) -> Vec<(Cow<'_, str>, u64)> {
+    let mut out: Vec<(Cow<'_, str>, u64)> = Vec::new();
     let group = |name: &str| {
-        if base {
-            LAYOUT.to_string()
+        Cow::Borrowed(if base {
+            LAYOUT
         } else {
-            chain_group(name)
-        }
+            CHAIN_GROUPS[chain_group(name)]
+        })
     };
     for (name, chain) in objects.chains.iter() {
         if name == DIGEST_CHAIN {
@@ -92,7 +96,7 @@ fn contributions(objects: &Objects, base: bool) -> Vec<(String, u64)> {
         let sum = elements.iter().fold(0u64, |sum, (key, rest)| {
             sum.wrapping_add(item_hash(&[key, rest]))
         });
-        out.push((set.clone(), sum));
+        out.push((Cow::Borrowed(set.as_str()), sum));
     }
     out
 }
@@ -133,7 +137,12 @@ impl Digests {
     }
 
     fn merge(&mut self, other: Digests) {
-        self.update(other.0.into_iter().collect(), u64::wrapping_add);
+        let parts = other
+            .0
+            .into_iter()
+            .map(|(k, v)| (Cow::Owned(k), v))
+            .collect();
+        self.update(parts, u64::wrapping_add);
     }
 
     /// A service's objects were added to the table.
@@ -146,10 +155,14 @@ impl Digests {
         self.update(contributions(service, false), u64::wrapping_sub);
     }
 
-    fn update(&mut self, parts: Vec<(String, u64)>, op: fn(u64, u64) -> u64) {
+    fn update(&mut self, parts: Vec<(Cow<'_, str>, u64)>, op: fn(u64, u64) -> u64) {
         for (part, value) in parts {
-            let entry = self.0.entry(part).or_insert(0);
-            *entry = op(*entry, value);
+            match self.0.get_mut(part.as_ref()) {
+                Some(entry) => *entry = op(*entry, value),
+                None => {
+                    self.0.insert(part.into_owned(), op(0, value));
+                }
+            }
         }
         self.0.retain(|_, value| *value != 0);
     }
@@ -163,10 +176,10 @@ impl Digests {
         self.get(LAYOUT) == other.get(LAYOUT)
     }
 
-    /// Whether the chains of `chain`'s group are the same in both.
-    pub fn same_chains(&self, other: &Digests, chain: &str) -> bool {
-        let group = chain_group(chain);
-        self.get(&group) == other.get(&group)
+    /// Whether the chains of a chain's group are the same in both, for any chain.
+    pub fn chains_alike(&self, other: &Digests) -> impl Fn(&str) -> bool + use<> {
+        let alike = CHAIN_GROUPS.map(|group| self.get(group) == other.get(group));
+        move |chain| alike[chain_group(chain)]
     }
 
     /// Whether `set`'s elements are the same in both.

@@ -531,11 +531,12 @@ impl<N: Nftables> NftablesProxier<N> {
         // `unchanged`). Only chains that exist are read.
         let mut adopted = BTreeSet::new();
         let mut candidates = BTreeSet::new();
+        let vouched = trusted.map(|held| held.chains_alike(wanted));
         for name in services.values().flat_map(|objects| objects.chains.keys()) {
             if !names.chains.contains(name) {
                 continue;
             }
-            if trusted.is_some_and(|held| held.same_chains(wanted, name)) {
+            if vouched.as_ref().is_some_and(|vouched| vouched(name)) {
                 adopted.insert(name.clone());
             } else {
                 candidates.insert(name.clone());
