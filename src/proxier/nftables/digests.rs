@@ -158,13 +158,18 @@ impl Digests {
     fn update(&mut self, parts: Vec<(Cow<'_, str>, u64)>, op: fn(u64, u64) -> u64) {
         for (part, value) in parts {
             match self.0.get_mut(part.as_ref()) {
-                Some(entry) => *entry = op(*entry, value),
-                None => {
+                Some(entry) => {
+                    *entry = op(*entry, value);
+                    if *entry == 0 {
+                        self.0.remove(part.as_ref());
+                    }
+                }
+                None if op(0, value) != 0 => {
                     self.0.insert(part.into_owned(), op(0, value));
                 }
+                None => {}
             }
         }
-        self.0.retain(|_, value| *value != 0);
     }
 
     fn get(&self, part: &str) -> u64 {

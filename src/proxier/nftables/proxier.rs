@@ -18,7 +18,8 @@ use tracing::{debug, info, warn};
 use super::digests::{DIGEST_CHAIN, Digests};
 use super::holders::ElementHolders;
 use super::render::{
-    Chain, NftContext, Objects, TABLE, digest_of, render_base, render_service, stamp_digests,
+    Chain, NftContext, Objects, TABLE, comment_of, digest_of, render_base, render_service,
+    stamp_digests,
 };
 use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
@@ -1126,7 +1127,7 @@ fn unchanged(name: &str, chain: &Chain, kernel: &RuleComments) -> bool {
             let mut ours: Vec<&str> = chain
                 .rules
                 .iter()
-                .filter_map(|rule| rule.rsplit_once(" comment \"")?.1.strip_suffix('"'))
+                .filter_map(|rule| comment_of(rule))
                 .collect();
             let mut theirs: Vec<&str> = comments.iter().map(String::as_str).collect();
             ours.sort_unstable();

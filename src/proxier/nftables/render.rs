@@ -699,12 +699,18 @@ pub fn stamp_digests(objects: &mut Objects) {
     }
 }
 
+/// The comment a rule of ours ends with, if it has one.
+pub fn comment_of(rule: &str) -> Option<&str> {
+    rule.rsplit_once(" comment \"")?.1.strip_suffix('"')
+}
+
 /// The digest comment a stamped chain carries, if it has one.
 pub fn digest_of(chain: &Chain) -> Option<&str> {
-    chain.rules.iter().find_map(|rule| {
-        let start = rule.find(DIGEST_PREFIX)?;
-        rule[start..].split('"').next()
-    })
+    chain
+        .rules
+        .iter()
+        .filter_map(|rule| comment_of(rule))
+        .find(|comment| comment.starts_with(DIGEST_PREFIX))
 }
 
 /// A policy chain's DNAT through its slot of a shared endpoint map: each of `endpoints` owns an

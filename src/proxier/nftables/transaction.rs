@@ -173,14 +173,12 @@ pub fn full(
 
     // 1. Declarations.
     let mut out = Writer::new(family);
-    if base_kept {
-        // Nothing to declare.
-    } else if recreate {
-        out.text.push_str(&format!(
-            "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
-        ));
-    }
     if !base_kept {
+        if recreate {
+            out.text.push_str(&format!(
+                "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
+            ));
+        }
         let _ = writeln!(
             out.text,
             "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
@@ -253,12 +251,11 @@ pub fn full(
         .flat_map(|o| o.chains.keys())
         .map(String::as_str)
         .collect();
-    // In name order, as the table lists them.
+    // In name order, as the table lists them (none after `recreate`).
     let stale_chains: Vec<String> = existing
         .chains
         .iter()
-        .filter(|name| existing_chains.contains(name.as_str()))
-        .filter(|name| !wanted.contains(name.as_str()) && *name != DIGEST_CHAIN)
+        .filter(|name| !recreate && !wanted.contains(name.as_str()) && *name != DIGEST_CHAIN)
         .cloned()
         .collect();
     for name in &stale_chains {

@@ -38,26 +38,28 @@ fn base() -> Objects {
     base
 }
 
-fn a() -> Objects {
+/// Service `name`, ClusterIP 172.30.0.`n`, one endpoint 10.0.0.`n`.
+fn one(name: &str, n: u8) -> Objects {
     service(
-        "service-AAAA-ns/a/tcp/p80",
-        &["dnat to 10.0.0.1"],
+        &format!("service-{name}-ns/{name}/tcp/p80"),
+        &[&format!("dnat to 10.0.0.{n}")],
         &[
-            ("cluster-ips", "172.30.0.1", ""),
-            ("hairpin-connections", "10.0.0.1 . 10.0.0.1 . tcp . 80", ""),
+            ("cluster-ips", &format!("172.30.0.{n}"), ""),
+            (
+                "hairpin-connections",
+                &format!("10.0.0.{n} . 10.0.0.{n} . tcp . 80"),
+                "",
+            ),
         ],
     )
 }
 
+fn a() -> Objects {
+    one("a", 1)
+}
+
 fn b() -> Objects {
-    service(
-        "service-BBBB-ns/b/tcp/p80",
-        &["dnat to 10.0.0.2"],
-        &[
-            ("cluster-ips", "172.30.0.2", ""),
-            ("hairpin-connections", "10.0.0.2 . 10.0.0.2 . tcp . 80", ""),
-        ],
-    )
+    one("b", 2)
 }
 
 #[test]
@@ -79,7 +81,7 @@ fn adding_and_removing_a_service_updates_the_digests_it_touches() {
     assert!(!digests.same_elements(&before, "cluster-ips"));
     assert!(!digests.same_elements(&before, "hairpin-connections"));
     assert!(digests.same_layout(&before));
-    assert!(!digests.chains_alike(&before)("service-BBBB-ns/b/tcp/p80"));
+    assert!(!digests.chains_alike(&before)("service-b-ns/b/tcp/p80"));
     digests.remove(&b);
     assert_eq!(digests, before);
 }
@@ -91,7 +93,7 @@ fn each_part_tells_its_own_change() {
     // Another endpoint for the service: its chain and its hairpin element differ, its ClusterIP
     // does not.
     let moved = service(
-        "service-AAAA-ns/a/tcp/p80",
+        "service-a-ns/a/tcp/p80",
         &["dnat to 10.0.0.9"],
         &[
             ("cluster-ips", "172.30.0.1", ""),
@@ -101,7 +103,7 @@ fn each_part_tells_its_own_change() {
     let other = Digests::of(&base(), [&moved]);
     assert!(other.same_elements(&digests, "cluster-ips"));
     assert!(!other.same_elements(&digests, "hairpin-connections"));
-    assert!(!other.chains_alike(&digests)("service-AAAA-ns/a/tcp/p80"));
+    assert!(!other.chains_alike(&digests)("service-a-ns/a/tcp/p80"));
     assert!(other.same_layout(&digests));
     // An element's data counts, not only its key.
     let mut remapped = a.clone();

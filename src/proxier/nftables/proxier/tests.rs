@@ -442,13 +442,35 @@ fn lines_name_their_service() {
     );
 }
 
+/// A proxier told of the kernel's change events (a fake, fed by [`report_drift`]), synced once
+/// with `state`.
+fn synced_with_events(
+    state: &ProxyState,
+) -> (
+    NftablesProxier<FakeNftables>,
+    crate::sys::nf_events::FakeEvents,
+) {
+    let events = crate::sys::nf_events::FakeEvents::default();
+    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(state, &ChangeSummary::default()).unwrap();
+    (p, events)
+}
+
+/// Reports that another program changed these objects of our IPv4 table (a set as `@name`).
+fn report_drift(events: &crate::sys::nf_events::FakeEvents, names: &[&str]) {
+    *events.pending.lock().unwrap() = crate::sys::nf_events::Drift {
+        chains: names
+            .iter()
+            .map(|name| (V4, TABLE.to_string(), name.to_string()))
+            .collect(),
+        lost: false,
+    };
+}
+
 #[test]
 fn what_another_program_changes_is_rewritten_from_memory() {
-    use crate::sys::nf_events::{Drift, FakeEvents};
     let state = state();
-    let events = FakeEvents::default();
-    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
-    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let (mut p, events) = synced_with_events(&state);
     let chain = programmed(&p)
         .chains
         .keys()
@@ -461,11 +483,7 @@ fn what_another_program_changes_is_rewritten_from_memory() {
              add chain ip kube-proxy intruder\n"
         ))
         .unwrap();
-    let key = |name: &str| (V4, TABLE.to_string(), name.to_string());
-    *events.pending.lock().unwrap() = Drift {
-        chains: [key(&chain), key("@service-ips"), key("intruder")].into(),
-        lost: false,
-    };
+    report_drift(&events, &[&chain, "@service-ips", "intruder"]);
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(report.repaired_chains, 2);
     let text = &p.last_transactions.last().unwrap().1;
@@ -483,20 +501,13 @@ fn what_another_program_changes_is_rewritten_from_memory() {
 
 #[test]
 fn what_another_program_changes_is_rewritten_by_a_full_sync_from_memory_and_the_digests_too() {
-    use crate::sys::nf_events::{Drift, FakeEvents};
     let state = state();
-    let events = FakeEvents::default();
-    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
-    p.sync(&state, &ChangeSummary::default()).unwrap();
-    let key = |name: &str| (V4, TABLE.to_string(), name.to_string());
+    let (mut p, events) = synced_with_events(&state);
     // The table's digest chain emptied: rewritten from memory by the next partial sync.
     p.nft
         .apply(&format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n"))
         .unwrap();
-    *events.pending.lock().unwrap() = Drift {
-        chains: [key(DIGEST_CHAIN)].into(),
-        lost: false,
-    };
+    report_drift(&events, &[DIGEST_CHAIN]);
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(report.repaired_chains, 1);
     assert_table(&mut p, &state);
@@ -511,10 +522,7 @@ fn what_another_program_changes_is_rewritten_by_a_full_sync_from_memory_and_the_
     p.nft
         .apply(&format!("flush chain ip kube-proxy {chain}\n"))
         .unwrap();
-    *events.pending.lock().unwrap() = Drift {
-        chains: [key(&chain)].into(),
-        lost: false,
-    };
+    report_drift(&events, &[&chain]);
     p.force_full_sync();
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
