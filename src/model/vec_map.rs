@@ -91,6 +91,22 @@ impl<K: Ord, V> VecMap<K, V> {
         &mut self.entries[index].1
     }
 
+    /// The value under `key`, inserted by `make` if missing; `key` is copied only then.
+    pub fn get_or_insert_by_ref<Q>(&mut self, key: &Q, make: impl FnOnce() -> V) -> &mut V
+    where
+        K: Borrow<Q>,
+        Q: Ord + ToOwned<Owned = K> + ?Sized,
+    {
+        let index = match self.position(key) {
+            Ok(index) => index,
+            Err(index) => {
+                self.entries.insert(index, (key.to_owned(), make()));
+                index
+            }
+        };
+        &mut self.entries[index].1
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -207,6 +223,11 @@ mod tests {
         assert_eq!(map.len(), 2);
         *map.get_or_insert_with("d", || 0) += 4;
         assert_eq!(map.get("d"), Some(&4));
+        let mut owned: VecMap<String, i32> = VecMap::new();
+        *owned.get_or_insert_by_ref("k", || 1) += 1;
+        *owned.get_or_insert_by_ref("k", || 100) += 1;
+        assert_eq!(owned.get("k"), Some(&3));
+        assert_eq!(owned.len(), 1);
         let collected: VecMap<&str, i32> = [("z", 1), ("y", 2), ("z", 3)].into_iter().collect();
         assert_eq!(
             collected.iter().collect::<Vec<_>>(),

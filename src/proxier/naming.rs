@@ -5,8 +5,33 @@ use sha2::{Digest, Sha256};
 
 /// The first `length` characters of the base32 encoding of `text`'s SHA-256.
 pub fn base32_sha256(text: &str, length: usize) -> String {
-    let digest = Sha256::digest(text.as_bytes());
+    base32_sha256_of([text], length)
+}
+
+/// [`base32_sha256`] of the concatenation of `parts`, without concatenating them.
+pub fn base32_sha256_of<'a>(parts: impl IntoIterator<Item = &'a str>, length: usize) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+    }
+    let digest = hasher.finalize();
     let mut encoded = data_encoding::BASE32.encode(&digest);
     encoded.truncate(length);
     encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_hash_as_their_concatenation() {
+        let whole = base32_sha256("spec\nrule one\nrule two", 16);
+        assert_eq!(whole.len(), 16);
+        assert_eq!(
+            base32_sha256_of(["spec", "\n", "rule one", "\n", "rule two"], 16),
+            whole
+        );
+        assert_ne!(base32_sha256_of(["spec", "rule one"], 16), whole);
+    }
 }

@@ -3,6 +3,7 @@
 //! A service holds tens of them (hairpin pairs, its slot's shares of an endpoint map), so at
 //! 10,000 services a pair of `String`s per element cost 7 MB more than this.
 
+use std::cmp::Ordering;
 use std::fmt;
 
 /// Separates an element's key from the rest of its text (never in either).
@@ -20,10 +21,25 @@ fn split(entry: &str) -> (&str, &str) {
     entry.split_once(SEPARATOR).unwrap_or((entry, ""))
 }
 
+/// How the key of `entry` compares with `key`, without looking for the separator: a key never
+/// holds it, so where the entry's key ends the entry holds it (or ends).
+fn compare_key(entry: &str, key: &str) -> Ordering {
+    let (entry, key) = (entry.as_bytes(), key.as_bytes());
+    let shared = entry.len().min(key.len());
+    match entry[..shared].cmp(&key[..shared]) {
+        Ordering::Equal if shared < key.len() => Ordering::Less,
+        Ordering::Equal => match entry.get(shared) {
+            None | Some(0) => Ordering::Equal,
+            Some(_) => Ordering::Greater,
+        },
+        unequal => unequal,
+    }
+}
+
 impl Elements {
     fn position(&self, key: &str) -> Result<usize, usize> {
         self.entries
-            .binary_search_by(|entry| split(entry).0.cmp(key))
+            .binary_search_by(|entry| compare_key(entry, key))
     }
 
     /// Adds or replaces the element `key`.
@@ -106,6 +122,34 @@ impl fmt::Debug for Elements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_compare_as_split_keys_do() {
+        let keys = [
+            "",
+            "1",
+            "10",
+            "10.0.0.1",
+            "10.0.0.1 . tcp . 80",
+            "10.0.0.2",
+            "9",
+            "a",
+        ];
+        for entry_key in keys {
+            for rest in ["", " : goto x", "\0"] {
+                let entry = format!("{entry_key}{SEPARATOR}{rest}");
+                for key in keys {
+                    assert_eq!(
+                        compare_key(&entry, key),
+                        entry_key.cmp(key),
+                        "{entry:?} against {key:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(compare_key("10", "10"), Ordering::Equal);
+        assert_eq!(compare_key("10", "1"), Ordering::Greater);
+    }
 
     #[test]
     fn elements_keep_key_order_and_replace_by_key() {

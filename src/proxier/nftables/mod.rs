@@ -9,6 +9,7 @@ mod proxier;
 pub mod render;
 pub mod slots;
 pub mod support;
+mod text;
 pub mod transaction;
 
 pub use proxier::{NftablesProxier, NftablesSettings};

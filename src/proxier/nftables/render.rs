@@ -11,6 +11,7 @@ use ipnet::IpNet;
 
 use super::names;
 use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
+use super::text;
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
     ports_in_family, select_endpoints,
@@ -149,18 +150,19 @@ pub struct Objects {
 
 impl Objects {
     fn chain(&mut self, name: &str) -> &mut Chain {
-        self.chains
-            .get_or_insert_with(name.to_string(), Chain::default)
+        self.chains.get_or_insert_by_ref(name, Chain::default)
     }
 
     fn rule(&mut self, chain: &str, rule: String) {
         self.chain(chain).rules.push(rule);
     }
 
-    fn element(&mut self, set: &str, key: String, rest: String) {
-        self.elements
-            .get_or_insert_with(set.to_string(), Elements::default)
-            .insert(&key, &rest);
+    fn element(&mut self, set: &str, key: &str, rest: &str) {
+        self.elements_of(set).insert(key, rest);
+    }
+
+    fn elements_of(&mut self, set: &str) -> &mut Elements {
+        self.elements.get_or_insert_by_ref(set, Elements::default)
     }
 
     /// Gives back the spare capacity of everything (objects kept in memory for long).
@@ -381,7 +383,7 @@ pub fn render_base(ctx: &NftContext) -> Objects {
                 .iter()
                 .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
             {
-                out.element(NODEPORT_IPS, node_ip.to_string(), String::new());
+                out.element(NODEPORT_IPS, &node_ip.to_string(), "");
             }
         }
     }
@@ -397,19 +399,103 @@ pub fn render_service(
     slots: &mut SlotTable,
 ) -> Objects {
     let mut out = Objects::default();
+    let mut text = ElementText::default();
+    let local_matches = ctx.local_matches();
     for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
-        render_port(&port, &endpoints, ctx, slots, &mut out);
+        let port = PortInput {
+            port: &port,
+            endpoints: &endpoints,
+            local_matches: local_matches.as_ref(),
+        };
+        render_port(port, ctx, slots, &mut text, &mut out);
     }
     out
 }
 
+/// One service port to render, with what its service's ports share.
+struct PortInput<'a> {
+    port: &'a ServicePort,
+    endpoints: &'a [Endpoint],
+    /// [`NftContext::local_matches`], worked out once per service.
+    local_matches: Option<&'a (String, String)>,
+}
+
+/// The buffers an element's key and the rest of its text are written in, reused for every
+/// element of a service, so that an element costs one allocation: its own.
+#[derive(Default)]
+struct ElementText {
+    key: String,
+    rest: String,
+}
+
+impl ElementText {
+    /// Key `address . proto . port` (the service maps'), rest empty.
+    fn service_key(&mut self, address: &IpAddr, proto: &str, port: u16) -> &mut Self {
+        self.key.clear();
+        push_service_key(&mut self.key, address, proto, port);
+        self.rest.clear();
+        self
+    }
+
+    /// Key `ip . ip . proto . port` (a connection of an endpoint to itself), rest empty.
+    fn hairpin_key(&mut self, ip: &IpAddr, proto: &str, port: u16) -> &mut Self {
+        self.key.clear();
+        text::push_ip(&mut self.key, ip);
+        self.key.push_str(" . ");
+        push_service_key(&mut self.key, ip, proto, port);
+        self.rest.clear();
+        self
+    }
+
+    /// Key `proto . port` (the node-port maps'), rest empty.
+    fn node_port_key(&mut self, proto: &str, port: u16) -> &mut Self {
+        self.key.clear();
+        self.key.push_str(proto);
+        self.key.push_str(" . ");
+        text::push_number(&mut self.key, port);
+        self.rest.clear();
+        self
+    }
+
+    /// The rest of the text: `parts` one after another.
+    fn rest(&mut self, parts: &[&str]) -> &mut Self {
+        self.rest.clear();
+        for part in parts {
+            self.rest.push_str(part);
+        }
+        self
+    }
+
+    fn add_to(&self, set: &str, out: &mut Objects) {
+        out.element(set, &self.key, &self.rest);
+    }
+
+    fn add_into(&self, elements: &mut Elements) {
+        elements.insert(&self.key, &self.rest);
+    }
+}
+
+/// Appends `address . proto . port`.
+fn push_service_key(out: &mut String, address: &IpAddr, proto: &str, port: u16) {
+    text::push_ip(out, address);
+    out.push_str(" . ");
+    out.push_str(proto);
+    out.push_str(" . ");
+    text::push_number(out, port);
+}
+
 fn render_port(
-    port: &ServicePort,
-    endpoints: &[Endpoint],
+    input: PortInput,
     ctx: &NftContext,
     slots: &mut SlotTable,
+    text: &mut ElementText,
     out: &mut Objects,
 ) {
+    let PortInput {
+        port,
+        endpoints,
+        local_matches,
+    } = input;
     let node = NodeContext {
         node_name: &ctx.node_name,
         zone: ctx.zone.as_deref(),
@@ -419,8 +505,8 @@ fn render_port(
     let name = &port.name;
     let proto = name.protocol.lower();
     let cluster_ip = port.cluster_ips[0];
-    let key = |address: &IpAddr, number: u16| format!("{address} . {proto} . {number}");
-    let comment = quoted(&name.to_string());
+    // Only elements of services without usable endpoints carry it.
+    let comment = || quoted(&name.to_string());
 
     let names::PortChains {
         service: cluster_chain,
@@ -463,46 +549,36 @@ fn render_port(
     }
 
     // Cluster IP: always an active ClusterIP (traffic to its other ports is rejected).
-    out.element(CLUSTER_IPS, cluster_ip.to_string(), String::new());
+    text.key.clear();
+    text::push_ip(&mut text.key, &cluster_ip);
+    text.rest(&[]).add_to(CLUSTER_IPS, out);
+    text.service_key(&cluster_ip, proto, port.port);
     if has_internal {
-        out.element(
-            SERVICE_IPS,
-            key(&cluster_ip, port.port),
-            format!(" : goto {internal_chain}"),
-        );
+        text.rest(&[" : goto ", internal_chain])
+            .add_to(SERVICE_IPS, out);
     } else if let Some(verdict) = refusal(has_internal) {
-        out.element(
-            NO_ENDPOINT_SERVICES,
-            key(&cluster_ip, port.port),
-            format!(" comment {comment} : {verdict}"),
-        );
+        text.rest(&[" comment ", &comment(), " : ", &verdict])
+            .add_to(NO_ENDPOINT_SERVICES, out);
     }
 
     // External IPs and load-balancer IPs.
     let external_addresses = port.external_ips.iter().chain(&port.load_balancer_ips);
     for address in external_addresses {
+        text.service_key(address, proto, port.port);
         if has_endpoints {
-            out.element(
-                SERVICE_IPS,
-                key(address, port.port),
-                format!(" : goto {external_chain}"),
-            );
+            text.rest(&[" : goto ", &external_chain])
+                .add_to(SERVICE_IPS, out);
         }
         if let Some(verdict) = refusal(has_external) {
-            out.element(
-                NO_ENDPOINT_SERVICES,
-                key(address, port.port),
-                format!(" comment {comment} : {verdict}"),
-            );
+            text.rest(&[" comment ", &comment(), " : ", &verdict])
+                .add_to(NO_ENDPOINT_SERVICES, out);
         }
     }
     if uses_firewall_chain {
         for address in &port.load_balancer_ips {
-            out.element(
-                FIREWALL_IPS,
-                key(address, port.port),
-                format!(" : goto {firewall_chain}"),
-            );
+            text.service_key(address, proto, port.port)
+                .rest(&[" : goto ", &firewall_chain])
+                .add_to(FIREWALL_IPS, out);
         }
         // Sources allowed; the load balancer's own IPs too when a range holds the node (hairpin
         // through a VIP bound on the node).
@@ -527,19 +603,14 @@ fn render_port(
 
     // NodePort.
     if let Some(node_port) = port.node_port {
+        text.node_port_key(proto, node_port);
         if has_endpoints {
-            out.element(
-                SERVICE_NODEPORTS,
-                format!("{proto} . {node_port}"),
-                format!(" : goto {external_chain}"),
-            );
+            text.rest(&[" : goto ", &external_chain])
+                .add_to(SERVICE_NODEPORTS, out);
         }
         if let Some(verdict) = refusal(has_external) {
-            out.element(
-                NO_ENDPOINT_NODEPORTS,
-                format!("{proto} . {node_port}"),
-                format!(" comment {comment} : {verdict}"),
-            );
+            text.rest(&[" comment ", &comment(), " : ", &verdict])
+                .add_to(NO_ENDPOINT_NODEPORTS, out);
         }
     }
 
@@ -551,7 +622,7 @@ fn render_port(
         } else if uses_cluster_chain {
             // Pod and node traffic to an external address may use any endpoint (as if it went
             // out to the load balancer and came back).
-            if let Some((local, _)) = ctx.local_matches() {
+            if let Some((local, _)) = local_matches {
                 out.rule(
                     &external_chain,
                     format!("{local} goto {cluster_chain} comment \"short-circuit pod traffic\""),
@@ -589,8 +660,7 @@ fn render_port(
             port.port
         ))
     } else {
-        ctx.local_matches()
-            .map(|(_, not_local)| format!("{ip} daddr {cluster_ip} {not_local} {mark_it}"))
+        local_matches.map(|(_, not_local)| format!("{ip} daddr {cluster_ip} {not_local} {mark_it}"))
     };
     for (chain, used, endpoints) in [
         (&cluster_chain, uses_cluster_chain, &selected.cluster),
@@ -605,8 +675,7 @@ fn render_port(
         {
             out.rule(chain, rule.clone());
         }
-        let mut chosen: Vec<&Endpoint> = endpoints.to_vec();
-        chosen.sort_by_cached_key(|ep| ep.address());
+        let chosen = sorted_by_address(endpoints);
         if !affinity {
             let placement = (chosen.len() <= DRAWS as usize)
                 .then(|| slots.claim(proto, chain, &name.service))
@@ -614,7 +683,7 @@ fn render_port(
             match placement {
                 Some((placement, claim)) => {
                     out.slots.push(claim);
-                    endpoint_map(chain, ip, proto, &chosen, &placement, out);
+                    endpoint_map(chain, ip, proto, &chosen, &placement, text, out);
                 }
                 None => out.rule(chain, destination_selection(ip, proto, &chosen)),
             }
@@ -637,9 +706,11 @@ fn render_port(
         out.rule(chain, endpoint_selection(&targets));
     }
     if !affinity {
-        for ep in &selected.all_reachable {
-            let key = format!("{0} . {0} . {proto} . {1}", ep.ip, ep.port);
-            out.element(HAIRPIN_CONNECTIONS, key, String::new());
+        if !selected.all_reachable.is_empty() {
+            let hairpins = out.elements_of(HAIRPIN_CONNECTIONS);
+            for ep in &selected.all_reachable {
+                text.hairpin_key(&ep.ip, proto, ep.port).add_into(hairpins);
+            }
         }
         return;
     }
@@ -684,8 +755,9 @@ pub const DIGEST_PREFIX: &str = "kube-proxy-rs:";
 /// (its comments and count are compared instead).
 pub fn stamp_digests(objects: &mut Objects) {
     for chain in objects.chains.values_mut() {
-        let digest = crate::proxier::naming::base32_sha256(
-            &format!("{}\n{}", chain.spec, chain.rules.join("\n")),
+        let lines = chain.rules.iter().flat_map(|rule| ["\n", rule.as_str()]);
+        let digest = crate::proxier::naming::base32_sha256_of(
+            std::iter::once(chain.spec.as_str()).chain(lines),
             16,
         );
         if let Some(rule) = chain
@@ -721,6 +793,7 @@ fn endpoint_map(
     proto: &str,
     endpoints: &[&Endpoint],
     placement: &Placement,
+    text: &mut ElementText,
     out: &mut Objects,
 ) {
     let Placement { map, offset } = placement;
@@ -731,15 +804,38 @@ fn endpoint_map(
         ),
     );
     let (count, draws, offset) = (endpoints.len() as u64, u64::from(DRAWS), u64::from(*offset));
+    if endpoints.is_empty() {
+        return;
+    }
+    let shares = out.elements_of(map);
     for (index, ep) in (0u64..).zip(endpoints) {
         let first = offset + index * draws / count;
         let last = offset + (index + 1) * draws / count - 1;
-        out.element(
-            map,
-            format!("{first}-{last}"),
-            format!(" : {} . {}", ep.ip, ep.port),
-        );
+        text.key.clear();
+        text::push_number(&mut text.key, first);
+        text.key.push('-');
+        text::push_number(&mut text.key, last);
+        text.rest.clear();
+        text.rest.push_str(" : ");
+        text::push_ip(&mut text.rest, &ep.ip);
+        text.rest.push_str(" . ");
+        text::push_number(&mut text.rest, ep.port);
+        text.add_into(shares);
     }
+}
+
+/// `endpoints` in the order of their `ip:port` text, as upstream orders them; the texts are
+/// written once, into one buffer.
+fn sorted_by_address<'a>(endpoints: &[&'a Endpoint]) -> Vec<&'a Endpoint> {
+    let mut addresses = String::with_capacity(endpoints.len() * 24);
+    let mut spans = Vec::with_capacity(endpoints.len());
+    for ep in endpoints {
+        let start = addresses.len();
+        text::push_socket(&mut addresses, &ep.ip, ep.port);
+        spans.push((start..addresses.len(), *ep));
+    }
+    spans.sort_by(|(a, _), (b, _)| addresses[a.clone()].cmp(&addresses[b.clone()]));
+    spans.into_iter().map(|(_, ep)| ep).collect()
 }
 
 /// The rule that DNATs to one of `endpoints` at random through an anonymous map (upstream
