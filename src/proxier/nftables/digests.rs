@@ -34,9 +34,6 @@ const COMMENT_LENGTH: usize = 128;
 
 const LAYOUT: &str = "layout";
 
-/// [`Digests::of`] hashes on two threads from this many services on.
-const PARALLEL_FROM: usize = 1_000;
-
 /// Each part's digest, by the part's name (a set's name for its elements; parts whose digest
 /// is 0, such as empty sets, are left out).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,41 +99,24 @@ fn contributions(objects: &Objects, base: bool) -> Vec<(Cow<'_, str>, u64)> {
 }
 
 impl Digests {
-    /// The digests of a table holding `base` and `services` (at 10,000 services, 300,000
-    /// elements are hashed: on two threads).
+    /// The digests of a table holding `base` and `services`. (A full sync sums the services'
+    /// on the threads that render them, with [`Digests::add`] and [`Digests::merge`].)
     pub fn of<'a>(base: &Objects, services: impl IntoIterator<Item = &'a Objects>) -> Self {
-        let services: Vec<&Objects> = services.into_iter().collect();
-        let of_part = |part: &[&Objects]| {
-            let mut digests = Digests::default();
-            for objects in part {
-                digests.add(objects);
-            }
-            digests
-        };
-        let (mine, theirs) = services.split_at(services.len() / 2);
-        let mut digests = std::thread::scope(|scope| {
-            let helper = (theirs.len() >= PARALLEL_FROM)
-                .then(|| {
-                    std::thread::Builder::new()
-                        .name("nftables-digests".into())
-                        .spawn_scoped(scope, || of_part(theirs))
-                        .ok()
-                })
-                .flatten();
-            let mut digests = of_part(mine);
-            // (Without a thread, or if hashing there panicked, the part is hashed here.)
-            let other = match helper {
-                Some(helper) => helper.join().unwrap_or_else(|_| of_part(theirs)),
-                None => of_part(theirs),
-            };
-            digests.merge(other);
-            digests
-        });
-        digests.update(contributions(base, true), u64::wrapping_add);
+        let mut digests = Digests::default();
+        for objects in services {
+            digests.add(objects);
+        }
+        digests.add_base(base);
         digests
     }
 
-    fn merge(&mut self, other: Digests) {
+    /// The table's service-independent objects were added to the table.
+    pub fn add_base(&mut self, base: &Objects) {
+        self.update(contributions(base, true), u64::wrapping_add);
+    }
+
+    /// What `other`'s services added, added to these.
+    pub fn merge(&mut self, other: Digests) {
         let parts = other
             .0
             .into_iter()

@@ -22,7 +22,7 @@ use super::render::{
     stamp_digests,
 };
 use super::slots::SlotTable;
-use super::transaction::{self, Delta, Existing, Stats};
+use super::transaction::{self, ChainNames, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
 use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
@@ -30,9 +30,7 @@ use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
 use crate::sys::nf_events::ChangeEvents;
-use crate::sys::nftables::{
-    NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword,
-};
+use crate::sys::nftables::{NftError, Nftables, RuleComments, SetElements, family_keyword};
 
 /// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
 /// chain a just-deleted map element pointed to is still in use for a moment).
@@ -341,22 +339,27 @@ impl<N: Nftables> NftablesProxier<N> {
         // The slots programmed, for the render to find taken ones (see `slots`).
         let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
         let nft = &mut self.nft;
-        // A quarantined service keeps what the kernel last accepted for it.
+        // A quarantined service keeps what the kernel last accepted for it. The services'
+        // digests are summed as they render, on each thread, while their objects are fresh.
         let render = |part: &[(&NamespacedName, &ServicePortMap)], slots: &mut SlotTable| {
-            part.iter()
+            let mut digests = Digests::default();
+            let rendered = part
+                .iter()
                 .filter_map(|(key, ports)| {
                     let objects = if quarantine.contains(key) {
                         previous?.services.get(*key)?.clone()
                     } else {
                         service_objects(ports, state.endpoints.get(*key), &ctx, slots)
                     };
+                    digests.add(&objects);
                     (!objects.is_empty()).then(|| ((*key).clone(), objects))
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (rendered, digests)
         };
         let render = &render;
         let all: Vec<(&NamespacedName, &ServicePortMap)> = state.services.iter().collect();
-        let (mut services, read) = std::thread::scope(|scope| {
+        let (mut services, mut digests, read) = std::thread::scope(|scope| {
             let reader = match from_memory {
                 true => None,
                 false => Some(
@@ -379,87 +382,68 @@ impl<N: Nftables> NftablesProxier<N> {
                     (render(theirs, &mut their_slots), their_slots)
                 })
                 .ok();
-            let mut services: BTreeMap<NamespacedName, Objects> =
-                render(mine, &mut slots).into_iter().collect();
-            match helper {
+            let (rendered, mut digests) = render(mine, &mut slots);
+            let mut services: BTreeMap<NamespacedName, Objects> = rendered.into_iter().collect();
+            let (rendered, their_digests) = match helper {
                 Some(helper) => {
-                    let (rendered, their_slots) = helper
+                    let ((rendered, their_digests), their_slots) = helper
                         .join()
                         .map_err(|_| Failure::unattributed("a renderer of services panicked"))?;
                     slots.merge(
                         their_slots,
                         rendered.iter().map(|(_, o)| o.slots.as_slice()),
                     );
-                    services.extend(rendered);
+                    (rendered, their_digests)
                 }
-                None => services.extend(render(theirs, &mut slots)),
-            }
+                None => render(theirs, &mut slots),
+            };
+            services.extend(rendered);
+            digests.merge(their_digests);
             let read = reader.map(|reader| {
                 reader.join().unwrap_or_else(|_| {
                     Err(Failure::unattributed("the reader of our table panicked"))
                 })
             });
-            Ok::<_, Failure>((services, read))
+            Ok::<_, Failure>((services, digests, read))
         })?;
         // A chain that lost its slot to a chain of a later service does without it.
-        rerender_evicted(&mut slots, &mut services, state, &ctx);
+        rerender_evicted(&mut slots, &mut services, state, &ctx, &mut digests);
+        digests.add_base(&base);
         // Memory is exact and the kernel reports every change other programs make: a full
         // sync (the hourly one, a Node change) writes only what differs from what is
         // programmed, as a partial sync over every service and the base.
         if self.events.is_some() && from_memory && !self.recreate {
             self.last_full_sync_from_memory = true;
-            return self.diff_sync(family, ctx, base, services);
+            return self.diff_sync(family, ctx, base, services, digests);
         }
-        let digests = Digests::of(&base, services.values());
-        let mut trusted = false;
-        let (existing, held_digests) = match read {
-            None => {
-                let programmed = self
-                    .programmed
-                    .get(&family)
-                    .ok_or_else(|| Failure::unattributed("no full sync yet"))?;
-                let mut existing = Existing::default();
-                for objects in std::iter::once(&programmed.base).chain(programmed.services.values())
-                {
-                    existing.chains.extend(objects.chains.keys().cloned());
-                    existing.sets.extend(objects.sets.keys().cloned());
-                }
-                existing.chains.extend(
-                    self.stale_chains
-                        .get(&family)
-                        .into_iter()
-                        .flat_map(|s| s.keys().cloned()),
-                );
-                (existing, Some(programmed.digests.clone()))
-            }
-            Some(read) => {
-                let read = read?;
-                trusted = trust && read.digests.is_some();
-                self.existing(family, &base, &services, &digests, read, trusted)
-            }
-        };
-        let recreate = std::mem::take(&mut self.recreate);
-        let write_digests = recreate || held_digests.as_ref() != Some(&digests);
-        // What memory keeps of the services is indexed on the other core meanwhile.
+        // What memory keeps of the services is indexed on the other core while what the table
+        // holds is worked out and the transactions are built.
         let index = || {
             (
                 ElementHolders::of(services.values()),
                 SlotTable::of(services.values().map(|o| o.slots.as_slice())),
             )
         };
-        let ((transactions, stats, removed), index) = std::thread::scope(|scope| {
+        let (built, index) = std::thread::scope(|scope| {
             let indexer = std::thread::Builder::new()
                 .name("nftables-index".into())
                 .spawn_scoped(scope, index)
                 .ok();
-            let built = transaction::full(
-                family_keyword(family),
-                &base,
-                &services,
-                &existing,
-                recreate,
-                write_digests.then_some(&digests),
-            );
+            let built = self
+                .found(family, &base, &services, &digests, read, trust)
+                .map(|(existing, held_digests, trusted)| {
+                    let recreate = std::mem::take(&mut self.recreate);
+                    let write_digests = recreate || held_digests.as_ref() != Some(&digests);
+                    let built = transaction::full(
+                        family_keyword(family),
+                        &base,
+                        &services,
+                        &existing,
+                        recreate,
+                        write_digests.then_some(&digests),
+                    );
+                    (built, recreate, trusted)
+                });
             let index = match indexer {
                 Some(indexer) => indexer
                     .join()
@@ -468,6 +452,7 @@ impl<N: Nftables> NftablesProxier<N> {
             };
             (built, index)
         });
+        let ((transactions, stats, removed), recreate, trusted) = built?;
         let (holders, slots) = index?;
         for text in &transactions {
             if let Err(err) = self.apply(family, text) {
@@ -509,6 +494,42 @@ impl<N: Nftables> NftablesProxier<N> {
         Ok(stats)
     }
 
+    /// What a full sync finds in the table: from memory when it did not `read` the table, else
+    /// [`Self::existing`] (trusted when the sync may `trust` the table's digests and it holds
+    /// some). Also returns the digests the table holds and whether they were trusted.
+    fn found(
+        &mut self,
+        family: IpFamily,
+        base: &Objects,
+        services: &BTreeMap<NamespacedName, Objects>,
+        wanted: &Digests,
+        read: Option<Result<ReadBack, Failure>>,
+        trust: bool,
+    ) -> Result<(Existing, Option<Digests>, bool), Failure> {
+        let Some(read) = read else {
+            let programmed = self
+                .programmed
+                .get(&family)
+                .ok_or_else(|| Failure::unattributed("no full sync yet"))?;
+            let mut existing = Existing::default();
+            for objects in std::iter::once(&programmed.base).chain(programmed.services.values()) {
+                existing.chains.extend(objects.chains.keys().cloned());
+                existing.sets.extend(objects.sets.keys().cloned());
+            }
+            existing.chains.extend(
+                self.stale_chains
+                    .get(&family)
+                    .into_iter()
+                    .flat_map(|s| s.keys().cloned()),
+            );
+            return Ok((existing, Some(programmed.digests.clone()), false));
+        };
+        let read = read?;
+        let trusted = trust && read.digests.is_some();
+        let (existing, held) = self.existing(family, base, services, wanted, read, trusted);
+        Ok((existing, held, trusted))
+    }
+
     /// What a full sync finds in the table, from what it `read` back: names, and, where the
     /// table's digests (when it can `trust` them) do not vouch for them, the chains' digests
     /// and the sets' elements. Also returns the digests the table holds.
@@ -522,7 +543,8 @@ impl<N: Nftables> NftablesProxier<N> {
         trust: bool,
     ) -> (Existing, Option<Digests>) {
         let ReadBack {
-            names,
+            chains,
+            sets,
             digests: held,
             elements,
         } = read;
@@ -530,11 +552,11 @@ impl<N: Nftables> NftablesProxier<N> {
         // Chains an earlier run wrote that are exactly what we would write stay as they are:
         // those the table's digests vouch for, and those read back unchanged (see
         // `unchanged`). Only chains that exist are read.
-        let mut adopted = BTreeSet::new();
+        let mut adopted = ChainNames::default();
         let mut candidates = BTreeSet::new();
         let vouched = trusted.map(|held| held.chains_alike(wanted));
         for name in services.values().flat_map(|objects| objects.chains.keys()) {
-            if !names.chains.contains(name) {
+            if !chains.contains(name) {
                 continue;
             }
             if vouched.as_ref().is_some_and(|vouched| vouched(name)) {
@@ -543,8 +565,8 @@ impl<N: Nftables> NftablesProxier<N> {
                 candidates.insert(name.clone());
             }
         }
-        let names_present = base.chains.keys().all(|name| names.chains.contains(name))
-            && base.sets.keys().all(|name| names.sets.contains(name));
+        let names_present = base.chains.keys().all(|name| chains.contains(name))
+            && base.sets.keys().all(|name| sets.contains(name));
         let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
         // Unless the digests vouch for them, the base chains are read with the candidates.
         let check_base = !layout_vouched && names_present;
@@ -568,7 +590,7 @@ impl<N: Nftables> NftablesProxier<N> {
             }
         }
         // The top-level sets: trusted, or read (all of them already, when not trusting).
-        let present = present_sets(base, &names);
+        let present = present_sets(base, &sets);
         let (trusted_sets, elements) = match trusted {
             None => (BTreeSet::new(), elements),
             Some(held) => {
@@ -600,8 +622,8 @@ impl<N: Nftables> NftablesProxier<N> {
             );
         }
         let existing = Existing {
-            chains: names.chains,
-            sets: names.sets,
+            chains,
+            sets,
             adopted,
             elements,
             trusted_sets,
@@ -610,14 +632,15 @@ impl<N: Nftables> NftablesProxier<N> {
         (existing, held)
     }
 
-    /// Brings the table from what memory says it holds to `base` and `services`, writing only
-    /// the differences.
+    /// Brings the table from what memory says it holds to `base` and `services` (whose
+    /// `digests` the full sync summed), writing only the differences.
     fn diff_sync(
         &mut self,
         family: IpFamily,
         ctx: NftContext,
         base: Objects,
         services: BTreeMap<NamespacedName, Objects>,
+        digests: Digests,
     ) -> Result<Stats, Failure> {
         let Some(current) = self.programmed.get(&family) else {
             return Err(Failure::unattributed("no full sync yet"));
@@ -634,7 +657,6 @@ impl<N: Nftables> NftablesProxier<N> {
         }))
         .collect();
         let mut stats = Stats::default();
-        let digests = Digests::of(&base, services.values());
         // Every service is among the deltas: none elsewhere keeps an element.
         if let Some((mut text, mut written, removed)) =
             transaction::partial(family_keyword(family), &deltas, &|_, _| false)
@@ -985,7 +1007,9 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 /// digest.
 /// What a full sync reads of our table before it knows what it wants.
 struct ReadBack {
-    names: TableNames,
+    /// The table's chains (hashed here, on the reader's thread) and sets.
+    chains: ChainNames,
+    sets: BTreeSet<String>,
     /// The digests the table holds (see `digests`), if it holds digests of ours.
     digests: Option<Digests>,
     /// The elements of the top-level sets and maps present, unless the digests are to be
@@ -1011,7 +1035,7 @@ fn read_table<N: Nftables>(
     let elements = if trust && digests.is_some() {
         None
     } else {
-        let present = present_sets(base, &names);
+        let present = present_sets(base, &names.sets);
         if present.is_empty() {
             None
         } else {
@@ -1019,17 +1043,18 @@ fn read_table<N: Nftables>(
         }
     };
     Ok(ReadBack {
-        names,
+        chains: names.chains.into_iter().collect(),
+        sets: names.sets,
         digests,
         elements,
     })
 }
 
 /// The top-level sets and maps of `base` that the table holds (name and declaration).
-fn present_sets(base: &Objects, names: &TableNames) -> Vec<(String, String)> {
+fn present_sets(base: &Objects, sets: &BTreeSet<String>) -> Vec<(String, String)> {
     base.sets
         .iter()
-        .filter(|(name, _)| names.sets.contains(*name))
+        .filter(|(name, _)| sets.contains(*name))
         .map(|(name, set)| (name.clone(), set.spec.clone()))
         .collect()
 }
@@ -1069,6 +1094,7 @@ fn rerender_evicted(
     services: &mut BTreeMap<NamespacedName, Objects>,
     state: &ProxyState,
     ctx: &NftContext,
+    digests: &mut Digests,
 ) {
     let evicted: Vec<NamespacedName> = slots
         .take_evicted(services.keys())
@@ -1077,7 +1103,9 @@ fn rerender_evicted(
         .collect();
     for key in evicted {
         if let (Some(ports), Some(objects)) = (state.services.get(&key), services.get_mut(&key)) {
+            digests.remove(objects);
             *objects = service_objects(ports, state.endpoints.get(&key), ctx, slots);
+            digests.add(objects);
         }
     }
     // Rendered again, they evict no one (their other chains hold their slots already).
@@ -1097,10 +1125,7 @@ fn service_objects(
 }
 
 /// The chains of `services` the kernel already holds exactly (see [`unchanged`]).
-fn adoptable(
-    services: &BTreeMap<NamespacedName, Objects>,
-    kernel: &RuleComments,
-) -> BTreeSet<String> {
+fn adoptable(services: &BTreeMap<NamespacedName, Objects>, kernel: &RuleComments) -> ChainNames {
     services
         .values()
         .flat_map(|objects| &objects.chains)

@@ -105,9 +105,10 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
             (key.clone(), objects)
         })
         .collect();
-    rerender_evicted(&mut slots, &mut services, state, &ctx);
+    let mut digests = Digests::of(&all, services.values());
+    rerender_evicted(&mut slots, &mut services, state, &ctx, &mut digests);
     let services: Vec<Objects> = services.into_values().collect();
-    let digests = Digests::of(&all, &services);
+    assert_eq!(digests, Digests::of(&all, &services));
     all.chains.insert(
         DIGEST_CHAIN.to_string(),
         Chain {

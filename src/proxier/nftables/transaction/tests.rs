@@ -36,7 +36,8 @@ fn a_full_sync_declares_before_it_refers_and_flushes_what_exists() {
             "services".to_string(),
             "service-OLD00000-ns/gone/tcp/p80".to_string(),
         ]
-        .into(),
+        .into_iter()
+        .collect(),
         sets: ["affinity-OLD00000-ns/gone/tcp/p80__10.1.1.1/80".to_string()].into(),
         adopted: Default::default(),
         elements: None,
@@ -281,7 +282,7 @@ fn a_full_sync_empties_the_digest_chain_first_and_fills_it_last() {
 fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
     let base = render_base(&context());
     let services = rendered();
-    let chains: BTreeSet<String> = std::iter::once(&base)
+    let chains: ChainNames = std::iter::once(&base)
         .chain(services.values())
         .flat_map(|o| o.chains.keys().cloned())
         .collect();
