@@ -1,43 +1,14 @@
 //! FNV-1a, 64 bits: a hash that is the same in every build and release, which what a restarted
-//! daemon reads back from the table (slot places, digests) needs.
+//! daemon reads back from the table (slot places) needs.
 
 const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0100_0000_01b3;
 
-/// A running FNV-1a hash.
-#[derive(Clone, Copy, Debug)]
-pub struct Fnv64(u64);
-
-impl Default for Fnv64 {
-    fn default() -> Self {
-        Fnv64(OFFSET_BASIS)
-    }
-}
-
-impl Fnv64 {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(PRIME);
-        }
-    }
-
-    /// `text` followed by a byte no text of ours holds, so that `("ab", "c")` and `("a", "bc")`
-    /// hash apart.
-    pub fn write_part(&mut self, text: &str) {
-        self.write(text.as_bytes());
-        self.write(&[0xff]);
-    }
-
-    pub fn finish(self) -> u64 {
-        self.0
-    }
-}
-
 /// FNV-1a of `text`.
 pub fn fnv1a_64(text: &str) -> u64 {
-    let mut hash = Fnv64::default();
-    hash.write(text.as_bytes());
-    hash.finish()
+    text.bytes().fold(OFFSET_BASIS, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    })
 }
 
 #[cfg(test)]
