@@ -73,6 +73,9 @@ pub enum IptablesError {
     /// A thread reading the kernel's state ended in a panic.
     #[error("a thread reading the kernel's iptables state panicked")]
     ReaderPanicked,
+    /// No thread could be started to read the kernel's state (a process limit reached).
+    #[error("cannot start a thread to read the kernel's iptables state: {0}")]
+    NoThread(String),
     /// The chain names or rules could not be read over netlink.
     #[error("reading the chains of table {table} ({family}) over netlink: {source}")]
     Netlink {

@@ -246,15 +246,25 @@ where
     let share = chains.len().div_ceil(RULE_READERS).max(1);
     let fold = &fold;
     std::thread::scope(|scope| {
+        // A share whose thread cannot be had is read here, when its turn comes.
         let readers: Vec<_> = chains
             .chunks(share)
-            .map(|part| scope.spawn(move || read_chains(family, table, part, fold)))
+            .map(|part| {
+                let read = move || read_chains(family, table, part, fold);
+                let thread = std::thread::Builder::new()
+                    .name("nf-rules".into())
+                    .spawn_scoped(scope, read);
+                thread.map_err(|_| read)
+            })
             .collect();
         let mut all = Vec::with_capacity(chains.len());
         for reader in readers {
-            let part = reader
-                .join()
-                .map_err(|_| NetlinkError::Decode("a rule reader panicked".into()))??;
+            let part = match reader {
+                Ok(thread) => thread
+                    .join()
+                    .map_err(|_| NetlinkError::Decode("a rule reader panicked".into()))??,
+                Err(read) => read()?,
+            };
             all.extend(part);
         }
         Ok(all)

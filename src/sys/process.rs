@@ -227,15 +227,29 @@ impl<'a> Tool<'a> {
         let stderr = child.stderr.take();
         let input = self.input;
         // Input and both outputs move on their own threads so a full pipe never stalls the tool.
+        // Without those threads (a process limit reached) the tool is killed: its pipes close,
+        // which ends the threads that did start.
         let (status, out, err) = std::thread::scope(|scope| {
-            if let (Some(mut stdin), Some(input)) = (stdin, input) {
+            let helper = || std::thread::Builder::new().name("tool-pipe".into());
+            let feeder = match (stdin, input) {
                 // A tool that exits early closes its stdin: its exit status tells why.
-                scope.spawn(move || {
+                (Some(mut stdin), Some(input)) => Some(helper().spawn_scoped(scope, move || {
                     let _ = stdin.write_all(input);
-                });
-            }
-            let out = scope.spawn(move || read_all(stdout));
-            let err = scope.spawn(move || read_all(stderr));
+                })),
+                _ => None,
+            };
+            let out = helper().spawn_scoped(scope, move || read_all(stdout));
+            let err = helper().spawn_scoped(scope, move || read_all(stderr));
+            let (out, err) = match (feeder.transpose(), out, err) {
+                (Ok(_), Ok(out), Ok(err)) => (out, err),
+                (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let reason = format!("cannot start a thread for its pipes: {reason}");
+                    let command = command.clone();
+                    return (Err(ToolError::Spawn { command, reason }), vec![], vec![]);
+                }
+            };
             let status = wait(&mut child, &command, self.limit);
             (
                 status,

@@ -252,9 +252,12 @@ impl<I: Iptables> IptablesProxier<I> {
         let quarantine = &self.quarantine;
         let iptables = &mut self.iptables;
         let (services, existing) = std::thread::scope(|scope| {
-            let names = known
-                .is_none()
-                .then(|| scope.spawn(move || iptables.chain_names(family, "nat")));
+            // Without a thread for the reader, this sync fails (and the next one tries again).
+            let names = known.is_none().then(|| {
+                std::thread::Builder::new()
+                    .name("iptables-read".into())
+                    .spawn_scoped(scope, move || iptables.chain_names(family, "nat"))
+            });
             let services: BTreeMap<NamespacedName, ServiceRules> = state
                 .services
                 .iter()
@@ -266,7 +269,8 @@ impl<I: Iptables> IptablesProxier<I> {
                 .filter(|(_, rules)| !rules.is_empty())
                 .collect();
             let existing = match names {
-                Some(reader) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
+                Some(Ok(reader)) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
+                Some(Err(err)) => Err(IptablesError::NoThread(err.to_string())),
                 None => Ok(known.unwrap_or_default()),
             };
             (services, existing)

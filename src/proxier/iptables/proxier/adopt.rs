@@ -274,15 +274,23 @@ impl<I: Iptables> IptablesProxier<I> {
     ) -> Result<ChainSet, IptablesError> {
         let chains: Vec<&str> = wanted.iter().map(|(chain, _)| *chain).collect();
         let iptables = &mut self.iptables;
+        let expect = || {
+            wanted
+                .iter()
+                .map(|(_, wanted)| wanted.expected(family, fingerprint))
+                .collect::<Vec<_>>()
+        };
+        // (Here, after the read, if no thread can be had.)
         let (expected, held) = std::thread::scope(|scope| {
-            let expected = scope.spawn(|| {
-                wanted
-                    .iter()
-                    .map(|(_, wanted)| wanted.expected(family, fingerprint))
-                    .collect::<Vec<_>>()
-            });
+            let expected = std::thread::Builder::new()
+                .name("iptables-expect".into())
+                .spawn_scoped(scope, expect);
             let held = iptables.chain_fingerprints(family, table, &chains);
-            (expected.join(), held)
+            let expected = match expected {
+                Ok(thread) => thread.join(),
+                Err(_) => Ok(expect()),
+            };
+            (expected, held)
         });
         let expected = expected.map_err(|_| IptablesError::ReaderPanicked)?;
         let Some(held) = held? else {
