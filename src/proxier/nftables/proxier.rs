@@ -93,9 +93,11 @@ pub struct NftablesProxier<N: Nftables> {
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose table holds exactly the objects `programmed` says.
     known: BTreeSet<IpFamily>,
-    /// Families whose table a restart took on the trust of its digests, in part: the next
-    /// sync is a full one that reads it back.
+    /// Families whose table a restart took on the trust of its digests, in part: the first
+    /// sync from `verify_due` on is a full one that reads it back (those before it, partial
+    /// ones from memory, so that changes right after a restart wait for no read).
     unverified: BTreeSet<IpFamily>,
+    verify_due: Option<Instant>,
     /// Whether the last full sync wrote only what differs from memory (then what other
     /// programs changed meanwhile is still to repair).
     last_full_sync_from_memory: bool,
@@ -116,6 +118,9 @@ pub struct NftablesProxier<N: Nftables> {
     logged_localhost: bool,
     /// How long a flushed chain waits before it is deleted ([`STALE_CHAIN_DELAY`]).
     pub stale_chain_delay: Duration,
+    /// How long after a restart that trusted the table's digests it is read back
+    /// ([`VERIFY_DELAY`]).
+    pub verify_delay: Duration,
     /// Failed transactions so far (`..._nftables_sync_failures_total`).
     pub sync_failures: u64,
     /// When set, the transactions of the last sync are kept in `last_transactions` (tests).
@@ -134,6 +139,7 @@ impl<N: Nftables> NftablesProxier<N> {
             programmed: BTreeMap::new(),
             known: BTreeSet::new(),
             unverified: BTreeSet::new(),
+            verify_due: None,
             last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
@@ -144,6 +150,7 @@ impl<N: Nftables> NftablesProxier<N> {
             last_full_sync: None,
             logged_localhost: false,
             stale_chain_delay: STALE_CHAIN_DELAY,
+            verify_delay: VERIFY_DELAY,
             sync_failures: 0,
             record_transactions: false,
             last_transactions: Vec::new(),
@@ -486,7 +493,8 @@ impl<N: Nftables> NftablesProxier<N> {
                 "Took what our table's digests vouch for as right; reading the table back in a moment"
             );
             self.unverified.insert(family);
-            self.wake_after(VERIFY_DELAY, "The table will be read back");
+            self.verify_due = Some(Instant::now() + self.verify_delay);
+            self.wake_after(self.verify_delay, "The table will be read back");
         } else {
             self.unverified.remove(&family);
             self.known.insert(family);
@@ -879,8 +887,8 @@ impl<N: Nftables> NftablesProxier<N> {
         let hourly = self
             .last_full_sync
             .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        // A restart that trusted the table's digests reads the table back at the sync after it.
-        let verify = !self.unverified.is_empty();
+        // A restart that trusted the table's digests reads the table back a moment later.
+        let verify = !self.unverified.is_empty() && self.verify_due.is_none_or(|due| now >= due);
         let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly || verify;
         let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
         let mut drifted: BTreeMap<IpFamily, BTreeSet<String>> = BTreeMap::new();

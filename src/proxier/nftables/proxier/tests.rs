@@ -30,6 +30,7 @@ fn proxier(nft: FakeNftables) -> NftablesProxier<FakeNftables> {
     let mut p = NftablesProxier::new(nft, settings(), Box::new(FixedAddresses(vec![])));
     p.record_transactions = true;
     p.stale_chain_delay = Duration::ZERO;
+    p.verify_delay = Duration::ZERO;
     p
 }
 
@@ -671,6 +672,61 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
         );
     }
     assert_table(&mut third, &state);
+}
+
+#[test]
+fn a_change_right_after_a_restart_waits_for_no_read_back() {
+    let mut state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut nft = first.nft.clone();
+    nft.transactions.clear();
+    let mut restarted = proxier(nft);
+    restarted.verify_delay = Duration::from_secs(3600);
+    restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(restarted.nft.chains_read, [DIGEST_CHAIN]);
+
+    // svc4 gains an endpoint before the read-back is due: a partial sync writes it from
+    // memory, and reads nothing.
+    let svc4 = NamespacedName::new("ns4", "svc4");
+    let port4 = state.services[&svc4].keys().next().unwrap().clone();
+    state
+        .endpoints
+        .get_mut(&svc4)
+        .unwrap()
+        .get_mut(&port4)
+        .unwrap()
+        .push(ep("10.180.0.9", 80, ""));
+    let changes = ChangeSummary {
+        changed_services: [svc4].into(),
+        ..ChangeSummary::default()
+    };
+    let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
+    let report = restarted.sync(&state, &changes).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        (restarted.nft.name_reads, restarted.nft.element_reads),
+        reads
+    );
+    assert_eq!(restarted.nft.chains_read, [DIGEST_CHAIN]);
+    assert!(
+        restarted
+            .nft
+            .transactions
+            .concat()
+            .contains("10.180.0.9 . 10.180.0.9 . tcp . 80"),
+        "{:?}",
+        restarted.nft.transactions
+    );
+    assert_table(&mut restarted, &state);
+
+    // Once it is due, the next sync reads the table back, finds it right and writes nothing.
+    restarted.verify_due = Some(Instant::now());
+    restarted.nft.transactions.clear();
+    let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_eq!(restarted.nft.element_reads, reads.1 + 1);
+    assert_eq!(restarted.nft.transactions, Vec::<String>::new());
 }
 
 #[test]
