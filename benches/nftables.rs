@@ -263,7 +263,8 @@ fn run(count: usize, one_transaction: bool) {
             .inspect(|line| eprintln!("restart wrote: {line}"))
             .count()
     };
-    // The sync after a restart reads the whole table back (see `digests`).
+    // The sync after a restart, once due, reads the whole table back (see `digests`).
+    std::thread::sleep(restarted.verify_delay);
     let (_, verify, verify_text) =
         timed_sync(&node, restarted, state.clone(), ChangeSummary::default());
     // A restart after one endpoint came while no daemon ran: the sets whose digests differ are
