@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::model::Protocol;
+use crate::model::{Endpoint, Protocol};
 use crate::proxier::iptables::tests::golden::overall_services;
 use crate::proxier::iptables::tests::{NODE, NODE_IP, ep, svc};
 use crate::proxier::nftables::render::Chain;
@@ -53,6 +53,17 @@ fn state() -> ProxyState {
         state.endpoints.insert(s.key.clone(), s.endpoints);
     }
     state
+}
+
+/// `endpoint` added to the first port of `service`.
+fn add_endpoint(state: &mut ProxyState, service: &NamespacedName, endpoint: Endpoint) {
+    if let Some(endpoints) = state
+        .endpoints
+        .get_mut(service)
+        .and_then(|ports| ports.values_mut().next())
+    {
+        endpoints.push(endpoint);
+    }
 }
 
 fn changed(keys: &[&NamespacedName]) -> ChangeSummary {
@@ -203,13 +214,7 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     // One more endpoint: the shares of the chain's slot in its endpoint map change and the
     // endpoint's hairpin element is added, nothing else: no rule (the kernel validates the
     // whole table at a commit that adds one) and no endpoint chain.
-    state
-        .endpoints
-        .get_mut(&svc4)
-        .unwrap()
-        .get_mut(&port4)
-        .unwrap()
-        .push(ep("10.180.0.9", 80, ""));
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
     let report = p.sync(&state, &changed(&[&svc4])).unwrap();
     assert!(!report.full);
     assert_table(&mut p, &state);
@@ -617,14 +622,7 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
 
     // svc4 gained an endpoint and someone inserted a rule into svc1's chain.
     let svc4 = NamespacedName::new("ns4", "svc4");
-    let port4 = state.services[&svc4].keys().next().unwrap().clone();
-    state
-        .endpoints
-        .get_mut(&svc4)
-        .unwrap()
-        .get_mut(&port4)
-        .unwrap()
-        .push(ep("10.180.0.9", 80, ""));
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
     let svc1_chain = programmed(&first)
         .chains
         .keys()
@@ -689,20 +687,9 @@ fn a_change_right_after_a_restart_waits_for_no_read_back() {
     // svc4 gains an endpoint before the read-back is due: a partial sync writes it from
     // memory, and reads nothing.
     let svc4 = NamespacedName::new("ns4", "svc4");
-    let port4 = state.services[&svc4].keys().next().unwrap().clone();
-    state
-        .endpoints
-        .get_mut(&svc4)
-        .unwrap()
-        .get_mut(&port4)
-        .unwrap()
-        .push(ep("10.180.0.9", 80, ""));
-    let changes = ChangeSummary {
-        changed_services: [svc4].into(),
-        ..ChangeSummary::default()
-    };
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
     let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
-    let report = restarted.sync(&state, &changes).unwrap();
+    let report = restarted.sync(&state, &changed(&[&svc4])).unwrap();
     assert!(!report.full);
     assert_eq!(
         (restarted.nft.name_reads, restarted.nft.element_reads),
