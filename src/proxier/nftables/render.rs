@@ -11,7 +11,7 @@ use ipnet::IpNet;
 
 use super::names;
 use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
-use super::text;
+use super::text::{self, ElementText};
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
     ports_in_family, select_endpoints,
@@ -420,70 +420,6 @@ struct PortInput<'a> {
     local_matches: Option<&'a (String, String)>,
 }
 
-/// The buffers an element's key and the rest of its text are written in, reused for every
-/// element of a service, so that an element costs one allocation: its own.
-#[derive(Default)]
-struct ElementText {
-    key: String,
-    rest: String,
-}
-
-impl ElementText {
-    /// Key `address . proto . port` (the service maps'), rest empty.
-    fn service_key(&mut self, address: &IpAddr, proto: &str, port: u16) -> &mut Self {
-        self.key.clear();
-        push_service_key(&mut self.key, address, proto, port);
-        self.rest.clear();
-        self
-    }
-
-    /// Key `ip . ip . proto . port` (a connection of an endpoint to itself), rest empty.
-    fn hairpin_key(&mut self, ip: &IpAddr, proto: &str, port: u16) -> &mut Self {
-        self.key.clear();
-        text::push_ip(&mut self.key, ip);
-        self.key.push_str(" . ");
-        push_service_key(&mut self.key, ip, proto, port);
-        self.rest.clear();
-        self
-    }
-
-    /// Key `proto . port` (the node-port maps'), rest empty.
-    fn node_port_key(&mut self, proto: &str, port: u16) -> &mut Self {
-        self.key.clear();
-        self.key.push_str(proto);
-        self.key.push_str(" . ");
-        text::push_number(&mut self.key, port);
-        self.rest.clear();
-        self
-    }
-
-    /// The rest of the text: `parts` one after another.
-    fn rest(&mut self, parts: &[&str]) -> &mut Self {
-        self.rest.clear();
-        for part in parts {
-            self.rest.push_str(part);
-        }
-        self
-    }
-
-    fn add_to(&self, set: &str, out: &mut Objects) {
-        out.element(set, &self.key, &self.rest);
-    }
-
-    fn add_into(&self, elements: &mut Elements) {
-        elements.insert(&self.key, &self.rest);
-    }
-}
-
-/// Appends `address . proto . port`.
-fn push_service_key(out: &mut String, address: &IpAddr, proto: &str, port: u16) {
-    text::push_ip(out, address);
-    out.push_str(" . ");
-    out.push_str(proto);
-    out.push_str(" . ");
-    text::push_number(out, port);
-}
-
 fn render_port(
     input: PortInput,
     ctx: &NftContext,
@@ -549,16 +485,15 @@ fn render_port(
     }
 
     // Cluster IP: always an active ClusterIP (traffic to its other ports is rejected).
-    text.key.clear();
-    text::push_ip(&mut text.key, &cluster_ip);
-    text.rest(&[]).add_to(CLUSTER_IPS, out);
+    text.address_key(&cluster_ip)
+        .add_into(out.elements_of(CLUSTER_IPS));
     text.service_key(&cluster_ip, proto, port.port);
     if has_internal {
         text.rest(&[" : goto ", internal_chain])
-            .add_to(SERVICE_IPS, out);
+            .add_into(out.elements_of(SERVICE_IPS));
     } else if let Some(verdict) = refusal(has_internal) {
         text.rest(&[" comment ", &comment(), " : ", &verdict])
-            .add_to(NO_ENDPOINT_SERVICES, out);
+            .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
     }
 
     // External IPs and load-balancer IPs.
@@ -567,18 +502,18 @@ fn render_port(
         text.service_key(address, proto, port.port);
         if has_endpoints {
             text.rest(&[" : goto ", &external_chain])
-                .add_to(SERVICE_IPS, out);
+                .add_into(out.elements_of(SERVICE_IPS));
         }
         if let Some(verdict) = refusal(has_external) {
             text.rest(&[" comment ", &comment(), " : ", &verdict])
-                .add_to(NO_ENDPOINT_SERVICES, out);
+                .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
         }
     }
     if uses_firewall_chain {
         for address in &port.load_balancer_ips {
             text.service_key(address, proto, port.port)
                 .rest(&[" : goto ", &firewall_chain])
-                .add_to(FIREWALL_IPS, out);
+                .add_into(out.elements_of(FIREWALL_IPS));
         }
         // Sources allowed; the load balancer's own IPs too when a range holds the node (hairpin
         // through a VIP bound on the node).
@@ -606,11 +541,11 @@ fn render_port(
         text.node_port_key(proto, node_port);
         if has_endpoints {
             text.rest(&[" : goto ", &external_chain])
-                .add_to(SERVICE_NODEPORTS, out);
+                .add_into(out.elements_of(SERVICE_NODEPORTS));
         }
         if let Some(verdict) = refusal(has_external) {
             text.rest(&[" comment ", &comment(), " : ", &verdict])
-                .add_to(NO_ENDPOINT_NODEPORTS, out);
+                .add_into(out.elements_of(NO_ENDPOINT_NODEPORTS));
         }
     }
 
@@ -811,16 +746,7 @@ fn endpoint_map(
     for (index, ep) in (0u64..).zip(endpoints) {
         let first = offset + index * draws / count;
         let last = offset + (index + 1) * draws / count - 1;
-        text.key.clear();
-        text::push_number(&mut text.key, first);
-        text.key.push('-');
-        text::push_number(&mut text.key, last);
-        text.rest.clear();
-        text.rest.push_str(" : ");
-        text::push_ip(&mut text.rest, &ep.ip);
-        text.rest.push_str(" . ");
-        text::push_number(&mut text.rest, ep.port);
-        text.add_into(shares);
+        text.share(first, last, &ep.ip, ep.port).add_into(shares);
     }
 }
 
