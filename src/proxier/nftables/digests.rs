@@ -148,6 +148,15 @@ impl Digests {
         self.0.get(part).copied().unwrap_or(0)
     }
 
+    /// Whether some part holds something and its digest is the same in both. When none does
+    /// (the digests of another build, or a table that changed everywhere), they vouch for
+    /// nothing, not even for the parts both leave out (empty sets).
+    pub fn share_a_part(&self, other: &Digests) -> bool {
+        self.0
+            .iter()
+            .any(|(part, value)| other.0.get(part) == Some(value))
+    }
+
     /// Whether the layout (base chains, the base's declarations) is the same in both.
     pub fn same_layout(&self, other: &Digests) -> bool {
         self.get(LAYOUT) == other.get(LAYOUT)

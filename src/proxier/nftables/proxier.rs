@@ -504,7 +504,8 @@ impl<N: Nftables> NftablesProxier<N> {
 
     /// What a full sync finds in the table: from memory when it did not `read` the table, else
     /// [`Self::existing`] (trusted when the sync may `trust` the table's digests and it holds
-    /// some). Also returns the digests the table holds and whether they were trusted.
+    /// some). Also returns the digests the table holds and whether anything was taken on
+    /// their word.
     fn found(
         &mut self,
         family: IpFamily,
@@ -534,13 +535,14 @@ impl<N: Nftables> NftablesProxier<N> {
         };
         let read = read?;
         let trusted = trust && read.digests.is_some();
-        let (existing, held) = self.existing(family, base, services, wanted, read, trusted);
-        Ok((existing, held, trusted))
+        Ok(self.existing(family, base, services, wanted, read, trusted))
     }
 
     /// What a full sync finds in the table, from what it `read` back: names, and, where the
     /// table's digests (when it can `trust` them) do not vouch for them, the chains' digests
-    /// and the sets' elements. Also returns the digests the table holds.
+    /// and the sets' elements. Also returns the digests the table holds, and whether anything
+    /// was taken on their word (then the table is to be read back; when every part differed,
+    /// everything was read already).
     fn existing(
         &mut self,
         family: IpFamily,
@@ -549,14 +551,16 @@ impl<N: Nftables> NftablesProxier<N> {
         wanted: &Digests,
         read: ReadBack,
         trust: bool,
-    ) -> (Existing, Option<Digests>) {
+    ) -> (Existing, Option<Digests>, bool) {
         let ReadBack {
             chains,
             sets,
             digests: held,
             elements,
         } = read;
-        let trusted = held.as_ref().filter(|_| trust);
+        let trusted = held
+            .as_ref()
+            .filter(|held| trust && held.share_a_part(wanted));
         // Chains an earlier run wrote that are exactly what we would write stay as they are:
         // those the table's digests vouch for, and those read back unchanged (see
         // `unchanged`). Only chains that exist are read.
@@ -573,6 +577,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 candidates.insert(name.clone());
             }
         }
+        let chains_vouched = !adopted.is_empty();
         let names_present = base.chains.keys().all(|name| chains.contains(name))
             && base.sets.keys().all(|name| sets.contains(name));
         let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
@@ -600,6 +605,11 @@ impl<N: Nftables> NftablesProxier<N> {
         // The top-level sets: trusted, or read (all of them already, when not trusting).
         let present = present_sets(base, &sets);
         let (trusted_sets, elements) = match trusted {
+            // Digests that vouch for nothing: the reader, told to trust them, read no element.
+            None if trust && held.is_some() && !present.is_empty() => (
+                BTreeSet::new(),
+                read_elements(&mut self.nft, family, &present),
+            ),
             None => (BTreeSet::new(), elements),
             Some(held) => {
                 let (vouched, differing): (Vec<_>, Vec<_>) = present
@@ -621,6 +631,8 @@ impl<N: Nftables> NftablesProxier<N> {
         // as we would declare it.
         let declared_alike = held.as_ref().is_some_and(|held| held.same_layout(wanted));
         let base_kept = names_present && (layout_vouched || (base_unchanged && declared_alike));
+        let on_trust =
+            trusted.is_some() && (chains_vouched || !trusted_sets.is_empty() || base_kept);
         let kept = adopted.len();
         if kept > 0 {
             info!(
@@ -637,7 +649,7 @@ impl<N: Nftables> NftablesProxier<N> {
             trusted_sets,
             base_kept,
         };
-        (existing, held)
+        (existing, held, on_trust)
     }
 
     /// Brings the table from what memory says it holds to `base` and `services` (whose

@@ -172,3 +172,27 @@ fn a_comment_that_is_not_ours_is_not_trusted() {
     }
     assert!(Digests::parse(["layout=1f chains-3=2"]).is_some());
 }
+
+#[test]
+fn digests_that_share_no_part_vouch_for_nothing() {
+    let ours = Digests::of(&base(), [&a(), &one("b", 2)]);
+    assert!(ours.share_a_part(&ours));
+    // One service changed: the layout and the other parts are still shared.
+    let changed = Digests::of(&base(), [&a(), &one("b", 3)]);
+    assert!(ours.share_a_part(&changed));
+    // Every value another (as another build would hash them): nothing is shared, not even
+    // the parts both leave out.
+    let words: Vec<String> = ours
+        .comments()
+        .join(" ")
+        .split(' ')
+        .map(|word| {
+            let (part, value) = word.split_once('=').unwrap();
+            let value = u64::from_str_radix(value, 16).unwrap();
+            format!("{part}={:016x}", !value)
+        })
+        .collect();
+    let foreign = Digests::parse([words.join(" ").as_str()]).unwrap();
+    assert!(!foreign.share_a_part(&ours));
+    assert!(!Digests::default().share_a_part(&ours));
+}

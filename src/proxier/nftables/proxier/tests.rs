@@ -717,6 +717,65 @@ fn a_change_right_after_a_restart_waits_for_no_read_back() {
 }
 
 #[test]
+fn a_restart_whose_every_digest_differs_reads_everything_once() {
+    // As after an upgrade whose digests are computed otherwise: the table's digest chain holds
+    // a value for every part, and every one differs from ours.
+    let state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut kernel = first.nft.clone();
+    let mut other = format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n");
+    for rule in &programmed(&first).chains[DIGEST_CHAIN].rules {
+        let comment = comment_of(rule).unwrap();
+        let words: Vec<String> = comment
+            .split(' ')
+            .map(|word| {
+                let (part, value) = word.split_once('=').unwrap();
+                let value = u64::from_str_radix(value, 16).unwrap();
+                format!("{part}={:016x}", value ^ 0x8000_0000_0000_0000)
+            })
+            .collect();
+        other.push_str(&format!(
+            "add rule ip kube-proxy {DIGEST_CHAIN} counter comment \"{}\"\n",
+            words.join(" ")
+        ));
+    }
+    kernel.apply(&other).unwrap();
+    kernel.transactions.clear();
+
+    // The restart reads every chain and set back and finds them right: it writes no element
+    // and no service's chain; the base, whose declarations the digests no longer vouch for,
+    // is declared and written again, and the digests.
+    let mut restarted = proxier(kernel);
+    restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(restarted.nft.element_reads, 1);
+    let read: BTreeSet<&String> = restarted.nft.chains_read.iter().collect();
+    assert!(
+        programmed(&first).chains.keys().all(|c| read.contains(c)),
+        "every chain read: {read:?}"
+    );
+    let written = restarted.nft.transactions.concat();
+    assert!(written.contains(DIGEST_CHAIN), "{written}");
+    let services_written: Vec<&str> = written
+        .lines()
+        .filter(|line| {
+            let object = line.split(' ').nth(4).unwrap_or_default();
+            line.contains(" element ") || object.contains('/')
+        })
+        .collect();
+    assert_eq!(services_written, Vec::<&str>::new());
+    assert_table(&mut restarted, &state);
+    // Nothing was taken on the digests' word: the table is not read back again.
+    let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
+    let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        (restarted.nft.name_reads, restarted.nft.element_reads),
+        reads
+    );
+}
+
+#[test]
 fn a_key_another_service_holds_goes_to_the_first_in_partial_syncs_too() {
     let mut state = state();
     let mut p = proxier(FakeNftables::default());
