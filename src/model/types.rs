@@ -215,11 +215,10 @@ impl ServicePort {
         }
         let mut view = self.clone();
         view.cluster_ips = vec![cluster_ip];
-        view.external_ips.retain(|ip| IpFamily::of(ip) == family);
-        view.load_balancer_ips
-            .retain(|ip| IpFamily::of(ip) == family);
+        view.external_ips.retain(of_family);
+        view.load_balancer_ips.retain(of_family);
         view.load_balancer_source_ranges
-            .retain(|net| IpFamily::of(&net.addr()) == family);
+            .retain(|net| of_family(&net.addr()));
         Some(Cow::Owned(view))
     }
 

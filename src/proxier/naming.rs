@@ -1,7 +1,14 @@
 //! What both modes' names are made of: the base32 SHA-256 of a readable name, cut short, as
 //! upstream hashes its chain names.
 
+use std::collections::HashSet;
+
 use sha2::{Digest, Sha256};
+
+/// A set of chain names looked up often (at 10,000 services, 120,000 in iptables mode and
+/// 20,000 in nftables mode): hashed, with a hash faster than the standard one's (sorted sets
+/// and SipHash took most of an nftables restart's full sync).
+pub type ChainSet = HashSet<String, ahash::RandomState>;
 
 /// The first `length` characters of the base32 encoding of `text`'s SHA-256.
 pub fn base32_sha256(text: &str, length: usize) -> String {

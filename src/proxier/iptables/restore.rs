@@ -3,7 +3,7 @@
 //! chains and rewrites of the changed services' own chains. Both are fed to one
 //! `iptables-restore --noflush` per family.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::programmed::{ProgrammedService, digest};
@@ -23,8 +23,7 @@ pub struct RestoreStats {
     pub lines: usize,
 }
 
-/// A set of chain names looked up often (120,000 at 10,000 services): hashed.
-pub type ChainSet = HashSet<String, ahash::RandomState>;
+pub use crate::proxier::naming::ChainSet;
 
 /// Chains of ours that already hold exactly what a full sync would write, by table: the sync
 /// leaves them alone (declaring a chain in a restore flushes it).

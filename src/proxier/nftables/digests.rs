@@ -14,7 +14,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -91,8 +90,9 @@ fn contributions(objects: &Objects, base: bool) -> Vec<(Cow<'_, str>, u64)> {
 }
 
 impl Digests {
-    /// The digests of a table holding `base` and `services`. (A full sync sums the services'
-    /// on the threads that render them, with [`Digests::add`] and [`Digests::merge`].)
+    /// The digests of a table holding `base` and `services`, as a full sync sums them on the
+    /// threads that render the services (with [`Digests::add`] and [`Digests::merge`]).
+    #[cfg(test)]
     pub fn of<'a>(base: &Objects, services: impl IntoIterator<Item = &'a Objects>) -> Self {
         let mut digests = Digests::default();
         for objects in services {
@@ -157,6 +157,17 @@ impl Digests {
             .any(|(part, value)| other.0.get(part) == Some(value))
     }
 
+    /// The same parts, each with another value (as another build would hash them).
+    #[cfg(test)]
+    pub(crate) fn each_value_other(&self) -> Digests {
+        Digests(
+            self.0
+                .iter()
+                .map(|(part, value)| (part.clone(), value ^ 0x8000_0000_0000_0000))
+                .collect(),
+        )
+    }
+
     /// Whether the layout (base chains, the base's declarations) is the same in both.
     pub fn same_layout(&self, other: &Digests) -> bool {
         self.get(LAYOUT) == other.get(LAYOUT)
@@ -176,22 +187,17 @@ impl Digests {
     /// The comments of [`DIGEST_CHAIN`]'s rules: `part=hex` words, at most
     /// [`COMMENT_LENGTH`] characters each.
     pub fn comments(&self) -> Vec<String> {
-        let mut comments = vec![String::new()];
+        let mut comments: Vec<String> = Vec::new();
         for (part, value) in &self.0 {
             let word = format!("{part}={value:016x}");
-            let Some(last) = comments.last_mut() else {
-                continue;
-            };
-            if !last.is_empty() && last.len() + 1 + word.len() > COMMENT_LENGTH {
-                comments.push(word);
-            } else {
-                if !last.is_empty() {
+            match comments.last_mut() {
+                Some(last) if last.len() + 1 + word.len() <= COMMENT_LENGTH => {
                     last.push(' ');
+                    last.push_str(&word);
                 }
-                last.push_str(&word);
+                _ => comments.push(word),
             }
         }
-        comments.retain(|c| !c.is_empty());
         comments
     }
 
@@ -199,11 +205,7 @@ impl Digests {
     pub fn rules(&self) -> Vec<String> {
         self.comments()
             .into_iter()
-            .map(|comment| {
-                let mut rule = String::from("counter comment \"");
-                let _ = write!(rule, "{comment}\"");
-                rule
-            })
+            .map(|comment| format!("counter comment \"{comment}\""))
             .collect()
     }
 

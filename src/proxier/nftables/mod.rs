@@ -2,7 +2,6 @@
 
 mod digests;
 mod elements;
-mod fnv;
 mod holders;
 pub mod names;
 mod proxier;

@@ -41,36 +41,25 @@ pub fn endpoint_base(port: &ServicePortName, endpoint: &Endpoint) -> String {
     format!("{}__{ip}/{}", service_base(port), endpoint.port)
 }
 
-/// The chain for Cluster-policy endpoints.
+/// The chain for Cluster-policy endpoints (as [`port_chains`] names it).
+#[cfg(test)]
 pub fn service_chain(port: &ServicePortName) -> String {
-    format!("service-{}", hash_and_truncate(&service_base(port)))
+    port_chains(port).service
 }
 
-/// The chain for Local-policy endpoints.
-pub fn local_chain(port: &ServicePortName) -> String {
-    format!("local-{}", hash_and_truncate(&service_base(port)))
-}
-
-/// The entry for external traffic (NodePort, external and load-balancer IPs).
-pub fn external_chain(port: &ServicePortName) -> String {
-    format!("external-{}", hash_and_truncate(&service_base(port)))
-}
-
-/// The chain that enforces loadBalancerSourceRanges.
-pub fn firewall_chain(port: &ServicePortName) -> String {
-    format!("firewall-{}", hash_and_truncate(&service_base(port)))
-}
-
-/// A service port's four chains, its name hashed once.
+/// A service port's four chains.
 pub struct PortChains {
+    /// For Cluster-policy endpoints.
     pub service: String,
+    /// For Local-policy endpoints.
     pub local: String,
+    /// The entry for external traffic (NodePort, external and load-balancer IPs).
     pub external: String,
+    /// Enforces loadBalancerSourceRanges.
     pub firewall: String,
 }
 
-/// The chains of `port`: [`service_chain`], [`local_chain`], [`external_chain`] and
-/// [`firewall_chain`].
+/// The chains of `port`, its name hashed once.
 pub fn port_chains(port: &ServicePortName) -> PortChains {
     let hash = hash_and_truncate(&service_base(port));
     PortChains {
@@ -81,20 +70,19 @@ pub fn port_chains(port: &ServicePortName) -> PortChains {
     }
 }
 
-/// One endpoint's chain.
-pub fn endpoint_chain(port: &ServicePortName, endpoint: &Endpoint) -> String {
-    format!(
-        "endpoint-{}",
-        hash_and_truncate(&endpoint_base(port, endpoint))
-    )
+/// An endpoint's chain and ClientIP affinity set.
+pub struct EndpointNames {
+    pub chain: String,
+    pub affinity: String,
 }
 
-/// One endpoint's ClientIP affinity set.
-pub fn affinity_set(port: &ServicePortName, endpoint: &Endpoint) -> String {
-    format!(
-        "affinity-{}",
-        hash_and_truncate(&endpoint_base(port, endpoint))
-    )
+/// The names of `endpoint`'s objects, its name hashed once.
+pub fn endpoint_names(port: &ServicePortName, endpoint: &Endpoint) -> EndpointNames {
+    let hash = hash_and_truncate(&endpoint_base(port, endpoint));
+    EndpointNames {
+        chain: format!("endpoint-{hash}"),
+        affinity: format!("affinity-{hash}"),
+    }
 }
 
 /// Service chains are the ones whose names hold a `/`; no fixed chain does.
@@ -116,7 +104,7 @@ mod tests {
             "service-ULMVA6XW-ns1/svc1/tcp/p80"
         );
         assert_eq!(
-            endpoint_chain(&svc("ns1", "svc1"), &ep("10.180.0.1")),
+            endpoint_names(&svc("ns1", "svc1"), &ep("10.180.0.1")).chain,
             "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
         );
         assert_eq!(
@@ -144,7 +132,7 @@ mod tests {
             "HVFWP5L3-ns5/svc5/tcp/p80"
         );
         assert_eq!(
-            affinity_set(&svc("ns5", "svc5"), &ep("10.180.0.3")),
+            endpoint_names(&svc("ns5", "svc5"), &ep("10.180.0.3")).affinity,
             "affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80"
         );
         let kubernetes = ServicePortName::new("default", "kubernetes", "https", Protocol::Tcp);

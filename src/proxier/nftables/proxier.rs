@@ -22,10 +22,11 @@ use super::render::{
     stamp_digests,
 };
 use super::slots::SlotTable;
-use super::transaction::{self, ChainNames, Delta, Existing, Stats};
+use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
 use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
+use crate::proxier::naming::ChainSet;
 use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
 use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
 use crate::sys::net::LocalAddresses;
@@ -93,11 +94,11 @@ pub struct NftablesProxier<N: Nftables> {
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose table holds exactly the objects `programmed` says.
     known: BTreeSet<IpFamily>,
-    /// Families whose table a restart took on the trust of its digests, in part: the first
-    /// sync from `verify_due` on is a full one that reads it back (those before it, partial
-    /// ones from memory, so that changes right after a restart wait for no read).
-    unverified: BTreeSet<IpFamily>,
-    verify_due: Option<Instant>,
+    /// Families whose table a restart took on the trust of its digests, in part, with when
+    /// it is to be read back: the first sync from then on is a full one that reads it (those
+    /// before it, partial ones from memory, so that changes right after a restart wait for no
+    /// read).
+    unverified: BTreeMap<IpFamily, Instant>,
     /// Whether the last full sync wrote only what differs from memory (then what other
     /// programs changed meanwhile is still to repair).
     last_full_sync_from_memory: bool,
@@ -138,8 +139,7 @@ impl<N: Nftables> NftablesProxier<N> {
             families: Vec::new(),
             programmed: BTreeMap::new(),
             known: BTreeSet::new(),
-            unverified: BTreeSet::new(),
-            verify_due: None,
+            unverified: BTreeMap::new(),
             last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
             quarantine: Quarantine::default(),
@@ -438,7 +438,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 .ok();
             let built = self
                 .found(family, &base, &services, &digests, read, trust)
-                .map(|(existing, held_digests, trusted)| {
+                .map(|(existing, held_digests, on_trust)| {
                     let recreate = std::mem::take(&mut self.recreate);
                     let write_digests = recreate || held_digests.as_ref() != Some(&digests);
                     let built = transaction::full(
@@ -449,7 +449,7 @@ impl<N: Nftables> NftablesProxier<N> {
                         recreate,
                         write_digests.then_some(&digests),
                     );
-                    (built, recreate, trusted)
+                    (built, recreate, on_trust)
                 });
             let index = match indexer {
                 Some(indexer) => indexer
@@ -459,7 +459,7 @@ impl<N: Nftables> NftablesProxier<N> {
             };
             (built, index)
         });
-        let ((transactions, stats, removed), recreate, trusted) = built?;
+        let ((transactions, stats, removed), recreate, on_trust) = built?;
         let (holders, slots) = index?;
         for text in &transactions {
             if let Err(err) = self.apply(family, text) {
@@ -485,15 +485,15 @@ impl<N: Nftables> NftablesProxier<N> {
                 digests,
             },
         );
-        if trusted {
+        if on_trust {
             // Another program may have changed the table while no daemon watched it: read it
             // back in a moment.
             info!(
                 ?family,
                 "Took what our table's digests vouch for as right; reading the table back in a moment"
             );
-            self.unverified.insert(family);
-            self.verify_due = Some(Instant::now() + self.verify_delay);
+            self.unverified
+                .insert(family, Instant::now() + self.verify_delay);
             self.wake_after(self.verify_delay, "The table will be read back");
         } else {
             self.unverified.remove(&family);
@@ -503,9 +503,8 @@ impl<N: Nftables> NftablesProxier<N> {
     }
 
     /// What a full sync finds in the table: from memory when it did not `read` the table, else
-    /// [`Self::existing`] (trusted when the sync may `trust` the table's digests and it holds
-    /// some). Also returns the digests the table holds and whether anything was taken on
-    /// their word.
+    /// [`Self::existing`]. Also returns the digests the table holds and whether anything was
+    /// taken on their word.
     fn found(
         &mut self,
         family: IpFamily,
@@ -533,9 +532,7 @@ impl<N: Nftables> NftablesProxier<N> {
             );
             return Ok((existing, Some(programmed.digests.clone()), false));
         };
-        let read = read?;
-        let trusted = trust && read.digests.is_some();
-        Ok(self.existing(family, base, services, wanted, read, trusted))
+        Ok(self.existing(family, base, services, wanted, read?, trust))
     }
 
     /// What a full sync finds in the table, from what it `read` back: names, and, where the
@@ -564,7 +561,7 @@ impl<N: Nftables> NftablesProxier<N> {
         // Chains an earlier run wrote that are exactly what we would write stay as they are:
         // those the table's digests vouch for, and those read back unchanged (see
         // `unchanged`). Only chains that exist are read.
-        let mut adopted = ChainNames::default();
+        let mut adopted = ChainSet::default();
         let mut candidates = BTreeSet::new();
         let vouched = trusted.map(|held| held.chains_alike(wanted));
         for name in services.values().flat_map(|objects| objects.chains.keys()) {
@@ -580,7 +577,9 @@ impl<N: Nftables> NftablesProxier<N> {
         let chains_vouched = !adopted.is_empty();
         let names_present = base.chains.keys().all(|name| chains.contains(name))
             && base.sets.keys().all(|name| sets.contains(name));
-        let layout_vouched = trusted.is_some_and(|held| held.same_layout(wanted));
+        // The table's digests say the base was declared as we would declare it.
+        let declared_alike = held.as_ref().is_some_and(|held| held.same_layout(wanted));
+        let layout_vouched = trusted.is_some() && declared_alike;
         // Unless the digests vouch for them, the base chains are read with the candidates.
         let check_base = !layout_vouched && names_present;
         if check_base {
@@ -605,7 +604,8 @@ impl<N: Nftables> NftablesProxier<N> {
         // The top-level sets: trusted, or read (all of them already, when not trusting).
         let present = present_sets(base, &sets);
         let (trusted_sets, elements) = match trusted {
-            // Digests that vouch for nothing: the reader, told to trust them, read no element.
+            // Digests that vouch for nothing: the reader, told to trust them, read no element
+            // (see `read_table`).
             None if trust && held.is_some() && !present.is_empty() => (
                 BTreeSet::new(),
                 read_elements(&mut self.nft, family, &present),
@@ -627,9 +627,7 @@ impl<N: Nftables> NftablesProxier<N> {
             }
         };
         // The base is kept, its declarations included, when the digests vouch for it, or when
-        // its chains read back unchanged and the digests the table holds say it was declared
-        // as we would declare it.
-        let declared_alike = held.as_ref().is_some_and(|held| held.same_layout(wanted));
+        // its chains read back unchanged and it was declared as we would declare it.
         let base_kept = names_present && (layout_vouched || (base_unchanged && declared_alike));
         let on_trust =
             trusted.is_some() && (chains_vouched || !trusted_sets.is_empty() || base_kept);
@@ -900,7 +898,7 @@ impl<N: Nftables> NftablesProxier<N> {
             .last_full_sync
             .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         // A restart that trusted the table's digests reads the table back a moment later.
-        let verify = !self.unverified.is_empty() && self.verify_due.is_none_or(|due| now >= due);
+        let verify = self.unverified.values().any(|due| now >= *due);
         let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly || verify;
         let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
         let mut drifted: BTreeMap<IpFamily, BTreeSet<String>> = BTreeMap::new();
@@ -1023,12 +1021,10 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
     }
 }
 
-/// One service's objects as this proxier writes them: rendered, each chain stamped with its
-/// digest.
 /// What a full sync reads of our table before it knows what it wants.
 struct ReadBack {
     /// The table's chains (hashed here, on the reader's thread) and sets.
-    chains: ChainNames,
+    chains: ChainSet,
     sets: BTreeSet<String>,
     /// The digests the table holds (see `digests`), if it holds digests of ours.
     digests: Option<Digests>,
@@ -1132,6 +1128,8 @@ fn rerender_evicted(
     slots.take_evicted([]);
 }
 
+/// One service's objects as this proxier writes them: rendered, each chain stamped with its
+/// digest.
 fn service_objects(
     ports: &crate::model::ServicePortMap,
     endpoints: Option<&crate::model::EndpointsMap>,
@@ -1145,7 +1143,7 @@ fn service_objects(
 }
 
 /// The chains of `services` the kernel already holds exactly (see [`unchanged`]).
-fn adoptable(services: &BTreeMap<NamespacedName, Objects>, kernel: &RuleComments) -> ChainNames {
+fn adoptable(services: &BTreeMap<NamespacedName, Objects>, kernel: &RuleComments) -> ChainSet {
     services
         .values()
         .flat_map(|objects| &objects.chains)

@@ -624,20 +624,15 @@ fn render_port(
             }
             continue;
         }
+        let mut targets = Vec::with_capacity(chosen.len());
         for ep in &chosen {
-            out.rule(
-                chain,
-                format!(
-                    "{ip} saddr @{} goto {}",
-                    names::affinity_set(name, ep),
-                    names::endpoint_chain(name, ep)
-                ),
-            );
+            let names::EndpointNames {
+                chain: target,
+                affinity,
+            } = names::endpoint_names(name, ep);
+            out.rule(chain, format!("{ip} saddr @{affinity} goto {target}"));
+            targets.push(target);
         }
-        let targets: Vec<String> = chosen
-            .iter()
-            .map(|ep| names::endpoint_chain(name, ep))
-            .collect();
         out.rule(chain, endpoint_selection(&targets));
     }
     if !affinity {
@@ -650,13 +645,15 @@ fn render_port(
         return;
     }
     for ep in &selected.all_reachable {
-        let chain = names::endpoint_chain(name, ep);
+        let names::EndpointNames {
+            chain,
+            affinity: set,
+        } = names::endpoint_names(name, ep);
         out.rule(
             &chain,
             format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
         );
         if let Some(timeout) = port.session_affinity_seconds {
-            let set = names::affinity_set(name, ep);
             out.sets.insert(
                 set.clone(),
                 SetDef {
@@ -669,13 +666,9 @@ fn render_port(
             );
             out.rule(&chain, format!("update @{set} {{ {ip} saddr }}"));
         }
-        let destination = match ep.ip {
-            IpAddr::V4(v4) => format!("{v4}:{}", ep.port),
-            IpAddr::V6(v6) => format!("[{v6}]:{}", ep.port),
-        };
         out.rule(
             &chain,
-            format!("meta l4proto {proto} dnat to {destination}"),
+            format!("meta l4proto {proto} dnat to {}", ep.address()),
         );
     }
 }
@@ -690,19 +683,19 @@ pub const DIGEST_PREFIX: &str = "kube-proxy-rs:";
 /// (its comments and count are compared instead).
 pub fn stamp_digests(objects: &mut Objects) {
     for chain in objects.chains.values_mut() {
+        let Some(last) = chain
+            .rules
+            .iter()
+            .rposition(|rule| !rule.contains(" comment \""))
+        else {
+            continue;
+        };
         let lines = chain.rules.iter().flat_map(|rule| ["\n", rule.as_str()]);
         let digest = crate::proxier::naming::base32_sha256_of(
             std::iter::once(chain.spec.as_str()).chain(lines),
             16,
         );
-        if let Some(rule) = chain
-            .rules
-            .iter_mut()
-            .rev()
-            .find(|rule| !rule.contains(" comment \""))
-        {
-            let _ = write!(rule, " comment \"{DIGEST_PREFIX}{digest}\"");
-        }
+        let _ = write!(chain.rules[last], " comment \"{DIGEST_PREFIX}{digest}\"");
     }
 }
 

@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 
-use super::fnv::fnv1a_64;
 use crate::model::NamespacedName;
 
 /// How many values a policy chain's `numgen` draws from: each endpoint gets an equal share of
@@ -63,9 +62,14 @@ type ServiceTag = u64;
 /// A slot held: its key, its holder and the holder's service (kept with the holder's objects).
 pub type Claim = (SlotKey, Holder, ServiceTag);
 
-/// A chain's name, hashed the same way in every build and release, as a restart needs.
-fn name_hash(chain: &str) -> u64 {
-    fnv1a_64(chain)
+/// A chain's name, hashed the same way in every build and release, as a restart needs:
+/// FNV-1a, 64 bits.
+pub(crate) fn name_hash(chain: &str) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    chain.bytes().fold(OFFSET_BASIS, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    })
 }
 
 fn service_tag(service: &NamespacedName) -> ServiceTag {
@@ -185,6 +189,14 @@ impl SlotTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_hash_as_the_published_fnv_1a() {
+        // From the FNV authors' test vectors.
+        assert_eq!(name_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(name_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(name_hash("foobar"), 0x8594_4171_f739_67e8);
+    }
 
     #[test]
     fn a_chain_is_placed_by_its_name_alone_and_the_smaller_hash_holds_a_slot() {

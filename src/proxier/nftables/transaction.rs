@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use super::digests::{DIGEST_CHAIN, Digests};
 use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::model::NamespacedName;
+use crate::proxier::naming::ChainSet;
 use crate::sys::nftables::SetElements;
 
 /// What a transaction removed that must be deleted later.
@@ -106,17 +107,18 @@ pub fn digest_lines(family: &str, digests: &Digests) -> (String, usize) {
 /// What is in the table before a full sync, besides what memory says (a restart, a failure).
 #[derive(Clone, Debug, Default)]
 pub struct Existing {
-    pub chains: ChainNames,
+    pub chains: ChainSet,
     pub sets: BTreeSet<String>,
     /// Chains that already hold exactly the rules they are to hold: not written.
-    pub adopted: ChainNames,
+    pub adopted: ChainSet,
     /// The elements the top-level sets and maps hold, when read (a restart): only the
     /// differences are written instead of flushing and refilling them.
     pub elements: Option<SetElements>,
     /// Top-level sets and maps whose elements the table's digests say are already right
     /// (a restart): left alone.
     pub trusted_sets: BTreeSet<String>,
-    /// The base chains and the declarations are already right (a restart, by the digests):
+    /// The base chains and the declarations are already right (a restart: by the digests, or
+    /// the base chains read back unchanged and the digests vouching for the declarations):
     /// neither declared nor written again.
     pub base_kept: bool,
 }
@@ -127,11 +129,6 @@ pub struct Existing {
 /// 36 s for one `nft -f`). Whole services per transaction keep each service atomic.
 pub const CHAINS_PER_TRANSACTION: usize = 5_000;
 
-/// Chain names, to look up: at 10,000 services a table holds 20,000, and a full sync looks each
-/// up in a few such sets. Hashed, with a hash faster than the standard one's: sorted sets and
-/// SipHash took most of a restart's full sync.
-pub type ChainNames = HashSet<String, ahash::RandomState>;
-
 type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
 
 /// The full sync, as transactions to apply in order:
@@ -141,8 +138,11 @@ type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
 ///    flushed, their rules written (nothing refers to a new chain yet; an existing one is
 ///    rewritten atomically);
 /// 3. the base chains flushed and written, stale chains flushed (returned in [`Removed`] for
-///    deletion later), the top-level sets and maps flushed and refilled, stale sets deleted.
+///    deletion later), the top-level sets and maps brought to what they are to hold (only the
+///    differing elements when they were read), stale sets deleted.
 ///
+/// What `existing` says is already right is left out: adopted chains, trusted sets, and the
+/// base with its declarations when it is kept.
 /// Affinity sets that stay are not flushed: they hold the clients' affinity. With `recreate`,
 /// the table is deleted and made again first (after a failure whose cause the text cannot
 /// name, such as a set of another layout with the same name). When `digests` are given (the
@@ -167,7 +167,7 @@ pub fn full(
             transactions.push(text);
         }
     };
-    let no_chains = ChainNames::default();
+    let no_chains = ChainSet::default();
     let existing_chains = if recreate {
         &no_chains
     } else {
@@ -259,10 +259,9 @@ pub fn full(
         .map(String::as_str)
         .collect();
     // In name order, as the table lists them (none after `recreate`).
-    let mut stale_chains: Vec<String> = existing
-        .chains
+    let mut stale_chains: Vec<String> = existing_chains
         .iter()
-        .filter(|name| !recreate && !wanted.contains(name.as_str()) && *name != DIGEST_CHAIN)
+        .filter(|name| !wanted.contains(name.as_str()) && *name != DIGEST_CHAIN)
         .cloned()
         .collect();
     stale_chains.sort_unstable();

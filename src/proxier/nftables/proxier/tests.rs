@@ -34,6 +34,13 @@ fn proxier(nft: FakeNftables) -> NftablesProxier<FakeNftables> {
     p
 }
 
+/// A new proxier on the table `kernel` holds (its transactions so far forgotten).
+fn restarted_on(kernel: &FakeNftables) -> NftablesProxier<FakeNftables> {
+    let mut nft = kernel.clone();
+    nft.transactions.clear();
+    proxier(nft)
+}
+
 fn node() -> NodeInfo {
     NodeInfo {
         name: NODE.into(),
@@ -581,15 +588,10 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
             .map(str::to_string)
             .collect()
     };
-    let fresh = |kernel: &FakeNftables| {
-        let mut nft = kernel.clone();
-        nft.transactions.clear();
-        proxier(nft)
-    };
 
     // Nothing changed while no daemon ran: the table's digests say everything is right, and
     // nothing else is read or written.
-    let mut second = fresh(&kernel);
+    let mut second = restarted_on(&kernel);
     second.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(second.nft.chains_read, [DIGEST_CHAIN]);
     assert_eq!(second.nft.element_reads, 0);
@@ -639,7 +641,7 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
              flush chain ip kube-proxy nat-output\nadd rule ip kube-proxy nat-output drop\n",
         )
         .unwrap();
-    let mut third = fresh(&kernel);
+    let mut third = restarted_on(&kernel);
     third.sync(&state, &ChangeSummary::default()).unwrap();
     // The restart reads back only the sets whose digests differ (svc4's slot's endpoint map
     // and the hairpin set) and writes their differing elements and the new digests.
@@ -677,9 +679,7 @@ fn a_change_right_after_a_restart_waits_for_no_read_back() {
     let mut state = state();
     let mut first = proxier(FakeNftables::default());
     first.sync(&state, &ChangeSummary::default()).unwrap();
-    let mut nft = first.nft.clone();
-    nft.transactions.clear();
-    let mut restarted = proxier(nft);
+    let mut restarted = restarted_on(&first.nft);
     restarted.verify_delay = Duration::from_secs(3600);
     restarted.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(restarted.nft.chains_read, [DIGEST_CHAIN]);
@@ -708,7 +708,7 @@ fn a_change_right_after_a_restart_waits_for_no_read_back() {
     assert_table(&mut restarted, &state);
 
     // Once it is due, the next sync reads the table back, finds it right and writes nothing.
-    restarted.verify_due = Some(Instant::now());
+    restarted.unverified.insert(V4, Instant::now());
     restarted.nft.transactions.clear();
     let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
@@ -724,29 +724,20 @@ fn a_restart_whose_every_digest_differs_reads_everything_once() {
     let mut first = proxier(FakeNftables::default());
     first.sync(&state, &ChangeSummary::default()).unwrap();
     let mut kernel = first.nft.clone();
-    let mut other = format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n");
-    for rule in &programmed(&first).chains[DIGEST_CHAIN].rules {
-        let comment = comment_of(rule).unwrap();
-        let words: Vec<String> = comment
-            .split(' ')
-            .map(|word| {
-                let (part, value) = word.split_once('=').unwrap();
-                let value = u64::from_str_radix(value, 16).unwrap();
-                format!("{part}={:016x}", value ^ 0x8000_0000_0000_0000)
-            })
-            .collect();
-        other.push_str(&format!(
-            "add rule ip kube-proxy {DIGEST_CHAIN} counter comment \"{}\"\n",
-            words.join(" ")
-        ));
+    let table = programmed(&first);
+    let held = table.chains[DIGEST_CHAIN].rules.iter();
+    let held = Digests::parse(held.filter_map(|rule| comment_of(rule))).unwrap();
+    let other = held.each_value_other();
+    let mut text = format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n");
+    for rule in other.rules() {
+        text.push_str(&format!("add rule ip kube-proxy {DIGEST_CHAIN} {rule}\n"));
     }
-    kernel.apply(&other).unwrap();
-    kernel.transactions.clear();
+    kernel.apply(&text).unwrap();
 
     // The restart reads every chain and set back and finds them right: it writes no element
     // and no service's chain; the base, whose declarations the digests no longer vouch for,
     // is declared and written again, and the digests.
-    let mut restarted = proxier(kernel);
+    let mut restarted = restarted_on(&kernel);
     restarted.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(restarted.nft.element_reads, 1);
     let read: BTreeSet<&String> = restarted.nft.chains_read.iter().collect();
@@ -821,7 +812,7 @@ fn of_two_chains_hashing_to_one_slot_the_same_one_wins_in_any_order() {
         let (_, (slot, _, _)) = SlotTable::default().claim("tcp", &chain, &key).unwrap();
         // A pair whose first name in key order (the order a sync renders in) has the larger
         // hash: rendered first, it is evicted by the other in the same sync.
-        let hash = crate::proxier::nftables::fnv::fnv1a_64(&chain);
+        let hash = crate::proxier::nftables::slots::name_hash(&chain);
         if let Some((other, other_hash)) = seen.get(&slot)
             && (other < &key) == (*other_hash > hash)
         {

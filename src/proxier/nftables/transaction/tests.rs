@@ -282,7 +282,7 @@ fn a_full_sync_empties_the_digest_chain_first_and_fills_it_last() {
 fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
     let base = render_base(&context());
     let services = rendered();
-    let chains: ChainNames = std::iter::once(&base)
+    let chains: ChainSet = std::iter::once(&base)
         .chain(services.values())
         .flat_map(|o| o.chains.keys().cloned())
         .collect();
