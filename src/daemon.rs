@@ -23,8 +23,8 @@ use crate::proxier::nftables::{NftablesProxier, NftablesSettings};
 use crate::proxier::{LoggingProxier, Proxier};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::servers::{
-    Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind, health_check_ports,
-    serve_health, serve_metrics,
+    ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
+    capacity_for_open_files, health_check_ports, serve_health, serve_metrics,
 };
 use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
@@ -137,7 +137,7 @@ pub async fn run(
     if !settings.ignored_flags.is_empty() {
         warn!(flags = %settings.ignored_flags.join(","), "Flags ignored because --config was given");
     }
-    node_setup::raise_open_files_limit();
+    let open_files = node_setup::raise_open_files_limit();
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     if config.mode.is_empty() {
         info!("Using iptables proxy");
@@ -189,11 +189,18 @@ pub async fn run(
             warn!(error = %err, "Cannot export the nfacct counters");
         }
     }
+    let connections = connection_table(open_files, &metrics);
     if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
-        serve_health(listener, health.clone(), metrics.clone());
+        serve_health(listener, &connections, health.clone(), metrics.clone());
     }
     if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
-        serve_metrics(listener, metrics.clone(), health.clone(), proxier.mode());
+        serve_metrics(
+            listener,
+            &connections,
+            metrics.clone(),
+            health.clone(),
+            proxier.mode(),
+        );
     }
 
     let observer: k8s::RequestObserver = {
@@ -251,7 +258,8 @@ pub async fn run(
         health,
         metrics,
         // A dry run opens no ports for services either.
-        service_health: (!options.dry_run).then(|| ServiceHealthServers::new(Vec::new())),
+        service_health: (!options.dry_run)
+            .then(|| ServiceHealthServers::new(Vec::new(), connections.clone())),
         conntrack: (!options.dry_run).then(open_conntrack).flatten(),
         node_port_addresses: config.node_port_addresses.clone(),
         node_name: settings.node_name.clone(),
@@ -421,6 +429,21 @@ pub fn cleanup() {
     info!("Cleaning up iptables, IPVS and nftables state owned by kube-proxy");
     cleanup::cleanup(Leftovers::All, &SystemAddresses.addresses());
     info!("Cleanup done");
+}
+
+/// Open-files limit assumed when it cannot be read: the common default soft limit.
+const ASSUMED_OPEN_FILES: u64 = 1024;
+
+/// The bound on the HTTP servers' connections, together, under the open-files limit.
+fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTable {
+    let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
+    let table = ConnectionTable::new(capacity_for_open_files(limit), metrics.connections());
+    info!(
+        connections = table.capacity(),
+        open_files = limit,
+        "Limiting the HTTP servers' connections; the oldest idle ones are closed beyond that"
+    );
+    table
 }
 
 /// Binds a server's address; a failure stops the daemon only with bindAddressHardFail, as upstream.

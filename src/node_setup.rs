@@ -11,16 +11,26 @@ const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
 
 /// Raises the open-files soft limit to the hard limit, as Go's runtime does for upstream's
 /// binary: a node's syncs spawn tools and open sockets, and a low soft limit (1,024 is common)
-/// would be the first thing a flood of connections exhausts.
-pub fn raise_open_files_limit() {
+/// would be the first thing a flood of connections exhausts. Returns the soft limit in force
+/// (None when it cannot be read).
+pub fn raise_open_files_limit() -> Option<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => info!(from = soft, to = hard, "Raised the open files limit"),
-            Err(err) => warn!(error = %err, "Cannot raise the open files limit"),
+            Ok(()) => {
+                info!(from = soft, to = hard, "Raised the open files limit");
+                Some(hard)
+            }
+            Err(err) => {
+                warn!(error = %err, "Cannot raise the open files limit");
+                Some(soft)
+            }
         },
-        Ok(_) => {}
-        Err(err) => warn!(error = %err, "Cannot read the open files limit"),
+        Ok((soft, _)) => Some(soft),
+        Err(err) => {
+            warn!(error = %err, "Cannot read the open files limit");
+            None
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use super::http::ConnectionMetrics;
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
 
@@ -48,6 +49,7 @@ pub struct Metrics {
     rest_requests: IntCounterVec,
     rest_duration: HistogramVec,
     tasks: IntGauge,
+    connections: ConnectionMetrics,
 }
 
 /// How long syncs take: 1 ms doubling to 16 s, as upstream.
@@ -354,6 +356,14 @@ impl Metrics {
                 "go_goroutines",
                 "Number of goroutines that currently exist (here: the async runtime's live tasks, the Rust counterpart)",
             )?,
+            connections: {
+                let metrics = ConnectionMetrics::new()?;
+                r.register(Box::new(metrics.open.clone()))?;
+                r.register(Box::new(metrics.shed.clone()))?;
+                r.register(Box::new(metrics.timed_out.clone()))?;
+                r.register(Box::new(metrics.limit.clone()))?;
+                metrics
+            },
             registry: {
                 r.register(Box::new(
                     prometheus::process_collector::ProcessCollector::for_self(),
@@ -395,6 +405,11 @@ impl Metrics {
                 .set(if on { 1.0 } else { 0.0 });
         }
         Ok(())
+    }
+
+    /// The HTTP servers' connection metrics, for their [`super::ConnectionTable`].
+    pub fn connections(&self) -> ConnectionMetrics {
+        self.connections.clone()
     }
 
     /// The health server answered `path` with `code`.

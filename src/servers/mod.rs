@@ -9,7 +9,9 @@ mod nfacct;
 mod service_health;
 
 pub use health::ProxyHealth;
-pub use http::{Reply, ServerError, bind, serve};
+pub use http::{
+    ConnectionMetrics, ConnectionTable, Reply, ServerError, bind, capacity_for_open_files, serve,
+};
 pub use metrics::Metrics;
 pub use nfacct::NfacctCollector;
 pub use service_health::ServiceHealthServers;
@@ -22,10 +24,11 @@ use std::sync::Arc;
 /// Answers are counted by code (`kubeproxy_proxy_healthz_total`, `..._livez_total`).
 pub fn serve_health(
     listener: tokio::net::TcpListener,
+    connections: &ConnectionTable,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
 ) {
-    serve(listener, move |path| {
+    serve(listener, connections, "healthz", move |path| {
         let livez = match path {
             "/healthz" => false,
             "/livez" => true,
@@ -40,11 +43,12 @@ pub fn serve_health(
 /// Starts the metrics server on `listener`: `/metrics`, `/healthz` and `/proxyMode`.
 pub fn serve_metrics(
     listener: tokio::net::TcpListener,
+    connections: &ConnectionTable,
     metrics: Arc<Metrics>,
     health: Arc<ProxyHealth>,
     mode: &'static str,
 ) {
-    serve(listener, move |path| match path {
+    serve(listener, connections, "metrics", move |path| match path {
         "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),

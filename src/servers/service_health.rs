@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hyper::StatusCode;
 use tracing::{error, info};
 
-use super::http::{Reply, serve_until};
+use super::http::{ConnectionTable, Reply, listen, serve_until};
 use crate::model::{NamespacedName, ProxyState};
 
 struct Server {
@@ -23,7 +23,12 @@ pub struct ServiceHealthServers {
     /// Addresses to listen on (nodePortAddresses); 0.0.0.0 when empty.
     addresses: Vec<IpAddr>,
     servers: BTreeMap<u16, Server>,
+    /// The connections of every HTTP server of the process.
+    connections: ConnectionTable,
 }
+
+/// The servers' name in the connection metrics.
+const SERVER: &str = "healthcheck";
 
 /// For each health-check port, the service and how many of its endpoints are ready on `node`.
 pub fn wanted(state: &ProxyState, node: &str) -> BTreeMap<u16, (NamespacedName, usize)> {
@@ -65,10 +70,11 @@ fn reply(service: &NamespacedName, local: usize) -> Reply {
 }
 
 impl ServiceHealthServers {
-    pub fn new(addresses: Vec<IpAddr>) -> Self {
+    pub fn new(addresses: Vec<IpAddr>, connections: ConnectionTable) -> Self {
         ServiceHealthServers {
             addresses,
             servers: BTreeMap::new(),
+            connections,
         }
     }
 
@@ -85,12 +91,14 @@ impl ServiceHealthServers {
     /// Opens servers for new ports, closes those no longer wanted, updates endpoint counts.
     /// Must run inside the tokio runtime.
     pub fn sync(&mut self, wanted: BTreeMap<u16, (NamespacedName, usize)>) {
+        let connections = &self.connections;
         self.servers.retain(|port, server| {
             let keep = wanted
                 .get(port)
                 .is_some_and(|(service, _)| *service == server.service);
             if !keep {
                 let _ = server.stop.send(true);
+                connections.forget(SERVER, *port);
                 info!(port = *port, service = %server.service, "Closed health check server");
             }
             keep
@@ -110,11 +118,7 @@ impl ServiceHealthServers {
             let mut listening = false;
             for ip in addresses {
                 let address = SocketAddr::new(ip, port);
-                let listener = std::net::TcpListener::bind(address).and_then(|l| {
-                    l.set_nonblocking(true)?;
-                    tokio::net::TcpListener::from_std(l)
-                });
-                match listener {
+                match listen(address) {
                     Ok(listener) => {
                         let (counter, name) = (local_endpoints.clone(), service.clone());
                         // Stops when told, or when the server's entry (the sender) goes.
@@ -122,7 +126,7 @@ impl ServiceHealthServers {
                         let stop = async move {
                             let _ = stopped.wait_for(|stop| *stop).await;
                         };
-                        serve_until(listener, stop, move |_| {
+                        serve_until(listener, &self.connections, SERVER, stop, move |_| {
                             reply(&name, counter.load(Ordering::Relaxed))
                         });
                         listening = true;

@@ -125,14 +125,20 @@ impl Netns {
 
     /// Runs `f` on a thread that has entered this namespace; sockets it makes live here.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn(f).join().expect("netns thread")
+    }
+
+    /// Starts `f` on a thread that has entered this namespace, without waiting for it.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let path = format!("/var/run/netns/{}", self.name);
         std::thread::spawn(move || {
             let file = File::open(&path).expect("open netns");
             nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             f()
         })
-        .join()
-        .expect("netns thread")
     }
 }
 
