@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
-use kube_proxy_rs::proxier::iptables::render::LocalDetector;
 use kube_proxy_rs::proxier::ipvs::aggregate::render;
 use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
+use kube_proxy_rs::proxier::local::LocalDetector;
 use netns::Netns;
 use scale::{NODE_IP, median, secs};
 

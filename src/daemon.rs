@@ -8,19 +8,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings};
+use crate::config::{KUBERNETES_VERSION, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::conntrack::UdpConntrackCleaner;
-use crate::proxier::iptables::{IptablesProxier, IptablesSettings, NfacctCounters};
-use crate::proxier::ipvs::{IpvsProxier, IpvsSettings, IpvsUnsupported, check_support};
 use crate::proxier::local::selected_node_port_ips;
-use crate::proxier::nftables::render::TABLE;
-use crate::proxier::nftables::support::{self as nftables, NftablesUnsupported};
-use crate::proxier::nftables::{NftablesProxier, NftablesSettings};
-use crate::proxier::{LoggingProxier, Proxier};
+use crate::proxier::{self, DryRunProxier, Proxier, SetupError};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::servers::{
     ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
@@ -28,11 +23,8 @@ use crate::servers::{
 };
 use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
-use crate::sys::iptables::{Backend, SystemIptables};
 use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
-use crate::sys::nf_events::{NfEvents, Scope};
 use crate::sys::nfacct::NetlinkNfacct;
-use crate::sys::nftables::SystemNftables;
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +32,9 @@ pub enum DaemonError {
     /// No API client could be built.
     #[error(transparent)]
     Client(#[from] ClientError),
-    /// IPVS mode cannot run here and falling back was switched off (`--ipvs-fallback=false`).
-    #[error("can't use the IPVS proxier: {0}")]
-    Ipvs(IpvsUnsupported),
-    /// nftables mode cannot run on this node (as upstream, no fallback).
-    #[error("can't use the nftables proxier: {0}")]
-    Nftables(NftablesUnsupported),
+    /// The configured mode cannot run on this node.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The health or metrics server could not listen and bindAddressHardFail is set.
     #[error("{0}")]
     Server(#[from] ServerError),
@@ -94,30 +83,13 @@ pub fn init_only(settings: &Settings) {
     let config = &settings.config;
     node_setup::apply_conntrack(config, &mut ProcSysctl::default());
     let mut sysctl = ProcSysctl::default();
-    let wanted = match config.proxy_mode().unwrap_or(ProxyMode::Iptables) {
-        ProxyMode::Ipvs => crate::proxier::ipvs::sysctls(config.ipvs.strict_arp),
-        ProxyMode::Iptables
-            if config.iptables.localhost_node_ports.unwrap_or(true) && local_node_ports(config) =>
-        {
-            vec![("net/ipv4/conf/all/route_localnet", "1")]
-        }
-        _ => Vec::new(),
-    };
-    for (name, value) in wanted {
+    let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
+    for (name, value) in proxier::init_sysctls(mode, config) {
         if let Err(err) = crate::sys::net::ensure_sysctl(&mut sysctl, name, value) {
             warn!(error = %err, sysctl = name, "Failed to set sysctl");
         }
     }
     info!("System initialized and --init-only specified");
-}
-
-/// Whether nodePortAddresses takes in 127.0.0.1 (every address does, when it is empty).
-fn local_node_ports(config: &KubeProxyConfiguration) -> bool {
-    config.node_port_addresses.is_empty()
-        || config.node_port_addresses.iter().any(|cidr| {
-            cidr.parse::<ipnet::IpNet>()
-                .is_ok_and(|net| net.contains(&std::net::IpAddr::from([127, 0, 0, 1])))
-        })
 }
 
 /// Runs until `shutdown` turns true. Rules stay in place when it returns.
@@ -155,14 +127,20 @@ pub async fn run(
     };
     let intervals = sync_intervals(min_sync, sync_period);
     let requester = SyncRequester::default();
-    let proxier: Box<dyn Proxier> = if options.dry_run {
+    let (mode, proxier): (ProxyMode, Box<dyn Proxier>) = if options.dry_run {
         info!(
             mode = mode.as_str(),
             "Dry run: nothing is programmed; logging what each sync would program"
         );
-        Box::new(LoggingProxier::default())
+        (mode, Box::new(DryRunProxier::new(mode)))
     } else {
-        choose_proxier(mode, config, options, &requester)?
+        let wake = requester.clone();
+        proxier::setup(
+            mode,
+            config,
+            options.ipvs_fallback,
+            Arc::new(move || wake.request()),
+        )?
     };
     if !options.dry_run {
         // As upstream, before the first sync: the process's OOM priority and conntrack settings.
@@ -177,7 +155,7 @@ pub async fn run(
     if let Err(err) = metrics.feature_gates(&config.feature_gates) {
         warn!(error = %err, "Cannot export the feature gates");
     }
-    if !options.dry_run && proxier.mode() == "iptables" {
+    if !options.dry_run && mode == ProxyMode::Iptables {
         let exported = NetlinkNfacct::open()
             .map_err(|err| err.to_string())
             .and_then(|reader| {
@@ -199,7 +177,7 @@ pub async fn run(
             &connections,
             metrics.clone(),
             health.clone(),
-            proxier.mode(),
+            proxier.mode().as_str(),
         );
     }
 
@@ -301,96 +279,6 @@ fn open_conntrack() -> Option<UdpConntrackCleaner> {
             None
         }
     }
-}
-
-/// The proxier for a mode, logging the choice as upstream does. IPVS mode first checks that the
-/// node can run it; if not, it falls back to iptables (the seeds' behaviour) or, with
-/// `--ipvs-fallback=false`, fails as upstream has since 1.26.
-fn choose_proxier(
-    mode: ProxyMode,
-    config: &KubeProxyConfiguration,
-    options: RunOptions,
-    requester: &SyncRequester,
-) -> Result<Box<dyn Proxier>, DaemonError> {
-    if mode == ProxyMode::Nftables {
-        let skip_kernel_check = std::env::var_os(nftables::SKIP_KERNEL_CHECK_ENV).is_some();
-        nftables::check_support(&nftables::kernel_release(), skip_kernel_check)
-            .map_err(DaemonError::Nftables)?;
-        info!("Using nftables Proxier");
-        let wake = requester.clone();
-        let proxier = NftablesProxier::new(
-            SystemNftables::default(),
-            NftablesSettings::from_config(config),
-            Box::new(SystemAddresses),
-        )
-        .with_wake(Arc::new(move || wake.request()));
-        // The kernel says when another program changes our table: each change asks for a
-        // sync, which rewrites what changed.
-        let wake = requester.clone();
-        return Ok(
-            match NfEvents::start(Scope::NftTable(TABLE), Box::new(move || wake.request())) {
-                Ok(events) => Box::new(proxier.with_change_events(Box::new(events))),
-                Err(err) => {
-                    warn!(error = %err, "Cannot listen for nf_tables changes; drift in our table is repaired only by full syncs");
-                    Box::new(proxier)
-                }
-            },
-        );
-    }
-    let backend = Backend::detect();
-    if mode == ProxyMode::Ipvs {
-        let started = check_support(&config.ipvs.scheduler).and_then(|()| {
-            IpvsProxier::new(
-                IpvsSettings::from_config(config),
-                Box::new(SystemIptables::new(backend)),
-                Box::new(ProcSysctl::default()),
-                Box::new(SystemAddresses),
-            )
-            .map_err(|err| IpvsUnsupported::Start(err.to_string()))
-        });
-        match started {
-            Ok(proxier) => {
-                info!(backend = backend.as_str(), "Using iptables back end");
-                info!("Using ipvs Proxier");
-                return Ok(Box::new(proxier));
-            }
-            Err(reason) if !options.ipvs_fallback => return Err(DaemonError::Ipvs(reason)),
-            Err(reason) => {
-                warn!(reason = %reason, "Can't use the IPVS proxier");
-                warn!("Can't use ipvs proxier, trying iptables proxier");
-            }
-        }
-    }
-    info!(backend = backend.as_str(), "Using iptables back end");
-    info!("Using iptables Proxier");
-    let mut settings = IptablesSettings::from_config(config);
-    settings.nfacct = match NetlinkNfacct::open() {
-        Ok(mut nfacct) => NfacctCounters::ensure(&mut nfacct),
-        Err(err) => {
-            error!(error = %err, "Failed to create nfacct runner, nfacct based metrics won't be available");
-            NfacctCounters::default()
-        }
-    };
-    let wake = requester.clone();
-    let proxier = IptablesProxier::new(
-        SystemIptables::new(backend),
-        settings,
-        Box::new(SystemAddresses),
-        Box::new(ProcSysctl::default()),
-    )
-    .with_wake(Arc::new(move || wake.request()));
-    // On nft the kernel says when another program changes our chains: each change asks for a
-    // sync, which repairs it. (Legacy has no such events: see the README.)
-    if backend == Backend::Nft {
-        let wake = requester.clone();
-        match NfEvents::start(Scope::IptablesTables, Box::new(move || wake.request())) {
-            Ok(events) => return Ok(Box::new(proxier.with_change_events(Box::new(events)))),
-            Err(err) => {
-                warn!(error = %err, "Cannot listen for nf_tables changes; drift in our rules is repaired only by full syncs")
-            }
-        }
-    }
-    Ok(Box::new(proxier))
 }
 
 /// How often the --config file is read to see whether it changed.
@@ -508,17 +396,13 @@ impl SyncLoop {
             return;
         }
         self.leftovers_removed = true;
-        let others: &[Leftovers] = match self.proxier.mode() {
-            "ipvs" => &[Leftovers::IptablesMode, Leftovers::NftablesMode],
-            "nftables" => &[Leftovers::XtablesModes],
-            _ => &[Leftovers::IpvsMode, Leftovers::NftablesMode],
-        };
+        let mode = self.proxier.mode();
         info!(
-            mode = self.proxier.mode(),
+            mode = mode.as_str(),
             "Removing the other proxy mode's leftovers"
         );
         let local = SystemAddresses.addresses();
-        for other in others {
+        for other in Leftovers::of_modes_other_than(mode) {
             for family in cleanup::cleanup(*other, &local) {
                 self.metrics.nftables_cleanup_failures(family);
             }
@@ -608,7 +492,7 @@ impl Syncer for SyncLoop {
                     self.sync_service_health();
                     self.remove_other_mode();
                     debug!(
-                        mode = self.proxier.mode(),
+                        mode = self.proxier.mode().as_str(),
                         full = report.full,
                         services = self.state.services.len(),
                         service_ports = report.service_ports,

@@ -145,7 +145,7 @@ fn render(flags: &Flags, mut settings: config::Settings, files: &[std::path::Pat
     for warning in &settings.warnings {
         eprintln!("kube-proxy-rs render: warning: {warning}");
     }
-    match kube_proxy_rs::render::render(&settings.config, &settings.node_name, files) {
+    match kube_proxy_rs::preview::render(&settings.config, &settings.node_name, files) {
         Ok(rendered) => {
             print!("{}", rendered.text);
             for problem in &rendered.problems {

@@ -226,9 +226,9 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     use kube_proxy_rs::model::{
         Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
     };
-    use kube_proxy_rs::proxier::iptables::render::LocalDetector;
     use kube_proxy_rs::proxier::ipvs::aggregate::render;
     use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
+    use kube_proxy_rs::proxier::local::LocalDetector;
     use kube_proxy_rs::sys::ipset::{SystemIpset, parse_save, sync_input};
     use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables};
 
@@ -611,7 +611,7 @@ fn ipvs_partial_syncs_match_a_full_sync() {
             let keys = change(&mut state);
             let report = proxier.sync(&state, &changed(&keys)).unwrap();
             assert!(!report.full, "a change sync reads no more than it must");
-            rule_counts = report.iptables_rules;
+            rule_counts = report.rules;
         }
         (state, proxier, rule_counts)
     });

@@ -2,23 +2,22 @@
 //! (at start, after the first sync in the new mode, so traffic never goes unserved). Only our
 //! chains, the rules that jump to them, our ipsets, virtual servers on our addresses,
 //! kube-ipvs0 and nftables mode's `kube-proxy` tables go; everything else on the node stays.
+//! Each mode names its own objects (its `cleanup`); the chains of the two iptables-based modes
+//! are removed here, together, since rules of one may jump to chains of the other.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use tracing::{info, warn};
 
-use super::ipvs::DUMMY_LINK;
-use super::ipvs::render::{SETS, set_name};
-use super::nftables;
+use super::xtables::SHARED_CHAINS;
+use super::{iptables, ipvs, nftables};
+use crate::config::ProxyMode;
 use crate::model::IpFamily;
-use crate::sys::ipset::SystemIpset;
 use crate::sys::iptables::{
     Backend, ChainRules, Iptables, IptablesError, SystemIptables, builtin_chains, jump_target,
 };
-use crate::sys::ipvs::{IpvsClient, VirtualServer};
-use crate::sys::link::Links;
-use crate::sys::nftables::{Nftables, SystemNftables, family_keyword, remove_table_commands};
+use crate::sys::nftables::SystemNftables;
 
 /// Whose state to remove.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,56 +34,30 @@ pub enum Leftovers {
     NftablesMode,
 }
 
-/// Chains both modes declare (rewritten by whichever runs).
-const SHARED: [&str; 5] = [
-    "KUBE-SERVICES",
-    "KUBE-POSTROUTING",
-    "KUBE-MARK-MASQ",
-    "KUBE-FORWARD",
-    "KUBE-PROXY-FIREWALL",
-];
-/// Chains only iptables mode uses, besides the per-service ones.
-const IPTABLES_ONLY: [&str; 3] = [
-    "KUBE-NODEPORTS",
-    "KUBE-EXTERNAL-SERVICES",
-    "KUBE-PROXY-CANARY",
-];
-const PER_SERVICE_PREFIXES: [&str; 6] = [
-    "KUBE-SVC-",
-    "KUBE-SVL-",
-    "KUBE-SEP-",
-    "KUBE-FW-",
-    "KUBE-EXT-",
-    "KUBE-XLB-",
-];
-/// Chains only IPVS mode uses.
-const IPVS_ONLY: [&str; 5] = [
-    "KUBE-NODE-PORT",
-    "KUBE-LOAD-BALANCER",
-    "KUBE-SOURCE-RANGES-FIREWALL",
-    "KUBE-IPVS-FILTER",
-    "KUBE-IPVS-OUT-FILTER",
-];
-/// The node port range upstream defaults to: IPVS virtual servers on node addresses in it are ours.
-const NODE_PORTS: std::ops::RangeInclusive<u16> = 30000..=32767;
-
 impl Leftovers {
+    /// What the modes other than `mode` leave behind.
+    pub fn of_modes_other_than(mode: ProxyMode) -> &'static [Leftovers] {
+        match mode {
+            ProxyMode::Iptables => &[Leftovers::IpvsMode, Leftovers::NftablesMode],
+            ProxyMode::Ipvs => &[Leftovers::IptablesMode, Leftovers::NftablesMode],
+            ProxyMode::Nftables => &[Leftovers::XtablesModes],
+        }
+    }
+
     /// The chains this removes when they are a fixed few (IPVS mode's), so they are looked up
     /// by name instead of listing a table of perhaps 100,000 chains.
     fn fixed_chains(self) -> Option<&'static [&'static str]> {
-        (self == Leftovers::IpvsMode).then_some(&IPVS_ONLY)
+        (self == Leftovers::IpvsMode).then_some(&ipvs::cleanup::CHAINS)
     }
 
     /// Whether `chain` of `table` is one of the chains this removes.
     pub fn owns_chain(self, table: &str, chain: &str) -> bool {
-        // IPVS mode has no filter KUBE-SERVICES: iptables mode's (REJECTs for services without
-        // endpoints) must not outlive it.
-        let iptables = IPTABLES_ONLY.contains(&chain)
-            || PER_SERVICE_PREFIXES.iter().any(|p| chain.starts_with(p))
-            || (table == "filter" && chain == "KUBE-SERVICES");
-        let ipvs = IPVS_ONLY.contains(&chain);
+        let iptables = iptables::cleanup::owns_chain(table, chain);
+        let ipvs = ipvs::cleanup::CHAINS.contains(&chain);
         match self {
-            Leftovers::All | Leftovers::XtablesModes => iptables || ipvs || SHARED.contains(&chain),
+            Leftovers::All | Leftovers::XtablesModes => {
+                iptables || ipvs || SHARED_CHAINS.contains(&chain)
+            }
             Leftovers::IptablesMode => iptables,
             Leftovers::IpvsMode => ipvs,
             Leftovers::NftablesMode => false,
@@ -164,8 +137,8 @@ fn remove_table_chains(
         Some(fixed) => {
             let ours: Vec<&str> = fixed
                 .iter()
-                .chain(&SHARED)
-                .chain(&IPTABLES_ONLY)
+                .chain(&SHARED_CHAINS)
+                .chain(&iptables::cleanup::CHAINS)
                 .copied()
                 .collect();
             iptables.existing_chains(family, table, &ours)
@@ -191,7 +164,7 @@ fn remove_table_chains(
             .filter(|chain| {
                 Leftovers::All.owns_chain(table, chain)
                     && !chains.contains(*chain)
-                    && !PER_SERVICE_PREFIXES.iter().any(|p| chain.starts_with(p))
+                    && !iptables::cleanup::is_own_service_chain(chain)
             })
             .map(String::as_str),
     );
@@ -244,95 +217,12 @@ fn remove_table_chains(
     found.saturating_sub(chains.len() + in_use.len())
 }
 
-/// Removes IPVS mode's kernel state: virtual servers on kube-ipvs0's addresses (and on `local`
-/// addresses in the node port range), kube-ipvs0, our ipsets. Call after its iptables rules are
-/// gone (a set in use cannot be destroyed).
-pub fn remove_ipvs_state(local: &[IpAddr]) {
-    let mut links = match Links::open() {
-        Ok(links) => links,
-        Err(err) => return warn!(error = %err, "Failed to open rtnetlink"),
-    };
-    let bound = match links.index_of(DUMMY_LINK) {
-        Ok(Some(index)) => links.addresses(index).unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    // No IPVS in the kernel: no virtual servers to remove.
-    if let Ok(mut ipvs) = IpvsClient::connect() {
-        remove_virtual_servers(&mut ipvs, |vs| {
-            bound.contains(&vs.address)
-                || (local.contains(&vs.address) && NODE_PORTS.contains(&vs.port))
-        });
-    }
-    match links.delete(DUMMY_LINK) {
-        Ok(true) => info!(link = DUMMY_LINK, "Removed the IPVS dummy link"),
-        Ok(false) => {}
-        Err(err) => warn!(error = %err, "Failed to delete {DUMMY_LINK}"),
-    }
-    let names: Vec<String> = [IpFamily::V4, IpFamily::V6]
-        .into_iter()
-        .flat_map(|family| SETS.iter().map(move |(base, _, _)| set_name(base, family)))
-        .collect();
-    match SystemIpset.destroy(&names) {
-        Ok(0) => {}
-        Ok(_) => info!("Removed the IPVS ipsets"),
-        Err(err) => warn!(error = %err, "Failed to destroy the IPVS ipsets"),
-    }
-}
-
-fn remove_virtual_servers(ipvs: &mut IpvsClient, ours: impl Fn(&VirtualServer) -> bool) {
-    let mut count = 0;
-    for vs in ipvs
-        .services()
-        .unwrap_or_default()
-        .iter()
-        .filter(|vs| ours(vs))
-    {
-        match ipvs.delete_service(vs) {
-            Ok(()) => count += 1,
-            Err(err) => warn!(error = %err, "Failed to delete an IPVS virtual server"),
-        }
-    }
-    if count > 0 {
-        info!(count, "Removed IPVS virtual servers");
-    }
-}
-
-/// Removes nftables mode's `kube-proxy` tables, in both families, where they exist. Returns
-/// the families whose removal failed.
-pub fn remove_nftables_tables(nft: &mut dyn Nftables) -> Vec<IpFamily> {
-    let mut failures = Vec::new();
-    for family in [IpFamily::V4, IpFamily::V6] {
-        // Looked up by name over netlink: no transaction (nor a change event) where there is
-        // nothing, and no listing, which walks every chain of the family (iptables mode's too).
-        match nft.table_exists(family, nftables::render::TABLE) {
-            Ok(false) => continue,
-            Ok(true) => {}
-            Err(err) => {
-                warn!(error = %err, "Cannot look for nftables mode's tables");
-                failures.push(family);
-                continue;
-            }
-        }
-        match nft.apply(&remove_table_commands(family, nftables::render::TABLE)) {
-            Ok(()) => info!(
-                family = family_keyword(family),
-                "Removed nftables mode's kube-proxy table"
-            ),
-            Err(err) => {
-                warn!(error = %err, "Failed to remove nftables mode's kube-proxy table");
-                failures.push(family);
-            }
-        }
-    }
-    failures
-}
-
 /// Removes `what` from every back end and family, and IPVS state and nftables tables when they
 /// are included. Returns how many nftables removals failed (for the cleanup-failures metric).
 pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> Vec<IpFamily> {
     let mut nft_failures = Vec::new();
     if matches!(what, Leftovers::All | Leftovers::NftablesMode) {
-        nft_failures = remove_nftables_tables(&mut SystemNftables::default());
+        nft_failures = nftables::cleanup::remove_tables(&mut SystemNftables::default());
     }
     if what == Leftovers::NftablesMode {
         return nft_failures;
@@ -349,7 +239,7 @@ pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> Vec<IpFamily> {
         }
     }
     if what != Leftovers::IptablesMode {
-        remove_ipvs_state(local);
+        ipvs::cleanup::remove_state(local);
     }
     nft_failures
 }
@@ -482,24 +372,5 @@ mod tests {
             !Leftovers::IptablesMode.owns_chain("nat", "KUBE-SERVICES"),
             "IPVS mode has one too"
         );
-    }
-
-    #[test]
-    fn nftables_tables_go_only_where_they_are_and_no_listing_finds_them() {
-        use crate::sys::nftables::Nftables;
-        use crate::sys::nftables_fake::FakeNftables;
-        let mut nft = FakeNftables::default();
-        assert!(remove_nftables_tables(&mut nft).is_empty());
-        assert!(nft.transactions.is_empty(), "{:?}", nft.transactions);
-
-        nft.apply("add table ip kube-proxy\nadd chain ip kube-proxy services\n")
-            .unwrap();
-        nft.apply("add table ip filter\n").unwrap();
-        nft.transactions.clear();
-        assert!(remove_nftables_tables(&mut nft).is_empty());
-        assert_eq!(nft.transactions.len(), 1, "{:?}", nft.transactions);
-        assert!(nft.table(V4, "kube-proxy").is_none());
-        assert!(nft.table(V4, "filter").is_some(), "not ours: kept");
-        assert_eq!(nft.name_reads, 0);
     }
 }

@@ -3,16 +3,23 @@
 
 pub mod cleanup;
 pub mod conntrack;
+pub mod driver;
+mod dry_run;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod iptables;
 pub mod ipvs;
 pub mod local;
-mod logging;
+pub mod modes;
 pub mod naming;
 pub mod nftables;
 pub mod quarantine;
+pub mod xtables;
 
-pub use logging::LoggingProxier;
+pub use dry_run::DryRunProxier;
+pub use modes::{SetupError, init_sysctls, preview, setup};
 
+use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, ProxyState};
 
 /// upstream's FullSyncPeriod: even without a reason, every mode rewrites everything this often.
@@ -40,10 +47,11 @@ pub struct SyncReport {
     /// Service ports without usable local endpoints for (internal, external) traffic, per
     /// family served.
     pub no_local_endpoints: Vec<(IpFamily, (usize, usize))>,
-    /// iptables rules this program owns, per family and table, when the proxier knows them.
-    pub iptables_rules: Vec<(IpFamily, &'static str, usize)>,
-    /// iptables rules this sync wrote, per family and table (upstream's `..._iptables_last`).
-    pub iptables_written: Vec<(IpFamily, &'static str, usize)>,
+    /// Rules this program owns, per family and table, in the modes that write iptables rules
+    /// and count them from memory.
+    pub rules: Vec<(IpFamily, &'static str, usize)>,
+    /// Rules this sync wrote, per family and table (upstream's `..._iptables_last`).
+    pub rules_written: Vec<(IpFamily, &'static str, usize)>,
     /// Services skipped because the kernel refused their rules.
     pub skipped_services: usize,
     /// Chains of ours rewritten because another program changed them.
@@ -52,8 +60,8 @@ pub struct SyncReport {
 
 /// A proxy mode's programmer of kernel state.
 pub trait Proxier: Send {
-    /// The mode's name, as `/proxyMode` and the logs say it.
-    fn mode(&self) -> &'static str;
+    /// The mode this proxier programs.
+    fn mode(&self) -> ProxyMode;
 
     /// Brings the kernel in line with `state`. `changes` says what changed since the last sync
     /// handed to this proxier (successful or not); a proxier that failed keeps its own note to

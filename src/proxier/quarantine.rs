@@ -73,6 +73,15 @@ pub struct Failure {
     pub culprit: Option<NamespacedName>,
 }
 
+impl From<SyncError> for Failure {
+    fn from(error: SyncError) -> Failure {
+        Failure {
+            error,
+            culprit: None,
+        }
+    }
+}
+
 impl Failure {
     /// A failure no service can be blamed for.
     pub fn unattributed(error: impl std::fmt::Display) -> Failure {

@@ -9,6 +9,7 @@ use prometheus::{
 };
 
 use super::http::ConnectionMetrics;
+use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
 
@@ -549,12 +550,12 @@ impl Metrics {
         self.endpoint_changes.inc_by(changes.1 as u64);
         self.service_changes_pending.set(0);
         self.endpoint_changes_pending.set(0);
-        for (family, table, rules) in &report.iptables_rules {
+        for (family, table, rules) in &report.rules {
             self.iptables_rules
                 .with_label_values(&[*table, family.name()])
                 .set(*rules as f64);
         }
-        for (family, table, rules) in &report.iptables_written {
+        for (family, table, rules) in &report.rules_written {
             self.iptables_last
                 .with_label_values(&[*table, family.name()])
                 .set(*rules as f64);
@@ -576,15 +577,15 @@ impl Metrics {
 
     /// A sync in `mode` failed to program the kernel; `partial` when the failed sync was one
     /// of changes only.
-    pub fn failed(&self, families: &[IpFamily], mode: &str, partial: bool) {
+    pub fn failed(&self, families: &[IpFamily], mode: ProxyMode, partial: bool) {
         self.serve(families);
         for family in families {
             let label = [family.name()];
             match mode {
-                "nftables" => self.nftables_sync_failures.with_label_values(&label).inc(),
-                _ => {
+                ProxyMode::Nftables => self.nftables_sync_failures.with_label_values(&label).inc(),
+                ProxyMode::Iptables | ProxyMode::Ipvs => {
                     self.restore_failures.with_label_values(&label).inc();
-                    if partial && mode == "iptables" {
+                    if partial && mode == ProxyMode::Iptables {
                         self.partial_restore_failures
                             .with_label_values(&label)
                             .inc();
@@ -629,12 +630,12 @@ mod tests {
         let both = [IpFamily::V4, IpFamily::V6];
         let report = SyncReport {
             full: true,
-            iptables_rules: vec![
+            rules: vec![
                 (IpFamily::V4, "nat", 42),
                 (IpFamily::V4, "filter", 7),
                 (IpFamily::V6, "nat", 5),
             ],
-            iptables_written: vec![(IpFamily::V6, "filter", 3)],
+            rules_written: vec![(IpFamily::V6, "filter", 3)],
             no_local_endpoints: vec![(IpFamily::V4, (1, 2))],
             ..SyncReport::default()
         };
@@ -646,8 +647,8 @@ mod tests {
             (1, 3),
             &[trigger],
         );
-        metrics.failed(&both[..1], "iptables", true);
-        metrics.failed(&both[..1], "nftables", false);
+        metrics.failed(&both[..1], ProxyMode::Iptables, true);
+        metrics.failed(&both[..1], ProxyMode::Nftables, false);
         metrics.nftables_cleanup_failures(IpFamily::V6);
         metrics.health_answered(false, 200);
         metrics.health_answered(true, 503);

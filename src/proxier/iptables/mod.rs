@@ -1,15 +1,17 @@
 //! iptables mode: upstream's KUBE-SERVICES -> KUBE-SVC -> KUBE-SEP layout.
 
+pub mod cleanup;
 pub mod names;
 pub mod nfacct;
+pub mod preview;
 pub mod programmed;
 mod proxier;
 pub mod render;
 pub mod restore;
+pub mod setup;
 
 pub use nfacct::NfacctCounters;
-pub(crate) use proxier::missing_jumps;
-pub use proxier::{IptablesProxier, IptablesSettings};
+pub use proxier::{IptablesMode, IptablesProxier, IptablesSettings};
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

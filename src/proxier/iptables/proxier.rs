@@ -14,16 +14,19 @@ use super::names::is_service_chain;
 use super::nfacct::NfacctCounters;
 use super::programmed::ProgrammedService;
 use super::render::{
-    BaseRules, JumpRule, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses,
-    RenderContext, ServiceRules, render_base, render_service,
+    BaseRules, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses, RenderContext,
+    ServiceRules, render_base, render_service,
 };
 use super::restore::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
 use crate::config::KubeProxyConfiguration;
+use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
+use crate::proxier::SyncReport;
+use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
-use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
-use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
-use crate::sys::iptables::{Iptables, IptablesError, jump_target, tokenize};
+use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
+use crate::proxier::xtables::missing_jumps;
+use crate::sys::iptables::{Iptables, IptablesError, tokenize};
 use crate::sys::nf_events::ChangeEvents;
 
 mod adopt;
@@ -74,18 +77,17 @@ struct FamilyState {
 }
 
 /// The iptables proxier over any [`Iptables`] (the real tools or the fake).
-pub struct IptablesProxier<I: Iptables> {
+pub type IptablesProxier<I> = SyncDriver<IptablesMode<I>>;
+
+/// iptables mode's stages, which [`SyncDriver`] runs.
+pub struct IptablesMode<I: Iptables> {
     iptables: I,
     settings: IptablesSettings,
     addresses: Box<dyn LocalAddresses>,
     sysctl: Box<dyn Sysctl>,
-    /// Families in use, fixed at the first sync from the node's addresses.
-    families: Vec<IpFamily>,
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose service chains in the kernel are exactly those `programmed` holds.
     chains_known: BTreeSet<IpFamily>,
-    /// Services whose rules the kernel refused.
-    quarantine: Quarantine,
     /// What other programs change in the kernel, when it can tell (the nft back end).
     events: Option<Box<dyn ChangeEvents>>,
     /// Chains (table, chain) someone else changed since the last sync, per family.
@@ -94,8 +96,6 @@ pub struct IptablesProxier<I: Iptables> {
     unverified: BTreeMap<IpFamily, adopt::Trusted>,
     /// Asks the daemon for a sync (to check the rest of `unverified`).
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
-    needs_full_sync: bool,
-    last_full_sync: Option<Instant>,
     last_canary_check: Option<Instant>,
     /// Failed restores so far (the metric's value).
     pub restore_failures: u64,
@@ -113,34 +113,38 @@ impl<I: Iptables> IptablesProxier<I> {
         addresses: Box<dyn LocalAddresses>,
         sysctl: Box<dyn Sysctl>,
     ) -> Self {
-        IptablesProxier {
+        SyncDriver::drive(IptablesMode {
             iptables,
             settings,
             addresses,
             sysctl,
-            families: Vec::new(),
             programmed: BTreeMap::new(),
             chains_known: BTreeSet::new(),
-            quarantine: Quarantine::default(),
             events: None,
             drifted: BTreeMap::new(),
             unverified: BTreeMap::new(),
             wake: None,
-            needs_full_sync: true,
-            last_full_sync: None,
             last_canary_check: None,
             restore_failures: 0,
             record_restores: false,
             last_restore: Vec::new(),
-        }
+        })
     }
 
     /// Asks for a sync with `wake` while endpoint chains kept by name wait to be checked.
     pub fn with_wake(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
-        self.wake = Some(wake);
+        self.mode.wake = Some(wake);
         self
     }
 
+    /// Repairs what other programs change in our chains as they change it (see `drift.rs`).
+    pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
+        self.mode.events = Some(events);
+        self
+    }
+}
+
+impl<I: Iptables> IptablesMode<I> {
     /// How many endpoint chains kept by name at the last full sync are still to be checked.
     pub fn endpoint_chains_to_check(&self) -> usize {
         self.unverified.values().map(Vec::len).sum()
@@ -152,20 +156,9 @@ impl<I: Iptables> IptablesProxier<I> {
         }
     }
 
-    /// Repairs what other programs change in our chains as they change it (see `drift.rs`).
-    pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
-        self.events = Some(events);
-        self
-    }
-
     /// The kernel interface (for tests).
     pub fn iptables(&mut self) -> &mut I {
         &mut self.iptables
-    }
-
-    /// Makes the next sync a full one.
-    pub fn force_full_sync(&mut self) {
-        self.needs_full_sync = true;
     }
 
     fn context(&self, family: IpFamily, node: &NodeInfo) -> RenderContext {
@@ -220,11 +213,13 @@ impl<I: Iptables> IptablesProxier<I> {
         })
     }
 
-    fn full_sync(
+    /// Programs every service of `family` (see [`Mode::full_sync`]).
+    fn program_all(
         &mut self,
         family: IpFamily,
         ctx: RenderContext,
         state: &ProxyState,
+        quarantine: &Quarantine,
     ) -> Result<RestoreStats, Failure> {
         let base = render_base(&ctx);
         // Only what is ours is read: the rules of the built-in chains our jumps start from, our
@@ -249,7 +244,6 @@ impl<I: Iptables> IptablesProxier<I> {
             _ => None,
         };
         let previous = self.programmed.get(&family);
-        let quarantine = &self.quarantine;
         let iptables = &mut self.iptables;
         let (services, existing) = std::thread::scope(|scope| {
             // Without a thread for the reader, this sync fails (and the next one tries again).
@@ -284,7 +278,7 @@ impl<I: Iptables> IptablesProxier<I> {
                     .services
                     .iter()
                     .filter(|(key, _)| {
-                        self.quarantine.contains(key) && state.services.contains_key(*key)
+                        quarantine.contains(key) && state.services.contains_key(*key)
                     })
                     .map(|(key, programmed)| (key.clone(), programmed.clone()))
                     .collect()
@@ -373,7 +367,8 @@ impl<I: Iptables> IptablesProxier<I> {
         Ok(stats)
     }
 
-    fn partial_sync(
+    /// Programs the changed services of `family` (see [`Mode::partial_sync`]).
+    fn program_changed(
         &mut self,
         family: IpFamily,
         state: &ProxyState,
@@ -438,35 +433,57 @@ impl<I: Iptables> IptablesProxier<I> {
             self.restore_failures += 1;
         })
     }
+}
 
-    /// Programs one sync; on any error the next sync is a full one.
-    fn sync_all(
+impl Written for RestoreStats {
+    fn lines(&self) -> usize {
+        self.lines
+    }
+
+    fn log(&self, family: IpFamily, full: bool) {
+        debug!(
+            ?family,
+            full,
+            filter_rules = self.filter_rules,
+            nat_rules = self.nat_rules,
+            nat_chains = self.nat_chains,
+            lines = self.lines,
+            "Reloaded iptables rules"
+        );
+    }
+
+    fn record(&self, family: IpFamily, report: &mut SyncReport) {
+        report
+            .rules_written
+            .push((family, "filter", self.filter_rules));
+        report.rules_written.push((family, "nat", self.nat_rules));
+    }
+}
+
+impl<I: Iptables> Mode for IptablesMode<I> {
+    type Context = RenderContext;
+    type Written = RestoreStats;
+    const MODE: ProxyMode = ProxyMode::Iptables;
+
+    /// A full sync is also wanted when a canary chain is gone (someone flushed the tables; they
+    /// are looked for once a syncPeriod) or another program changed a whole table.
+    fn begin(
         &mut self,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Result<SyncReport, SyncError> {
+        families: &[IpFamily],
+        _changes: &ChangeSummary,
+        full: bool,
+    ) -> Result<bool, Failure> {
         self.last_restore.clear();
         // What the back end read in the last sync may have changed since.
         self.iptables.forget_reads();
-        if self.families.is_empty() {
-            self.families = state.node.families();
-            info!(families = ?self.families, "iptables proxier serving IP families");
-        }
         let now = Instant::now();
         let canary_due = self
             .last_canary_check
             .is_none_or(|t| now.duration_since(t) >= self.settings.canary_interval);
-        let hourly = self
-            .last_full_sync
-            .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
-        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
-        self.quarantine.release_changed(changes);
-        if hourly {
-            self.quarantine.release_all();
-        }
+        let mut wants_full = false;
         if canary_due && !full {
             self.last_canary_check = Some(now);
-            for family in self.families.clone() {
+            for &family in families {
                 if !self.canaries_present(family) {
                     warn!(
                         ?family,
@@ -474,7 +491,7 @@ impl<I: Iptables> IptablesProxier<I> {
                     );
                     // Whatever else was removed with it, memory no longer says what exists.
                     self.chains_known.remove(&family);
-                    full = true;
+                    wants_full = true;
                 } else if self.events.is_none()
                     && let Err(err) = self.verify(family)
                 {
@@ -482,88 +499,63 @@ impl<I: Iptables> IptablesProxier<I> {
                 }
             }
         }
-        if self.take_drift() {
-            full = true;
+        Ok(self.take_drift() || wants_full)
+    }
+
+    /// IPv4 localhost NodePorts need route_localnet, set here when the context asks for them.
+    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> RenderContext {
+        let ctx = self.context(family, &state.node);
+        self.ensure_route_localnet(&ctx);
+        ctx
+    }
+
+    fn programmed_context(&self, family: IpFamily) -> Option<&RenderContext> {
+        self.programmed.get(&family).map(|p| &p.ctx)
+    }
+
+    fn full_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: RenderContext,
+        state: &ProxyState,
+        quarantine: &Quarantine,
+    ) -> Result<RestoreStats, Failure> {
+        self.program_all(family, ctx, state, quarantine)
+    }
+
+    fn partial_sync(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+        _quarantine: &Quarantine,
+    ) -> Result<RestoreStats, Failure> {
+        self.program_changed(family, state, changes)
+    }
+
+    /// After a partial sync: the endpoint chains a restart kept by name are checked a few at
+    /// a time (a sync is asked for while some are left), and chains others changed repaired.
+    fn settle(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        full: bool,
+        quarantine: &Quarantine,
+    ) -> Result<usize, Failure> {
+        if full {
+            return Ok(0);
         }
-        let mut report = SyncReport {
-            full,
-            ..SyncReport::default()
-        };
-        let mut written = Vec::new();
-        for family in self.families.clone() {
-            let ctx = self.context(family, &state.node);
-            let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
-            self.ensure_route_localnet(&ctx);
-            let mut result = if full || ctx_changed {
-                report.full = true;
-                self.full_sync(family, ctx.clone(), state)
-            } else {
-                self.partial_sync(family, state, changes)
-            };
-            // The kernel refused one service's rules: skip it, and program the rest now.
-            let mut skipped = 0;
-            while let Err(Failure {
-                culprit: Some(service),
-                error,
-            }) = &result
-            {
-                if skipped == quarantine::MAX_PER_SYNC
-                    || !self.quarantine.add(service.clone(), error.to_string())
-                {
-                    break;
-                }
-                skipped += 1;
-                report.full = true;
-                result = self.full_sync(family, ctx.clone(), state);
-            }
-            if result.is_ok() && !report.full {
-                result = self
-                    .check_trusted(family, state)
-                    .and_then(|left| {
-                        if left {
-                            self.ask_for_sync();
-                        }
-                        self.repair(family, state)
-                    })
-                    .map(|repaired| {
-                        report.repaired_chains += repaired;
-                        RestoreStats::default()
-                    });
-            }
-            match result.map_err(|failure| failure.error) {
-                Ok(stats) => {
-                    debug!(
-                        ?family,
-                        full = report.full,
-                        filter_rules = stats.filter_rules,
-                        nat_rules = stats.nat_rules,
-                        nat_chains = stats.nat_chains,
-                        lines = stats.lines,
-                        "Reloaded iptables rules"
-                    );
-                    report.restore_lines += stats.lines;
-                    written.push((family, "filter", stats.filter_rules));
-                    written.push((family, "nat", stats.nat_rules));
-                }
-                Err(err) => {
-                    self.needs_full_sync = true;
-                    return Err(err);
-                }
-            }
+        if self.check_trusted(family, state, quarantine)? {
+            self.ask_for_sync();
         }
-        if report.full {
-            self.needs_full_sync = false;
-            self.last_full_sync = Some(now);
-            self.last_canary_check = Some(now);
+        self.repair(family, state, quarantine)
+    }
+
+    /// Rule counts per family and table, from what each service programmed: no kernel read.
+    fn end(&mut self, full: bool, report: &mut SyncReport) {
+        if full {
+            self.last_canary_check = Some(Instant::now());
         }
-        report.skipped_services = self.quarantine.len();
-        report.service_ports = state.services.values().map(|ports| ports.len()).sum();
-        report.services_written = if report.full {
-            state.services.len()
-        } else {
-            changes.changed_services.len()
-        };
-        // Both in memory, from what each service programmed: no kernel read.
         for (family, programmed) in &self.programmed {
             let mut filter_rules = programmed.base.filter.len();
             let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
@@ -575,27 +567,9 @@ impl<I: Iptables> IptablesProxier<I> {
                 nat_rules += service.nat.len() + service.chain_rules();
             }
             report.no_local_endpoints.push((*family, no_local));
-            report
-                .iptables_rules
-                .push((*family, "filter", filter_rules));
-            report.iptables_rules.push((*family, "nat", nat_rules));
+            report.rules.push((*family, "filter", filter_rules));
+            report.rules.push((*family, "nat", nat_rules));
         }
-        report.iptables_written = written;
-        Ok(report)
-    }
-}
-
-impl<I: Iptables> Proxier for IptablesProxier<I> {
-    fn mode(&self) -> &'static str {
-        "iptables"
-    }
-
-    fn sync(
-        &mut self,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Result<SyncReport, SyncError> {
-        self.sync_all(state, changes)
     }
 }
 
@@ -656,67 +630,4 @@ fn owner_of_line<S: OwnsChains>(
             .and_then(|i| words.get(i + 1))?;
         service_in_comment(comment).filter(|service| services.contains_key(service))
     })
-}
-
-/// The jumps of `jumps` that their built-in chains lack, from a read of those chains alone:
-/// their rules' kernel form where the back end reads chains one at a time (nft, over netlink; a
-/// jump is there when a rule holds exactly its form), else their text (`iptables -S`, matched
-/// by target and comment).
-pub(crate) fn missing_jumps<I: Iptables + ?Sized>(
-    iptables: &mut I,
-    family: IpFamily,
-    jumps: &[JumpRule],
-) -> Result<Vec<JumpRule>, IptablesError> {
-    let mut missing = Vec::new();
-    for table in ["filter", "nat"] {
-        let from = jump_sources(jumps, table);
-        if from.is_empty() {
-            continue;
-        }
-        if let Some(fingerprint) = iptables.rule_fingerprinter()
-            && let Some(held) = iptables.chain_fingerprints(family, table, &from)?
-        {
-            missing.extend(jumps.iter().filter(|jump| {
-                let expected = fingerprint(family, &jump.rule_spec());
-                let rules = from
-                    .iter()
-                    .position(|chain| *chain == jump.from)
-                    .and_then(|at| held.get(at));
-                jump.table == table
-                    && !rules.is_some_and(|rules| expected.is_some_and(|f| rules.contains(&f)))
-            }));
-            continue;
-        }
-        let rules = iptables.chain_rules(family, table, &from)?;
-        missing.extend(jumps.iter().filter(|jump| {
-            jump.table == table
-                && !rules
-                    .get(jump.from)
-                    .is_some_and(|rules| rules.iter().any(|rule| is_jump(rule, jump)))
-        }));
-    }
-    Ok(missing)
-}
-
-/// The built-in chains of `table` that `jumps` start from.
-fn jump_sources(jumps: &[JumpRule], table: &str) -> Vec<&'static str> {
-    let mut from: Vec<&'static str> = jumps
-        .iter()
-        .filter(|j| j.table == table)
-        .map(|j| j.from)
-        .collect();
-    from.sort_unstable();
-    from.dedup();
-    from
-}
-
-/// Whether a rule of a built-in chain is `jump` (our comment and target; the tools may print
-/// its matches in another order than we wrote them).
-fn is_jump(rule: &str, jump: &JumpRule) -> bool {
-    jump_target(rule) == Some(jump.to)
-        && jump
-            .spec
-            .split("--comment ")
-            .nth(1)
-            .is_none_or(|comment| rule.contains(comment))
 }

@@ -9,6 +9,7 @@ use crate::model::{
     select_endpoints,
 };
 pub use crate::proxier::local::{LocalDetector, NodePortAddresses};
+use crate::proxier::xtables::JumpRule;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -617,16 +618,6 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
     base
 }
 
-/// A jump from a built-in chain to one of ours, kept at the top of the built-in chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JumpRule {
-    pub table: &'static str,
-    pub from: &'static str,
-    pub to: &'static str,
-    /// Everything before `-j`.
-    pub spec: &'static str,
-}
-
 /// upstream's iptablesJumpChains plus the kubelet's KUBE-FIREWALL jumps.
 pub const JUMP_RULES: [JumpRule; 14] = [
     JumpRule {
@@ -714,14 +705,3 @@ pub const JUMP_RULES: [JumpRule; 14] = [
         spec: "",
     },
 ];
-
-impl JumpRule {
-    /// The rule's text after `-A <from> ` (or `-I <from> 1 `).
-    pub fn rule_spec(&self) -> String {
-        if self.spec.is_empty() {
-            format!("-j {}", self.to)
-        } else {
-            format!("{} -j {}", self.spec, self.to)
-        }
-    }
-}

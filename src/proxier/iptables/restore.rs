@@ -3,13 +3,14 @@
 //! chains and rewrites of the changed services' own chains. Both are fed to one
 //! `iptables-restore --noflush` per family.
 
+use crate::proxier::xtables::JumpRule;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::programmed::{ProgrammedService, digest};
 use super::render::{
-    BaseRules, JumpRule, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
-    KUBE_SERVICES, NAT_CHAINS, Rule, ServiceRules,
+    BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_SERVICES,
+    NAT_CHAINS, Rule, ServiceRules,
 };
 use crate::model::NamespacedName;
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use super::render::DesiredIpvs;
-use crate::model::Protocol;
+use crate::model::{IpFamily, Protocol};
 use crate::sys::ipvs::{RealServer, VirtualServer};
 
 /// The kernel's IPVS state as read at the start of a sync.
@@ -155,6 +155,24 @@ impl Observed {
                 .filter_map(|key| Some((key.clone(), self.services.get(key)?.clone())))
                 .collect(),
             bound: self.bound.intersection(bound).copied().collect(),
+        }
+    }
+
+    /// Only the virtual servers and addresses of `family`: what a family's sync diffs against.
+    pub fn of_family(&self, family: IpFamily) -> Observed {
+        Observed {
+            services: self
+                .services
+                .iter()
+                .filter(|(_, (vs, _))| IpFamily::of(&vs.address) == family)
+                .map(|(key, service)| (key.clone(), service.clone()))
+                .collect(),
+            bound: self
+                .bound
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .copied()
+                .collect(),
         }
     }
 

@@ -1,12 +1,11 @@
-//! The IPVS proxier: reads what the kernel holds, renders what it should hold per family, applies
-//! the difference over netlink, syncs the ipsets in one batch and rewrites the constant iptables
-//! rules with one iptables-restore per family. Every sync starts from the kernel's real state, so
-//! a failure part-way is repaired by the next one, and state removed by hand comes back.
+//! The IPVS proxier: reads what the kernel holds once per sync, then, family by family, renders
+//! what it should hold, applies the difference over netlink, syncs the family's ipsets in one
+//! batch and rewrites its constant iptables rules with one iptables-restore. A full sync starts
+//! from the kernel's real state, so a failure part-way is repaired by the next one, and state
+//! removed by hand comes back.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::time::Instant;
 
 use ipnet::IpNet;
 use tracing::{debug, info, warn};
@@ -14,13 +13,13 @@ use tracing::{debug, info, warn};
 use super::aggregate::{Aggregate, Touched};
 use super::diff::{Observed, Operation, diff};
 use super::render::{DesiredIpvs, IpvsContext, SETS, set_name};
-use crate::config::KubeProxyConfiguration;
-use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
-use crate::proxier::FULL_SYNC_PERIOD;
-use crate::proxier::iptables::missing_jumps;
-use crate::proxier::iptables::render::JumpRule;
+use crate::config::{KubeProxyConfiguration, ProxyMode};
+use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
+use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
-use crate::proxier::{Proxier, SyncError, SyncReport, quarantine};
+use crate::proxier::quarantine::{self, Failure, Quarantine};
+use crate::proxier::xtables::{JumpRule, missing_jumps};
+use crate::proxier::{SyncError, SyncReport};
 use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
 use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::ipvs::IpvsClient;
@@ -155,7 +154,10 @@ impl IpvsSettings {
 }
 
 /// The IPVS proxier.
-pub struct IpvsProxier {
+pub type IpvsProxier = SyncDriver<IpvsMode>;
+
+/// IPVS mode's stages, which [`SyncDriver`] runs.
+pub struct IpvsMode {
     ipvs: IpvsClient,
     links: Links,
     ipset: SystemIpset,
@@ -163,9 +165,9 @@ pub struct IpvsProxier {
     sysctl: Box<dyn Sysctl>,
     addresses: Box<dyn LocalAddresses>,
     settings: IpvsSettings,
-    families: Vec<IpFamily>,
-    /// Virtual servers this process programmed, by key (so stale ones on node addresses go too).
-    programmed: BTreeSet<String>,
+    /// Virtual servers this process programmed, by family and key (so stale ones on node
+    /// addresses go too).
+    programmed: BTreeMap<IpFamily, BTreeSet<String>>,
     initialized: bool,
     /// What the last successful sync left in the kernel; None forces the next sync to read it all.
     applied: Option<Applied>,
@@ -173,6 +175,8 @@ pub struct IpvsProxier {
     aggregates: BTreeMap<IpFamily, (IpvsContext, Aggregate)>,
     /// Virtual servers, addresses and set entries the kernel refused, with why.
     refused: BTreeMap<String, String>,
+    /// The sync under way, from `begin` to `end`.
+    current: Option<Current>,
 }
 
 /// The kernel state as the last successful sync left it, so a sync of a few changed services
@@ -181,7 +185,22 @@ struct Applied {
     kernel: Observed,
     sets: SetEntries,
     iptables: Vec<(IpFamily, String)>,
-    full_at: Instant,
+}
+
+/// One sync's view of the kernel, shared by its families.
+struct Current {
+    depth: Depth,
+    link: u32,
+    observed: Observed,
+    /// Whether `observed` was read from the kernel in full (else it is memory).
+    read_all: bool,
+    /// Local addresses, kube-ipvs0's, loopback and link-local ones left out.
+    local: Vec<IpAddr>,
+    /// Our sets' entries: memory's, then each family's as its sync leaves them.
+    sets: SetEntries,
+    /// Each family's iptables input of the last sync, and of this one.
+    previous_iptables: Vec<(IpFamily, String)>,
+    iptables: Vec<(IpFamily, String)>,
 }
 
 /// How much of the kernel a sync reads before diffing.
@@ -194,6 +213,22 @@ enum Depth {
     Check,
     /// Changed services only: memory, plus the real servers of draining virtual servers.
     Changes,
+}
+
+/// What a sync of a few services touches: their virtual servers and addresses, and their set
+/// entries (set name, entry).
+struct Scope {
+    touched: Touched,
+    entries: BTreeSet<(String, String)>,
+}
+
+/// What one family's sync changed in the kernel.
+#[derive(Debug, Default)]
+pub struct Changed {
+    /// IPVS and address operations the kernel took.
+    operations: usize,
+    /// Rules of the family's iptables input, per table.
+    rules: [(&'static str, usize); 2],
 }
 
 fn sync_error(err: impl std::fmt::Display) -> SyncError {
@@ -223,7 +258,7 @@ impl IpvsProxier {
         sysctl: Box<dyn Sysctl>,
         addresses: Box<dyn LocalAddresses>,
     ) -> Result<Self, SyncError> {
-        Ok(IpvsProxier {
+        Ok(SyncDriver::drive(IpvsMode {
             ipvs: IpvsClient::connect().map_err(sync_error)?,
             links: Links::open().map_err(sync_error)?,
             ipset: SystemIpset,
@@ -231,15 +266,17 @@ impl IpvsProxier {
             sysctl,
             addresses,
             settings,
-            families: Vec::new(),
-            programmed: BTreeSet::new(),
+            programmed: BTreeMap::new(),
             initialized: false,
             applied: None,
             aggregates: BTreeMap::new(),
             refused: BTreeMap::new(),
-        })
+            current: None,
+        }))
     }
+}
 
+impl IpvsMode {
     /// The sysctls and timeouts upstream sets once, at start.
     fn initialize(&mut self) {
         for (name, value) in sysctls(self.settings.strict_arp) {
@@ -314,11 +351,10 @@ impl IpvsProxier {
         Ok(())
     }
 
-    /// Our sets in the families in use: the only sets a sync reads.
-    fn set_names(&self) -> Vec<String> {
-        self.families
-            .iter()
-            .flat_map(|family| SETS.iter().map(move |(base, _, _)| set_name(base, *family)))
+    /// Our sets of `family`: the only sets its sync reads.
+    fn set_names(family: IpFamily) -> Vec<String> {
+        SETS.iter()
+            .map(|(base, _, _)| set_name(base, family))
             .collect()
     }
 
@@ -430,98 +466,67 @@ impl IpvsProxier {
         Ok(())
     }
 
-    fn sync_at(
-        &mut self,
-        state: &ProxyState,
-        depth: Depth,
-        changed: &BTreeSet<NamespacedName>,
-    ) -> Result<SyncReport, SyncError> {
-        if !self.initialized {
-            self.initialize();
-        }
-        if self.families.is_empty() {
-            self.families = state.node.families();
-            info!(families = ?self.families, "IPVS proxier serving IP families");
-        }
+    /// The sync under way (begun, not ended).
+    fn current(&mut self) -> Result<Current, Failure> {
+        self.current
+            .take()
+            .ok_or_else(|| Failure::unattributed("an IPVS family sync outside a sync"))
+    }
+
+    /// Starts a sync at `depth`: kube-ipvs0 made sure of and the kernel read as deep as
+    /// asked. Memory of the last sync is taken: only a sync that ends gives it back.
+    fn start(&mut self, depth: Depth) -> Result<(), SyncError> {
         let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
-        let (mut observed, mut read_all) = self.observe_at(depth, link)?;
+        let (observed, read_all) = self.observe_at(depth, link)?;
         let local: Vec<IpAddr> = self
             .addresses
             .addresses()
             .into_iter()
             .filter(|ip| !observed.bound.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
             .collect();
-        let contexts: Vec<IpvsContext> = self
-            .families
-            .clone()
-            .into_iter()
-            .map(|family| self.settings.context(family, &state.node, &local))
-            .collect();
-        // Only the changed services are re-rendered and diffed when nothing else moved: the
-        // kernel state is remembered and every family's context is as before.
-        let incremental = depth == Depth::Changes
-            && !read_all
-            && contexts.iter().all(|ctx| {
-                self.aggregates
-                    .get(&ctx.family)
-                    .is_some_and(|(known, _)| known == ctx)
-            });
-        if depth == Depth::Changes && !read_all && !incremental {
-            // The node's addresses moved: every service may render differently, so diff
-            // everything against the kernel as it is now (memory's connection counts are stale).
-            observed = self.observe(link)?;
-            read_all = true;
-        }
-        let mut desired = DesiredIpvs::default();
-        let mut per_family = Vec::new();
-        let mut scope = Touched::default();
-        let mut touched_sets: BTreeSet<(String, String)> = BTreeSet::new();
-        let draining: Vec<String> = observed.draining().iter().map(|vs| vs.key()).collect();
-        for ctx in contexts {
-            let family = ctx.family;
-            let part = match self.aggregates.get_mut(&family) {
-                Some((_, aggregate)) if incremental => {
-                    let mut touched = Touched::default();
-                    for key in changed {
-                        touched.extend(aggregate.rerender(key, state, &ctx));
-                    }
-                    touched.services.extend(draining.iter().cloned());
-                    let part = aggregate.desired_part(&ctx, &touched);
-                    touched_sets.extend(
-                        touched
-                            .entries
-                            .iter()
-                            .map(|(base, entry)| (set_name(base, family), entry.clone())),
-                    );
-                    scope.extend(touched);
-                    part
-                }
-                Some((known, aggregate)) if *known == ctx && depth == Depth::Check => {
-                    aggregate.desired(&ctx)
-                }
-                _ => {
-                    let aggregate = Aggregate::build(state, &ctx);
-                    let whole = aggregate.desired(&ctx);
-                    self.aggregates.insert(family, (ctx, aggregate));
-                    whole
-                }
-            };
-            desired.services.extend(part.services);
-            desired.bound.extend(part.bound);
-            desired.sets.extend(part.sets);
-            per_family.push((family, part.iptables));
-        }
-        let view = if incremental {
-            // Draining ones are among the touched: their real servers are read here, once.
-            self.reread_real_servers(&mut observed, &scope.services)?;
-            Cow::Owned(observed.restricted(&scope.services, &scope.bound))
-        } else {
-            Cow::Borrowed(&observed)
+        let (sets, previous_iptables) = match self.applied.take() {
+            Some(applied) if depth == Depth::Changes => (applied.sets, applied.iptables),
+            Some(applied) => (SetEntries::new(), applied.iptables),
+            None => (SetEntries::new(), Vec::new()),
         };
-        let (exclude, programmed) = (&self.settings.exclude_cidrs, &self.programmed);
-        let families = &self.families;
+        self.current = Some(Current {
+            depth,
+            link,
+            observed,
+            read_all,
+            local,
+            sets,
+            previous_iptables,
+            iptables: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Takes `family` to `desired` (the whole family's, or, with `touched`, the part of those
+    /// services, addresses and set entries only): virtual servers and addresses, then sets,
+    /// then iptables rules.
+    fn program(
+        &mut self,
+        family: IpFamily,
+        current: &mut Current,
+        desired: DesiredIpvs,
+        scope: Option<Scope>,
+    ) -> Result<Changed, SyncError> {
+        let view = match &scope {
+            Some(Scope { touched, .. }) => {
+                // Draining ones are among the touched: their real servers are read here, once.
+                self.reread_real_servers(&mut current.observed, &touched.services)?;
+                current
+                    .observed
+                    .restricted(&touched.services, &touched.bound)
+            }
+            None => current.observed.of_family(family),
+        };
+        let exclude = &self.settings.exclude_cidrs;
+        let programmed = self.programmed.entry(family).or_default();
+        let (observed, local) = (&current.observed, &current.local);
         let owned = |vs: &crate::sys::ipvs::VirtualServer| {
-            families.contains(&IpFamily::of(&vs.address))
+            IpFamily::of(&vs.address) == family
                 && !exclude.iter().any(|net| net.contains(&vs.address))
                 && (observed.bound.contains(&vs.address)
                     || programmed.contains(&vs.key())
@@ -529,88 +534,239 @@ impl IpvsProxier {
         };
         let operations = diff(&desired, &view, &owned);
         drop(view);
-        let applied = self.apply(link, &operations);
-        observed.apply(&applied);
-        let (remembered_sets, previous_iptables, previous_full_at) = match self.applied.take() {
-            Some(applied) => (Some(applied.sets), applied.iptables, Some(applied.full_at)),
-            None => (None, Vec::new(), None),
-        };
-        let mut sets: SetEntries = match remembered_sets {
-            Some(sets) if depth == Depth::Changes => sets,
-            _ => parse_save(
-                &self
-                    .ipset
-                    .save_sets(&self.set_names())
-                    .map_err(sync_error)?,
-            ),
-        };
+        let applied = self.apply(current.link, &operations);
+        current.observed.apply(&applied);
+        let names = Self::set_names(family);
+        if current.depth != Depth::Changes {
+            let read = parse_save(&self.ipset.save_sets(&names).map_err(sync_error)?);
+            current.sets.retain(|name, _| !names.contains(name));
+            current.sets.extend(read);
+        }
         let restricted;
-        let current = if incremental {
-            restricted = restrict_sets(&sets, &desired, &touched_sets);
-            &restricted
-        } else {
-            &sets
+        let sets = match &scope {
+            Some(Scope { entries, .. }) => {
+                restricted = restrict_sets(&current.sets, &desired, entries);
+                &restricted
+            }
+            None => &current.sets,
         };
-        if let Some(input) = sync_input(&desired.sets, current) {
+        if let Some(input) = sync_input(&desired.sets, sets) {
             self.restore_sets(&input)?;
         }
-        if incremental {
-            for (name, entry) in &touched_sets {
-                if let Some(entries) = sets.get_mut(name) {
-                    entries.remove(entry);
+        let programmed = self.programmed.entry(family).or_default();
+        match &scope {
+            Some(Scope { touched, entries }) => {
+                for (name, entry) in entries {
+                    if let Some(set) = current.sets.get_mut(name) {
+                        set.remove(entry);
+                    }
+                }
+                for key in &touched.services {
+                    if desired.services.contains_key(key) {
+                        programmed.insert(key.clone());
+                    } else {
+                        programmed.remove(key);
+                    }
                 }
             }
-            for (spec, entries) in desired.sets {
-                sets.entry(spec.name).or_default().extend(entries);
-            }
-            for key in &scope.services {
-                if desired.services.contains_key(key) {
-                    self.programmed.insert(key.clone());
-                } else {
-                    self.programmed.remove(key);
-                }
-            }
-        } else {
-            sets = desired
-                .sets
-                .into_iter()
-                .map(|(spec, entries)| (spec.name, entries))
-                .collect();
-            self.programmed = desired.services.keys().cloned().collect();
-        }
-        for (family, rules) in &per_family {
-            let unchanged = depth == Depth::Changes
-                && previous_iptables
-                    .iter()
-                    .any(|(known, text)| known == family && text == rules);
-            if !unchanged {
-                self.sync_iptables(*family, rules)?;
+            None => {
+                current.sets.retain(|name, _| !names.contains(name));
+                *programmed = desired.services.keys().cloned().collect();
             }
         }
-        let iptables_rules = per_family
-            .iter()
-            .flat_map(|(family, text)| {
-                ["filter", "nat"]
-                    .map(|table| (*family, table, rule_lines(table_section(text, table))))
-            })
-            .collect();
-        self.applied = Some(Applied {
-            kernel: observed,
-            sets,
-            iptables: per_family,
-            full_at: match previous_full_at {
-                Some(at) if !read_all => at,
-                _ => Instant::now(),
-            },
-        });
-        Ok(SyncReport {
-            full: read_all,
-            service_ports: state.services.values().map(|ports| ports.len()).sum(),
-            services_written: operations.len(),
-            iptables_rules,
-            skipped_services: self.refused.len(),
-            ..SyncReport::default()
+        for (spec, entries) in desired.sets {
+            current.sets.entry(spec.name).or_default().extend(entries);
+        }
+        let unchanged = current.depth == Depth::Changes
+            && current
+                .previous_iptables
+                .iter()
+                .any(|(known, text)| *known == family && *text == desired.iptables);
+        if !unchanged {
+            self.sync_iptables(family, &desired.iptables)?;
+        }
+        let rules = ["filter", "nat"]
+            .map(|table| (table, rule_lines(table_section(&desired.iptables, table))));
+        current.iptables.push((family, desired.iptables));
+        Ok(Changed {
+            operations: operations.len(),
+            rules,
         })
+    }
+
+    /// The changed services of `family`, rendered again, with the draining virtual servers:
+    /// what a sync of a few services diffs.
+    fn changed_part(
+        &mut self,
+        family: IpFamily,
+        current: &Current,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+    ) -> Option<(DesiredIpvs, Scope)> {
+        let (ctx, aggregate) = self.aggregates.get_mut(&family)?;
+        let mut touched = Touched::default();
+        for key in &changes.changed_services {
+            touched.extend(aggregate.rerender(key, state, ctx));
+        }
+        touched.services.extend(
+            current
+                .observed
+                .draining()
+                .iter()
+                .filter(|vs| IpFamily::of(&vs.address) == family)
+                .map(|vs| vs.key()),
+        );
+        let part = aggregate.desired_part(ctx, &touched);
+        let entries = touched
+            .entries
+            .iter()
+            .map(|(base, entry)| (set_name(base, family), entry.clone()))
+            .collect();
+        Some((part, Scope { touched, entries }))
+    }
+}
+
+impl Written for Changed {
+    fn lines(&self) -> usize {
+        self.operations
+    }
+
+    fn log(&self, family: IpFamily, full: bool) {
+        debug!(
+            ?family,
+            full,
+            operations = self.operations,
+            "Applied IPVS changes"
+        );
+    }
+
+    fn record(&self, family: IpFamily, report: &mut SyncReport) {
+        for (table, rules) in self.rules {
+            report.rules.push((family, table, rules));
+        }
+    }
+}
+
+impl Mode for IpvsMode {
+    type Context = IpvsContext;
+    type Written = Changed;
+    const MODE: ProxyMode = ProxyMode::Ipvs;
+
+    /// Reads the kernel as deep as the sync needs: all of it for a full sync (and when the
+    /// Node changed), a check of what memory holds when nothing changed, memory alone
+    /// otherwise. A full sync is wanted whenever all of it was read.
+    fn begin(
+        &mut self,
+        _families: &[IpFamily],
+        changes: &ChangeSummary,
+        full: bool,
+    ) -> Result<bool, Failure> {
+        if !self.initialized {
+            self.initialize();
+        }
+        // What the iptables back end read in the last sync may have changed since.
+        self.iptables.forget_reads();
+        let depth = if full || self.applied.is_none() || changes.node_changed {
+            Depth::Full
+        } else if changes.changed_services.is_empty() {
+            Depth::Check
+        } else {
+            Depth::Changes
+        };
+        if let Err(err) = self.start(depth) {
+            // Part of the kernel may be unread: read everything next time.
+            self.applied = None;
+            return Err(Failure::from(err));
+        }
+        // A check that found the kernel changed behind our back read all of it: a full sync.
+        Ok(self
+            .current
+            .as_ref()
+            .is_some_and(|current| current.read_all))
+    }
+
+    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> IpvsContext {
+        let local = self
+            .current
+            .as_ref()
+            .map(|current| current.local.as_slice())
+            .unwrap_or_default();
+        self.settings.context(family, &state.node, local)
+    }
+
+    fn programmed_context(&self, family: IpFamily) -> Option<&IpvsContext> {
+        self.aggregates.get(&family).map(|(ctx, _)| ctx)
+    }
+
+    /// Every service of `family` rendered again and diffed against the kernel as it is (read
+    /// now, when the sync began from memory: the node's addresses moved, say).
+    fn full_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: IpvsContext,
+        state: &ProxyState,
+        _quarantine: &Quarantine,
+    ) -> Result<Changed, Failure> {
+        let mut current = self.current()?;
+        if !current.read_all {
+            current.observed = self.observe(current.link)?;
+            current.read_all = true;
+        }
+        let aggregate = Aggregate::build(state, &ctx);
+        let desired = aggregate.desired(&ctx);
+        self.aggregates.insert(family, (ctx, aggregate));
+        let changed = self.program(family, &mut current, desired, None);
+        self.current = Some(current);
+        Ok(changed?)
+    }
+
+    /// The changed services of `family` diffed against memory; with no change, every service
+    /// checked against the kernel (the check `begin` read).
+    fn partial_sync(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+        _quarantine: &Quarantine,
+    ) -> Result<Changed, Failure> {
+        let mut current = self.current()?;
+        let work = match current.depth {
+            Depth::Changes => self
+                .changed_part(family, &current, state, changes)
+                .map(|(part, scope)| (part, Some(scope))),
+            Depth::Check | Depth::Full => self
+                .aggregates
+                .get(&family)
+                .map(|(ctx, aggregate)| (aggregate.desired(ctx), None)),
+        };
+        let changed = match work {
+            Some((desired, scope)) => self.program(family, &mut current, desired, scope),
+            None => Err(SyncError::Apply("no full sync yet".into())),
+        };
+        self.current = Some(current);
+        Ok(changed?)
+    }
+
+    fn settle(
+        &mut self,
+        _family: IpFamily,
+        _state: &ProxyState,
+        _full: bool,
+        _quarantine: &Quarantine,
+    ) -> Result<usize, Failure> {
+        Ok(0)
+    }
+
+    /// Memory of what the kernel now holds, for the next sync; the kernel's refusals counted.
+    fn end(&mut self, _full: bool, report: &mut SyncReport) {
+        if let Some(current) = self.current.take() {
+            self.applied = Some(Applied {
+                kernel: current.observed,
+                sets: current.sets,
+                iptables: current.iptables,
+            });
+        }
+        report.skipped_services += self.refused.len();
     }
 }
 
@@ -647,36 +803,5 @@ fn is_link_local(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
         IpAddr::V4(v4) => v4.is_link_local(),
-    }
-}
-
-impl Proxier for IpvsProxier {
-    fn mode(&self) -> &'static str {
-        "ipvs"
-    }
-
-    fn sync(
-        &mut self,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Result<SyncReport, SyncError> {
-        // What the iptables back end read in the last sync may have changed since.
-        self.iptables.forget_reads();
-        let depth = match &self.applied {
-            None => Depth::Full,
-            Some(applied)
-                if changes.node_changed || applied.full_at.elapsed() >= FULL_SYNC_PERIOD =>
-            {
-                Depth::Full
-            }
-            Some(_) if changes.changed_services.is_empty() => Depth::Check,
-            Some(_) => Depth::Changes,
-        };
-        let result = self.sync_at(state, depth, &changes.changed_services);
-        if result.is_err() {
-            // Part of the operations may have been applied: read everything next time.
-            self.applied = None;
-        }
-        result
     }
 }

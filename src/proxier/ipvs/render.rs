@@ -13,7 +13,7 @@ use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
     select_endpoints,
 };
-use crate::proxier::iptables::render::LocalDetector;
+use crate::proxier::local::LocalDetector;
 use crate::sys::ipset::{SetSpec, SetType};
 use crate::sys::ipvs::VirtualServer;
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;

@@ -24,11 +24,13 @@ use super::render::{
 use super::slots::SlotTable;
 use super::transaction::{self, Delta, Existing, Stats};
 use crate::config::KubeProxyConfiguration;
+use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
+use crate::proxier::SyncReport;
+use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::{LocalTraffic, NodePortAddresses, selected_node_port_ips};
 use crate::proxier::naming::ChainSet;
-use crate::proxier::quarantine::{self, Failure, Quarantine, service_in_comment};
-use crate::proxier::{FULL_SYNC_PERIOD, Proxier, SyncError, SyncReport};
+use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::sys::net::LocalAddresses;
 use crate::sys::nf_events::ChangeEvents;
 use crate::sys::nftables::{NftError, Nftables, RuleComments, SetElements, family_keyword};
@@ -85,12 +87,13 @@ struct FamilyState {
 }
 
 /// The nftables proxier over any [`Nftables`] (the real one or the fake).
-pub struct NftablesProxier<N: Nftables> {
+pub type NftablesProxier<N> = SyncDriver<NftablesMode<N>>;
+
+/// nftables mode's stages, which [`SyncDriver`] runs.
+pub struct NftablesMode<N: Nftables> {
     nft: N,
     settings: NftablesSettings,
     addresses: Box<dyn LocalAddresses>,
-    /// Families in use, fixed at the first sync from the node's addresses.
-    families: Vec<IpFamily>,
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose table holds exactly the objects `programmed` says.
     known: BTreeSet<IpFamily>,
@@ -104,17 +107,19 @@ pub struct NftablesProxier<N: Nftables> {
     last_full_sync_from_memory: bool,
     /// Chains flushed because nothing wants them, with when; deleted a moment later.
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
-    quarantine: Quarantine,
     /// What other programs change in our table, when the kernel can tell.
     events: Option<Box<dyn ChangeEvents>>,
+    /// The objects of ours other programs changed since the last sync, per family (from the
+    /// events); rewritten after the family's sync unless it read the table back.
+    drifted: BTreeMap<IpFamily, BTreeSet<String>>,
+    /// The next sync is to be a full one (another program added to our table).
+    full_sync_wanted: bool,
     /// Asks for a sync; called a moment after chains were flushed, so that they are deleted
     /// then rather than at the next periodic sync.
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
-    needs_full_sync: bool,
     /// The next full sync deletes and recreates the table (a full sync failed for no reason
     /// a line of ours could name).
     recreate: bool,
-    last_full_sync: Option<Instant>,
     /// Whether the loopback-NodePorts note was logged.
     logged_localhost: bool,
     /// How long a flushed chain waits before it is deleted ([`STALE_CHAIN_DELAY`]).
@@ -132,51 +137,46 @@ pub struct NftablesProxier<N: Nftables> {
 impl<N: Nftables> NftablesProxier<N> {
     /// A proxier that will do a full sync first.
     pub fn new(nft: N, settings: NftablesSettings, addresses: Box<dyn LocalAddresses>) -> Self {
-        NftablesProxier {
+        SyncDriver::drive(NftablesMode {
             nft,
             settings,
             addresses,
-            families: Vec::new(),
             programmed: BTreeMap::new(),
             known: BTreeSet::new(),
             unverified: BTreeMap::new(),
             last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
-            quarantine: Quarantine::default(),
             events: None,
+            drifted: BTreeMap::new(),
+            full_sync_wanted: false,
             wake: None,
-            needs_full_sync: true,
             recreate: false,
-            last_full_sync: None,
             logged_localhost: false,
             stale_chain_delay: STALE_CHAIN_DELAY,
             verify_delay: VERIFY_DELAY,
             sync_failures: 0,
             record_transactions: false,
             last_transactions: Vec::new(),
-        }
+        })
     }
 
     /// Repairs what other programs change in our table as they change it.
     pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
-        self.events = Some(events);
+        self.mode.events = Some(events);
         self
     }
 
     /// Asks for a sync with `wake` once flushed chains can be deleted.
     pub fn with_wake(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
-        self.wake = Some(wake);
+        self.mode.wake = Some(wake);
         self
     }
+}
 
+impl<N: Nftables> NftablesMode<N> {
     /// The kernel interface (for tests).
     pub fn nft(&mut self) -> &mut N {
         &mut self.nft
-    }
-
-    /// Makes the next sync a full one.
-    pub fn force_full_sync(&mut self) {
-        self.needs_full_sync = true;
     }
 
     fn context(&mut self, family: IpFamily, node: &NodeInfo, state_cidrs: &[IpNet]) -> NftContext {
@@ -326,11 +326,13 @@ impl<N: Nftables> NftablesProxier<N> {
         }
     }
 
-    fn full_sync(
+    /// Programs every service of `family` (see [`Mode::full_sync`]).
+    fn program_all(
         &mut self,
         family: IpFamily,
         ctx: NftContext,
         state: &ProxyState,
+        quarantine: &Quarantine,
     ) -> Result<Stats, Failure> {
         let mut base = render_base(&ctx);
         stamp_digests(&mut base);
@@ -341,7 +343,6 @@ impl<N: Nftables> NftablesProxier<N> {
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
         self.last_full_sync_from_memory = false;
         let trust = !self.programmed.contains_key(&family) && !self.recreate;
-        let quarantine = &self.quarantine;
         let previous = self.programmed.get(&family);
         // The slots programmed, for the render to find taken ones (see `slots`).
         let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
@@ -699,7 +700,8 @@ impl<N: Nftables> NftablesProxier<N> {
         Ok(stats)
     }
 
-    fn partial_sync(
+    /// Programs the changed services of `family` (see [`Mode::partial_sync`]).
+    fn program_changed(
         &mut self,
         family: IpFamily,
         state: &ProxyState,
@@ -859,7 +861,7 @@ impl<N: Nftables> NftablesProxier<N> {
         }
         if !unknown.is_empty() {
             warn!(?family, objects = ?unknown, "Objects another program added to our nftables table; the next sync is a full one");
-            self.needs_full_sync = true;
+            self.full_sync_wanted = true;
             // ... reading the table's names, since memory does not hold them.
             self.known.remove(&family);
         }
@@ -882,26 +884,48 @@ impl<N: Nftables> NftablesProxier<N> {
         info!(?family, objects = ?names, "Rewrote our nftables objects another program changed");
         Ok(count)
     }
+}
 
-    fn sync_all(
+impl Written for Stats {
+    fn lines(&self) -> usize {
+        self.lines
+    }
+
+    fn log(&self, family: IpFamily, full: bool) {
+        debug!(
+            ?family,
+            full,
+            lines = self.lines,
+            chains = self.chains_written,
+            elements = self.elements_changed,
+            "Applied nftables transaction"
+        );
+    }
+}
+
+impl<N: Nftables> Mode for NftablesMode<N> {
+    type Context = NftContext;
+    type Written = Stats;
+    const MODE: ProxyMode = ProxyMode::Nftables;
+
+    /// A full sync is also wanted when a restart that trusted the table's digests is due to
+    /// read it back, when another program deleted or replaced our table, when change events
+    /// were lost, and when another program added objects to our table.
+    fn begin(
         &mut self,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Result<SyncReport, SyncError> {
+        _families: &[IpFamily],
+        _changes: &ChangeSummary,
+        _full: bool,
+    ) -> Result<bool, Failure> {
         self.last_transactions.clear();
-        if self.families.is_empty() {
-            self.families = state.node.families();
-            info!(families = ?self.families, "nftables proxier serving IP families");
-        }
         let now = Instant::now();
-        let hourly = self
-            .last_full_sync
-            .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
+        let mut full = std::mem::take(&mut self.full_sync_wanted);
         // A restart that trusted the table's digests reads the table back a moment later.
-        let verify = self.unverified.values().any(|due| now >= *due);
-        let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly || verify;
+        if self.unverified.values().any(|due| now >= *due) {
+            full = true;
+        }
+        self.drifted.clear();
         let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
-        let mut drifted: BTreeMap<IpFamily, BTreeSet<String>> = BTreeMap::new();
         for (family, _, name) in drift.chains {
             if name.is_empty() {
                 warn!(
@@ -912,7 +936,7 @@ impl<N: Nftables> NftablesProxier<N> {
                 // Memory no longer says what the table holds: read it and rewrite everything.
                 self.known.remove(&family);
             } else {
-                drifted.entry(family).or_default().insert(name);
+                self.drifted.entry(family).or_default().insert(name);
             }
         }
         if drift.lost {
@@ -920,81 +944,55 @@ impl<N: Nftables> NftablesProxier<N> {
             full = true;
             self.known.clear();
         }
-        self.quarantine.release_changed(changes);
-        if hourly {
-            self.quarantine.release_all();
+        Ok(full)
+    }
+
+    /// Chains flushed a moment ago are deleted first.
+    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> NftContext {
+        self.delete_stale_chains(family);
+        self.context(family, &state.node, &state.service_cidrs)
+    }
+
+    fn programmed_context(&self, family: IpFamily) -> Option<&NftContext> {
+        self.programmed.get(&family).map(|p| &p.ctx)
+    }
+
+    fn full_sync(
+        &mut self,
+        family: IpFamily,
+        ctx: NftContext,
+        state: &ProxyState,
+        quarantine: &Quarantine,
+    ) -> Result<Stats, Failure> {
+        self.program_all(family, ctx, state, quarantine)
+    }
+
+    fn partial_sync(
+        &mut self,
+        family: IpFamily,
+        state: &ProxyState,
+        changes: &ChangeSummary,
+        _quarantine: &Quarantine,
+    ) -> Result<Stats, Failure> {
+        self.program_changed(family, state, changes)
+    }
+
+    /// What other programs changed is rewritten, unless the sync read the table back.
+    fn settle(
+        &mut self,
+        family: IpFamily,
+        _state: &ProxyState,
+        full: bool,
+        _quarantine: &Quarantine,
+    ) -> Result<usize, Failure> {
+        let drifted = self.drifted.remove(&family);
+        match drifted {
+            Some(names) if !full || self.last_full_sync_from_memory => self.repair(family, &names),
+            _ => Ok(0),
         }
-        let mut report = SyncReport {
-            full,
-            ..SyncReport::default()
-        };
-        for family in self.families.clone() {
-            self.delete_stale_chains(family);
-            let ctx = self.context(family, &state.node, &state.service_cidrs);
-            let ctx_changed = self.programmed.get(&family).is_none_or(|p| p.ctx != ctx);
-            let mut family_full = full || ctx_changed;
-            let mut result = if family_full {
-                report.full = true;
-                self.full_sync(family, ctx.clone(), state)
-            } else {
-                self.partial_sync(family, state, changes)
-            };
-            // The kernel refused one service's objects: skip it, and program the rest now.
-            let mut skipped = 0;
-            while let Err(Failure {
-                culprit: Some(service),
-                error,
-            }) = &result
-            {
-                if skipped == quarantine::MAX_PER_SYNC
-                    || !self.quarantine.add(service.clone(), error.to_string())
-                {
-                    break;
-                }
-                skipped += 1;
-                report.full = true;
-                family_full = true;
-                result = self.full_sync(family, ctx.clone(), state);
-            }
-            // What other programs changed is rewritten unless the sync read the table back.
-            if result.is_ok()
-                && (!family_full || self.last_full_sync_from_memory)
-                && let Some(names) = drifted.remove(&family)
-            {
-                result = self.repair(family, &names).map(|repaired| {
-                    report.repaired_chains += repaired;
-                    Stats::default()
-                });
-            }
-            match result {
-                Ok(stats) => {
-                    debug!(
-                        ?family,
-                        full = report.full,
-                        lines = stats.lines,
-                        chains = stats.chains_written,
-                        elements = stats.elements_changed,
-                        "Applied nftables transaction"
-                    );
-                    report.restore_lines += stats.lines;
-                }
-                Err(failure) => {
-                    self.needs_full_sync = true;
-                    return Err(failure.error);
-                }
-            }
-        }
-        if report.full {
-            self.needs_full_sync = false;
-            self.last_full_sync = Some(now);
-        }
-        report.skipped_services = self.quarantine.len();
-        report.service_ports = state.services.values().map(|ports| ports.len()).sum();
-        report.services_written = if report.full {
-            state.services.len()
-        } else {
-            changes.changed_services.len()
-        };
+    }
+
+    fn end(&mut self, _full: bool, report: &mut SyncReport) {
         for (family, programmed) in &self.programmed {
             let mut no_local = (0, 0);
             for service in programmed.services.values() {
@@ -1003,21 +1001,6 @@ impl<N: Nftables> NftablesProxier<N> {
             }
             report.no_local_endpoints.push((*family, no_local));
         }
-        Ok(report)
-    }
-}
-
-impl<N: Nftables> Proxier for NftablesProxier<N> {
-    fn mode(&self) -> &'static str {
-        "nftables"
-    }
-
-    fn sync(
-        &mut self,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Result<SyncReport, SyncError> {
-        self.sync_all(state, changes)
     }
 }
 

@@ -26,8 +26,9 @@ use super::super::render::{
     Rule, ServiceRules, render_service,
 };
 use super::super::restore::{ChainSet, KeptChains};
-use super::{Failure, IptablesProxier};
+use super::{Failure, IptablesMode};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
+use crate::proxier::quarantine::Quarantine;
 use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
 
 /// Endpoint chains a full sync kept by name, with their services: not read yet.
@@ -89,7 +90,7 @@ impl Expected {
     }
 }
 
-impl<I: Iptables> IptablesProxier<I> {
+impl<I: Iptables> IptablesMode<I> {
     /// The chains of ours in `family` that already hold what a full sync of `base` and
     /// `services` writes; `nat_chains` are nat's chain names. Nothing is kept where the back
     /// end cannot tell how the kernel holds a rule. Also the endpoint chains kept by name
@@ -201,6 +202,7 @@ impl<I: Iptables> IptablesProxier<I> {
         &mut self,
         family: IpFamily,
         state: &ProxyState,
+        quarantine: &Quarantine,
     ) -> Result<bool, Failure> {
         let Some(pending) = self.unverified.get_mut(&family) else {
             return Ok(false);
@@ -220,7 +222,7 @@ impl<I: Iptables> IptablesProxier<I> {
         // the service no longer has was deleted by the sync that dropped it.
         let mut rendered: BTreeMap<&NamespacedName, ServiceRules> = BTreeMap::new();
         for (key, _) in &batch {
-            if rendered.contains_key(key) || self.quarantine.contains(key) {
+            if rendered.contains_key(key) || quarantine.contains(key) {
                 continue;
             }
             if let Some(ports) = state.services.get(key) {

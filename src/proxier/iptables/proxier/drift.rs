@@ -12,11 +12,13 @@ use tracing::{info, warn};
 use super::super::programmed::ProgrammedService;
 use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules, render_service};
 use super::super::restore::{SharedRules, repair_restore};
-use super::{Failure, IptablesProxier, missing_jumps, restore_failure};
+use super::{Failure, IptablesMode, restore_failure};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
+use crate::proxier::quarantine::Quarantine;
+use crate::proxier::xtables::{is_jump, jump_sources, missing_jumps};
 use crate::sys::iptables::{Iptables, builtin_chains};
 
-impl<I: Iptables> IptablesProxier<I> {
+impl<I: Iptables> IptablesMode<I> {
     /// Takes the changes others made since the last sync; true when only a full sync can repair
     /// them (events were lost, or a whole table was changed).
     pub(super) fn take_drift(&mut self) -> bool {
@@ -55,6 +57,7 @@ impl<I: Iptables> IptablesProxier<I> {
         &mut self,
         family: IpFamily,
         state: &ProxyState,
+        quarantine: &Quarantine,
     ) -> Result<usize, Failure> {
         let Some(drifted) = self.drifted.remove(&family) else {
             return Ok(0);
@@ -92,7 +95,7 @@ impl<I: Iptables> IptablesProxier<I> {
             .iter()
             .filter(|(table, _)| table == "nat")
             .filter_map(|(_, chain)| owner(chain))
-            .filter(|key| !self.quarantine.contains(key))
+            .filter(|key| !quarantine.contains(key))
             .filter_map(|key| {
                 let ports = state.services.get(key)?;
                 let rules = render_service(ports, state.endpoints.get(key), &programmed.ctx);
@@ -131,7 +134,7 @@ impl<I: Iptables> IptablesProxier<I> {
     }
 }
 
-impl<I: Iptables> IptablesProxier<I> {
+impl<I: Iptables> IptablesMode<I> {
     /// Without change events (the legacy back end), checks every chain of ours against what was
     /// programmed from one read of each table (what legacy reads on every restore anyway): a
     /// chain flushed, a rule inserted or deleted, or a jump from a built-in chain gone is marked
@@ -148,7 +151,7 @@ impl<I: Iptables> IptablesProxier<I> {
         let jumps = programmed.base.jumps();
         let mut drifted = BTreeSet::new();
         for table in ["filter", "nat"] {
-            let from = super::jump_sources(&jumps, table);
+            let from = jump_sources(&jumps, table);
             let Some(snapshot) = self.iptables.snapshot(family, table, &from)? else {
                 return Ok(());
             };
@@ -161,7 +164,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 let present = snapshot
                     .rules
                     .get(jump.from)
-                    .is_some_and(|rules| rules.iter().any(|rule| super::is_jump(rule, jump)));
+                    .is_some_and(|rules| rules.iter().any(|rule| is_jump(rule, jump)));
                 if !present {
                     drifted.insert((table.to_string(), jump.from.to_string()));
                 }

@@ -58,38 +58,6 @@ fn check(name: &str, services: &[Svc], ctx: &RenderContext) {
     golden(name, &text);
 }
 
-/// Upstream's TestOverallIPTablesRules scenario.
-pub fn overall_services() -> Vec<Svc> {
-    vec![
-        svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]),
-        svc("ns2", "svc2", "172.30.0.42", |s| {
-            s.node_port = Some(3001);
-            s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
-            s.external_ips = vec!["192.168.99.22".parse().unwrap()];
-            s.external_policy_local = true;
-            s.health_check_node_port = Some(30000);
-        })
-        .with_endpoints(vec![ep("10.180.0.2", 80, "")]),
-        svc("ns3", "svc3", "172.30.0.43", |s| s.node_port = Some(3003)).with_endpoints(vec![ep(
-            "10.180.0.3",
-            80,
-            "",
-        )]),
-        svc("ns4", "svc4", "172.30.0.44", |s| {
-            s.external_ips = vec!["192.168.99.33".parse().unwrap()]
-        })
-        .with_endpoints(vec![ep("10.180.0.4", 80, ""), ep("10.180.0.5", 80, NODE)]),
-        svc("ns5", "svc5", "172.30.0.45", |s| {
-            s.node_port = Some(3002);
-            s.load_balancer_ips = vec!["5.6.7.8".parse().unwrap()];
-            s.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
-            s.session_affinity_seconds = Some(10800);
-        })
-        .with_endpoints(vec![ep("10.180.0.3", 80, "")]),
-        svc("ns6", "svc6", "172.30.0.46", |_| {}),
-    ]
-}
-
 #[test]
 fn overall() {
     check("overall", &overall_services(), &context());

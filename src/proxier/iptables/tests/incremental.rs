@@ -135,7 +135,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_eq!(canonical(p.iptables()), fresh(&state));
-    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
+    assert_eq!(report.rules, kube_rules(p.iptables()));
 
     // One more endpoint for svc-7.
     let key = NamespacedName::new("ns", "svc-7");
@@ -149,7 +149,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
         .push(ep("10.200.0.9", 8080, ""));
     let report = p.sync(&state, &changed(&[&key])).unwrap();
     assert!(!report.full);
-    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
+    assert_eq!(report.rules, kube_rules(p.iptables()));
     let (_, input) = p.last_restore.last().unwrap().clone();
     assert!(!input.contains("*filter"), "filter untouched:\n{input}");
     for line in input
@@ -191,7 +191,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     state.services.insert(added.key.clone(), added.ports);
     state.endpoints.insert(added.key.clone(), added.endpoints);
     let report = p.sync(&state, &changed(&[&key, &added.key])).unwrap();
-    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
+    assert_eq!(report.rules, kube_rules(p.iptables()));
     let (_, input) = p.last_restore.last().unwrap().clone();
     assert!(input.contains("-I KUBE-SERVICES 1 "), "{input}");
     assert_eq!(canonical(p.iptables()), fresh(&state));
@@ -247,7 +247,7 @@ fn failures_force_a_full_sync_and_are_counted() {
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_eq!(canonical(p.iptables()), fresh(&state));
-    assert_eq!(report.iptables_rules, kube_rules(p.iptables()));
+    assert_eq!(report.rules, kube_rules(p.iptables()));
 }
 
 #[test]

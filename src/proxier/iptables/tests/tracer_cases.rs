@@ -3,7 +3,6 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::golden::overall_services;
 use super::tracer::{Packet, Verdict, trace};
 use super::*;
 use crate::sys::iptables::Iptables;

@@ -1,6 +1,6 @@
 use super::*;
 use crate::model::{NodeInfo, ProxyState};
-use crate::proxier::iptables::tests::{NODE, Svc, ep, svc};
+use crate::proxier::fixtures::{NODE, Svc, ep, svc};
 
 fn context() -> IpvsContext {
     crate::proxier::ipvs::render::tests::context(crate::model::IpFamily::V4)

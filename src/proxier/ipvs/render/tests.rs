@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 
 use super::*;
 use crate::model::{NodeInfo, ProxyState};
-use crate::proxier::iptables::tests::{NODE, Svc, ep, svc};
+use crate::proxier::fixtures::{NODE, Svc, ep, svc};
 use crate::proxier::ipvs::aggregate::render;
 
 pub(in crate::proxier::ipvs) fn context(family: IpFamily) -> IpvsContext {

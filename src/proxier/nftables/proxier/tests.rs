@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::model::{Endpoint, Protocol};
-use crate::proxier::iptables::tests::golden::overall_services;
-use crate::proxier::iptables::tests::{NODE, NODE_IP, ep, svc};
+use crate::proxier::Proxier;
+use crate::proxier::fixtures::{NODE, NODE_IP, ep, overall_services, svc};
 use crate::proxier::nftables::render::Chain;
 use crate::proxier::nftables::render::tests::table;
 use crate::sys::net::FixedAddresses;

@@ -20,6 +20,7 @@ use super::tests::as_objects;
 use super::*;
 use crate::config::{self, Flags, NodeNameSources};
 use crate::k8s::files::read_objects;
+use crate::proxier::Proxier;
 use crate::proxier::nftables::digests::DIGEST_CHAIN;
 use crate::proxier::nftables::render::DIGEST_PREFIX;
 use crate::proxier::nftables::render::tests::{assert_same_table, dump, outside_our_changes};

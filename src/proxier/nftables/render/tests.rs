@@ -2,8 +2,7 @@
 //! expected table of TestOverallNFTablesRules), compared as upstream compares.
 
 use super::*;
-use crate::proxier::iptables::tests::golden::overall_services;
-use crate::proxier::iptables::tests::{NODE, NODE_IP, Svc};
+use crate::proxier::fixtures::{NODE, NODE_IP, Svc, overall_services};
 
 /// Upstream's test context: pod CIDR 10.0.0.0/8, mark 0x4000, NodePorts on 192.168.0.2, the
 /// ServiceCIDR 172.30.0.0/16.

@@ -2,7 +2,7 @@
 //! deleted last, and nothing for a service whose objects did not change.
 
 use super::*;
-use crate::proxier::iptables::tests::golden::overall_services;
+use crate::proxier::fixtures::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};
 use crate::proxier::nftables::slots::SlotTable;

@@ -1,18 +1,27 @@
-//! A proxier that programs nothing and logs what it would program: every service port with the
-//! endpoints it would use on this node, for the services that changed.
+//! `--dry-run`'s proxier: it programs nothing and logs what it would program, every service
+//! port with the endpoints it would use on this node, for the services that changed.
 
 use tracing::info;
 
 use super::{Proxier, SyncError, SyncReport};
+use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, NamespacedName, NodeContext, ProxyState, select_endpoints};
 
-/// Logs the services and endpoints a sync would program.
-#[derive(Debug, Default)]
-pub struct LoggingProxier {
+/// Logs the services and endpoints a sync in `mode` would program.
+#[derive(Debug)]
+pub struct DryRunProxier {
+    mode: ProxyMode,
     synced_once: bool,
 }
 
-impl LoggingProxier {
+impl DryRunProxier {
+    pub fn new(mode: ProxyMode) -> Self {
+        DryRunProxier {
+            mode,
+            synced_once: false,
+        }
+    }
+
     fn log_service(&self, state: &ProxyState, name: &NamespacedName) -> usize {
         let node = NodeContext {
             node_name: &state.node.name,
@@ -50,9 +59,9 @@ impl LoggingProxier {
     }
 }
 
-impl Proxier for LoggingProxier {
-    fn mode(&self) -> &'static str {
-        "logging"
+impl Proxier for DryRunProxier {
+    fn mode(&self) -> ProxyMode {
+        self.mode
     }
 
     fn sync(

@@ -1,0 +1,34 @@
+//! IPVS mode as the daemon runs it on this node: the node checked first (the IPVS netlink
+//! family, a dummy link, ipset, the scheduler), on the iptables back end the node uses.
+
+use tracing::info;
+
+use super::support::{IpvsUnsupported, check_support};
+use super::{IpvsProxier, IpvsSettings};
+use crate::config::KubeProxyConfiguration;
+use crate::proxier::Proxier;
+use crate::sys::iptables::{Backend, SystemIptables};
+use crate::sys::net::{ProcSysctl, SystemAddresses};
+
+/// The proxier, or why this node cannot run it.
+pub fn setup(
+    config: &KubeProxyConfiguration,
+    backend: Backend,
+) -> Result<Box<dyn Proxier>, IpvsUnsupported> {
+    check_support(&config.ipvs.scheduler)?;
+    let proxier = IpvsProxier::new(
+        IpvsSettings::from_config(config),
+        Box::new(SystemIptables::new(backend)),
+        Box::new(ProcSysctl::default()),
+        Box::new(SystemAddresses),
+    )
+    .map_err(|err| IpvsUnsupported::Start(err.to_string()))?;
+    info!(backend = backend.as_str(), "Using iptables back end");
+    info!("Using ipvs Proxier");
+    Ok(Box::new(proxier))
+}
+
+/// The sysctls `--init-only` sets for this mode.
+pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
+    super::sysctls(config.ipvs.strict_arp)
+}

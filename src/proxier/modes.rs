@@ -1,0 +1,77 @@
+//! The one place that knows every mode: a mode's proxier as the daemon runs it, the sysctls
+//! `--init-only` sets for it, and its text for `kube-proxy-rs render`, by [`ProxyMode`].
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::ipvs::IpvsUnsupported;
+use super::nftables::support::NftablesUnsupported;
+use super::{Proxier, SyncError, iptables, ipvs, nftables};
+use crate::config::{KubeProxyConfiguration, ProxyMode};
+use crate::model::ProxyState;
+use crate::sys::iptables::Backend;
+
+/// Why no proxier runs.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// IPVS mode cannot run here and falling back was switched off (`--ipvs-fallback=false`).
+    #[error("can't use the IPVS proxier: {0}")]
+    Ipvs(IpvsUnsupported),
+    /// nftables mode cannot run on this node (as upstream, no fallback).
+    #[error("can't use the nftables proxier: {0}")]
+    Nftables(NftablesUnsupported),
+}
+
+/// The proxier of `mode` on this node and the mode it runs. IPVS mode first checks that the
+/// node can run it; if not, it falls back to iptables (the seeds' behaviour) or, without
+/// `ipvs_fallback`, fails as upstream has since 1.26. `wake` asks the daemon for a sync.
+pub fn setup(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+    ipvs_fallback: bool,
+    wake: Arc<dyn Fn() + Send + Sync>,
+) -> Result<(ProxyMode, Box<dyn Proxier>), SetupError> {
+    if mode == ProxyMode::Nftables {
+        let proxier = nftables::setup::setup(config, wake).map_err(SetupError::Nftables)?;
+        return Ok((mode, proxier));
+    }
+    let backend = Backend::detect();
+    if mode == ProxyMode::Ipvs {
+        match ipvs::setup::setup(config, backend) {
+            Ok(proxier) => return Ok((mode, proxier)),
+            Err(reason) if !ipvs_fallback => return Err(SetupError::Ipvs(reason)),
+            Err(reason) => {
+                warn!(reason = %reason, "Can't use the IPVS proxier");
+                warn!("Can't use ipvs proxier, trying iptables proxier");
+            }
+        }
+    }
+    let proxier = iptables::setup::setup(config, backend, wake);
+    Ok((ProxyMode::Iptables, proxier))
+}
+
+/// The sysctls `--init-only` sets for `mode`, as upstream's init phase does.
+pub fn init_sysctls(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+) -> Vec<(&'static str, &'static str)> {
+    match mode {
+        ProxyMode::Iptables => iptables::setup::init_sysctls(config),
+        ProxyMode::Ipvs => ipvs::setup::init_sysctls(config),
+        ProxyMode::Nftables => Vec::new(),
+    }
+}
+
+/// What `mode` would program for `state` on an empty node, as its tools' input.
+pub fn preview(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+    state: &ProxyState,
+) -> Result<String, SyncError> {
+    match mode {
+        ProxyMode::Iptables => iptables::preview::preview(config, state),
+        ProxyMode::Ipvs => Ok(ipvs::preview::preview(config, state)),
+        ProxyMode::Nftables => nftables::preview::preview(config, state),
+    }
+}
