@@ -18,8 +18,8 @@ use super::nf_tables;
 use super::process::{Ended, Tool, ToolError};
 use crate::model::IpFamily;
 
-/// A restore may take a minute, plus a second per thousand lines of input (a cold start at
-/// 10,000 services, 470,000 lines, took 20 s), before it is killed: a restore that another
+/// A restore may take a minute, plus a second per 100,000 bytes of input (a cold start at
+/// 10,000 services, 470,000 lines, takes about 20 s), before it is killed: a restore that another
 /// writer keeps retrying (iptables-nft-restore retries when the ruleset changed under it) must
 /// end, be logged and be retried, not hold the sync loop forever.
 fn restore_limit(input: &str) -> Duration {

@@ -1,5 +1,6 @@
-//! nftables: transactions written with one `nft -f -` each (atomic: all of it or nothing), and
-//! the names of our own table's chains and sets read over netlink. Nothing here lists a rule,
+//! nftables: transactions in nft's command language, each applied atomically (all of it or
+//! nothing) over netlink, or by one `nft -f -` where asked; the names of our own table's chains
+//! and sets, and what the proxier reads back of them, read over netlink. Nothing here lists a rule,
 //! an element or another table: `nft list` reads (and older nft binaries crash on) whatever
 //! other programs keep in the ruleset.
 

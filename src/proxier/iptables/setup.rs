@@ -37,7 +37,7 @@ pub fn setup(
     )
     .with_wake(wake.clone());
     // On nft the kernel says when another program changes our chains: each change asks for a
-    // sync, which repairs it. (Legacy has no such events: see the README.)
+    // sync, which repairs it. (Legacy has no such events: see docs/iptables.md.)
     if backend == Backend::Nft {
         match NfEvents::start(Scope::IptablesTables, Box::new(move || wake())) {
             Ok(events) => return Box::new(proxier.with_change_events(Box::new(events))),

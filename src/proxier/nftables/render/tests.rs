@@ -137,7 +137,7 @@ pub fn golden(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The lines of a table outside what our layout replaces (README, "nftables mode"): the
+/// The lines of a table outside what our layout replaces (docs/nftables.md): the
 /// rules of service chains without session affinity, the endpoint maps they DNAT through, the
 /// endpoint chains of those services, and the hairpin set with its rule and elements.
 pub(crate) fn outside_our_changes(text: &str) -> String {
