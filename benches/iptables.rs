@@ -28,11 +28,12 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::context::FamilyContext;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
+use kube_proxy_rs::proxier::iptables::plan::{FullSyncExtras, full_restore};
 use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_base, render_service,
 };
-use kube_proxy_rs::proxier::iptables::restore::{FullSyncExtras, full_restore};
 use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables, tool};
 use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
 use netns::Netns;
@@ -282,13 +283,15 @@ fn one_transaction_text(state: &ProxyState, ctx: &RenderContext) -> String {
 fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) {
     let state = scale::state(count);
     let ctx = RenderContext {
-        family: IpFamily::V4,
-        node_name: "node-a".into(),
-        zone: None,
-        node_ip: Some("192.168.0.2".parse().unwrap()),
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        common: FamilyContext {
+            family: IpFamily::V4,
+            node_name: "node-a".into(),
+            zone: None,
+            node_ip: Some("192.168.0.2".parse().unwrap()),
+            masquerade_mark: 0x4000,
+            masquerade_all: false,
+            local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        },
         localhost_node_ports: true,
         node_port_addresses: NodePortAddresses::All,
         tcp_be_liberal: false,

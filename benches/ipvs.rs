@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
+use kube_proxy_rs::proxier::context::FamilyContext;
 use kube_proxy_rs::proxier::ipvs::aggregate::render;
 use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
 use kube_proxy_rs::proxier::local::LocalDetector;
@@ -122,16 +123,18 @@ fn measure(state: &ProxyState) -> Sample {
 fn run(count: usize, runs: usize) {
     let state = scale::state(count);
     let ctx = IpvsContext {
-        family: IpFamily::V4,
-        node_name: "node-a".into(),
-        zone: None,
-        node_ip: Some(NODE_IP.parse().unwrap()),
+        common: FamilyContext {
+            family: IpFamily::V4,
+            node_name: "node-a".into(),
+            zone: None,
+            node_ip: Some(NODE_IP.parse().unwrap()),
+            masquerade_mark: 0x4000,
+            masquerade_all: false,
+            local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        },
         node_port_ips: vec![NODE_IP.parse().unwrap()],
         local_addresses: vec![NODE_IP.parse().unwrap()],
         scheduler: "rr".into(),
-        masquerade_all: false,
-        masquerade_mark: 0x4000,
-        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
     };
     let started = Instant::now();
     let rendered = render(&state, &ctx).services.len();

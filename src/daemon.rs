@@ -12,10 +12,12 @@ use crate::config::{KUBERNETES_VERSION, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
 use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::node_setup;
+use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::conntrack::UdpConntrackCleaner;
+use crate::proxier::dry_run::DryRunProxier;
 use crate::proxier::local::selected_node_port_ips;
-use crate::proxier::{self, DryRunProxier, Proxier, SetupError};
+use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester, Syncer};
 use crate::servers::{
     ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
@@ -84,7 +86,7 @@ pub fn init_only(settings: &Settings) {
     node_setup::apply_conntrack(config, &mut ProcSysctl::default());
     let mut sysctl = ProcSysctl::default();
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
-    for (name, value) in proxier::init_sysctls(mode, config) {
+    for (name, value) in modes::init_sysctls(mode, config) {
         if let Err(err) = crate::sys::net::ensure_sysctl(&mut sysctl, name, value) {
             warn!(error = %err, sysctl = name, "Failed to set sysctl");
         }
@@ -135,7 +137,7 @@ pub async fn run(
         (mode, Box::new(DryRunProxier::new(mode)))
     } else {
         let wake = requester.clone();
-        proxier::setup(
+        modes::setup(
             mode,
             config,
             options.ipvs_fallback,

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::k8s::files::{FilesError, read_objects};
-use crate::proxier::{self, SyncError};
+use crate::proxier::SyncError;
+use crate::proxier::modes;
 
 /// Why nothing could be rendered.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +49,7 @@ pub fn render(
         );
     }
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
-    text.push_str(&proxier::preview(mode, config, &objects.state)?);
+    text.push_str(&modes::preview(mode, config, &objects.state)?);
     Ok(Rendered {
         text,
         problems: objects.problems,

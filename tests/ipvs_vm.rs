@@ -226,6 +226,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     use kube_proxy_rs::model::{
         Endpoint, NamespacedName, NodeInfo, ProxyState, ServicePort, ServicePortName,
     };
+    use kube_proxy_rs::proxier::context::FamilyContext;
     use kube_proxy_rs::proxier::ipvs::aggregate::render;
     use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
     use kube_proxy_rs::proxier::local::LocalDetector;
@@ -277,16 +278,18 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
         kube_proxy_rs::model::VecMap::from([(open_name, vec![endpoint])]),
     );
     let ctx = IpvsContext {
-        family: kube_proxy_rs::model::IpFamily::V4,
-        node_name: "node-a".into(),
-        zone: None,
-        node_ip: Some("192.168.0.2".parse().unwrap()),
+        common: FamilyContext {
+            family: kube_proxy_rs::model::IpFamily::V4,
+            node_name: "node-a".into(),
+            zone: None,
+            node_ip: Some("192.168.0.2".parse().unwrap()),
+            masquerade_mark: 0x4000,
+            masquerade_all: false,
+            local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+        },
         node_port_ips: vec!["192.168.0.2".parse().unwrap()],
         local_addresses: vec!["192.168.0.2".parse().unwrap()],
         scheduler: "rr".into(),
-        masquerade_all: false,
-        masquerade_mark: 0x4000,
-        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
     };
     let desired = render(&state, &ctx);
     assert!(

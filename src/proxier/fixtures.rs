@@ -1,8 +1,11 @@
 //! The services, endpoints and node the modes' tests share, upstream's test scenarios among them.
 
 use crate::model::{
-    Endpoint, EndpointsMap, NamespacedName, Protocol, ServicePort, ServicePortMap, ServicePortName,
+    Endpoint, EndpointsMap, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortMap,
+    ServicePortName,
 };
+use crate::proxier::context::FamilyContext;
+use crate::proxier::local::LocalDetector;
 
 pub const NODE: &str = "test-node";
 pub const NODE_IP: &str = "192.168.0.2";
@@ -114,4 +117,18 @@ pub fn overall_services() -> Vec<Svc> {
         .with_endpoints(vec![ep("10.180.0.3", 80, "")]),
         svc("ns6", "svc6", "172.30.0.46", |_| {}),
     ]
+}
+
+/// The node upstream's tests use, in `family` with the node address `node_ip`: mark 0x4000, no
+/// masquerade-all, pods recognised by `pod_cidr`.
+pub fn family_context(family: IpFamily, node_ip: &str, pod_cidr: &str) -> FamilyContext {
+    FamilyContext {
+        family,
+        node_name: NODE.into(),
+        zone: None,
+        node_ip: Some(node_ip.parse().unwrap()),
+        masquerade_mark: 0x4000,
+        masquerade_all: false,
+        local_detector: LocalDetector::Cidrs(vec![pod_cidr.parse().unwrap()]),
+    }
 }

@@ -3,8 +3,9 @@
 
 pub mod cleanup;
 pub mod conntrack;
+pub mod context;
 pub mod driver;
-mod dry_run;
+pub mod dry_run;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod iptables;
@@ -13,11 +14,9 @@ pub mod local;
 pub mod modes;
 pub mod naming;
 pub mod nftables;
+pub mod policy;
 pub mod quarantine;
 pub mod xtables;
-
-pub use dry_run::DryRunProxier;
-pub use modes::{SetupError, init_sysctls, preview, setup};
 
 use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, ProxyState};

@@ -1,17 +1,25 @@
 //! iptables mode: upstream's KUBE-SERVICES -> KUBE-SVC -> KUBE-SEP layout.
+//!
+//! Laid out as every mode: `settings`, `render` (pure: one family's rules per service), `plan`
+//! (the restore input from what is programmed to what is wanted), `proxier` (the stages the
+//! sync driver runs: full and partial syncs, `adopt` the chains a restart finds, `apply`
+//! thinly, repair `drift`), `cleanup`, `setup` and `preview`. Its own parts: `names`,
+//! `programmed` (what memory keeps of each service) and `nfacct`.
 
 pub mod cleanup;
 pub mod names;
 pub mod nfacct;
+pub mod plan;
 pub mod preview;
 pub mod programmed;
 mod proxier;
 pub mod render;
-pub mod restore;
+pub mod settings;
 pub mod setup;
 
 pub use nfacct::NfacctCounters;
-pub use proxier::{IptablesMode, IptablesProxier, IptablesSettings};
+pub use proxier::{IptablesMode, IptablesProxier};
+pub use settings::IptablesSettings;
 
 #[cfg(test)]
 mod tests;

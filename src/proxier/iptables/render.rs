@@ -5,13 +5,13 @@
 use super::names;
 use super::nfacct::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters};
 use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
-    select_endpoints,
+    Endpoint, EndpointsMap, IpFamily, ServicePort, ServicePortMap, ports_in_family,
 };
+use crate::proxier::context::FamilyContext;
 pub use crate::proxier::local::{LocalDetector, NodePortAddresses};
+use crate::proxier::policy::{PortPolicy, Refusal};
 use crate::proxier::xtables::JumpRule;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -75,14 +75,7 @@ impl LocalDetector {
 /// Everything besides the model that shapes one family's rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderContext {
-    pub family: IpFamily,
-    pub node_name: String,
-    pub zone: Option<String>,
-    /// The node's primary address in this family (for LoadBalancer source ranges that include it).
-    pub node_ip: Option<IpAddr>,
-    pub masquerade_mark: u32,
-    pub masquerade_all: bool,
-    pub local_detector: LocalDetector,
+    pub common: FamilyContext,
     pub localhost_node_ports: bool,
     pub node_port_addresses: NodePortAddresses,
     /// conntrack.tcpBeLiberal: INVALID packets are not dropped.
@@ -169,14 +162,14 @@ pub fn probability(remaining: usize) -> String {
     format!("{:.10}", 1.0 / remaining as f64)
 }
 
-/// Renders every port of one service in `ctx.family`.
+/// Renders every port of one service in `ctx.common.family`.
 pub fn render_service(
     ports: &ServicePortMap,
     endpoints: Option<&EndpointsMap>,
     ctx: &RenderContext,
 ) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.common.family) {
         render_port(&port, &endpoints, ctx, &mut rules);
     }
     rules
@@ -188,11 +181,8 @@ fn render_port(
     ctx: &RenderContext,
     out: &mut ServiceRules,
 ) {
-    let node = NodeContext {
-        node_name: &ctx.node_name,
-        zone: ctx.zone.as_deref(),
-    };
-    let selected = select_endpoints(port, endpoints, node);
+    let node = ctx.common.node();
+    let policy = PortPolicy::new(port, endpoints, node);
     let name = port.name.to_string();
     let proto = port.name.protocol.lower();
     let cluster_ip = port.cluster_ips[0];
@@ -204,41 +194,31 @@ fn render_port(
     let local_chain = names::local_policy_chain(&port.name);
     let ext_chain = names::external_chain(&port.name);
     let fw_chain = names::firewall_chain(&port.name);
-
-    let uses_cluster_chain = !selected.cluster.is_empty() && port.uses_cluster_endpoints();
-    let uses_local_chain = !selected.local.is_empty() && port.uses_local_endpoints();
-    let has_endpoints = selected.has_any_endpoints;
-    let (internal_chain, has_internal) = if port.internal_policy_local {
-        (&local_chain, has_endpoints && !selected.local.is_empty())
-    } else {
-        (&cluster_chain, has_endpoints)
-    };
-    let (external_policy_chain, has_external) = if port.external_policy_local {
-        (&local_chain, has_endpoints && !selected.local.is_empty())
-    } else {
-        (&cluster_chain, has_endpoints)
-    };
-    let uses_external_chain = has_endpoints && port.externally_accessible();
-    let uses_fw_chain =
-        has_endpoints && !port.load_balancer_ips.is_empty() && port.has_source_ranges();
+    let PortPolicy {
+        ref selected,
+        has_endpoints,
+        uses_cluster_endpoints: uses_cluster_chain,
+        uses_local_endpoints: uses_local_chain,
+        has_internal,
+        has_external,
+        uses_external_chain,
+        uses_firewall: uses_fw_chain,
+        ..
+    } = policy;
+    let policy_chain = |local: bool| if local { &local_chain } else { &cluster_chain };
+    let internal_chain = policy_chain(policy.internal_local);
+    let external_policy_chain = policy_chain(policy.external_local);
     let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
 
-    let (internal_filter, external_filter) = if !has_endpoints {
-        let reject = ("REJECT", format!("{name} has no endpoints"));
-        (Some(reject.clone()), Some(reject))
-    } else {
-        let drop = ("DROP", format!("{name} has no local endpoints"));
-        (
-            (!has_internal).then(|| drop.clone()),
-            (!has_external).then_some(drop),
-        )
+    let filter = |refusal: Refusal| match refusal {
+        Refusal::Reject => ("REJECT", format!("{name} has no endpoints")),
+        Refusal::Drop => ("DROP", format!("{name} has no local endpoints")),
     };
-    if has_endpoints && !has_internal {
-        out.no_local_endpoints_internal += 1;
-    }
-    if has_endpoints && !has_external {
-        out.no_local_endpoints_external += 1;
-    }
+    let internal_filter = policy.internal_refusal().map(filter);
+    let external_filter = policy.external_refusal().map(filter);
+    let (no_local_internal, no_local_external) = policy.no_local_endpoints();
+    out.no_local_endpoints_internal += usize::from(no_local_internal);
+    out.no_local_endpoints_external += usize::from(no_local_external);
 
     // Cluster IP.
     if has_internal {
@@ -308,7 +288,7 @@ fn render_port(
     if let Some(node_port) = port.node_port {
         if has_endpoints {
             // Counted separately when it comes to a loopback address (upstream's metric).
-            if ctx.family == IpFamily::V4
+            if ctx.common.family == IpFamily::V4
                 && ctx.localhost_node_ports
                 && ctx.nfacct.localhost_node_ports
             {
@@ -349,9 +329,9 @@ fn render_port(
             comment(&format!("{name} cluster IP")),
             match_port(&cluster_ip, port.port)
         );
-        if ctx.masquerade_all {
+        if ctx.common.masquerade_all {
             out.push_chain_rule(internal_chain, format!("{args} -j {KUBE_MARK_MASQ}"));
-        } else if let Some(not_local) = ctx.local_detector.if_not_local() {
+        } else if let Some(not_local) = ctx.common.local_detector.if_not_local() {
             out.push_chain_rule(
                 internal_chain,
                 format!("{args} {not_local} -j {KUBE_MARK_MASQ}"),
@@ -377,7 +357,7 @@ fn render_port(
                 uses_local_chain.then_some(&local_chain)
             };
             if let Some(target) = short_circuit {
-                if let Some(local) = ctx.local_detector.if_local() {
+                if let Some(local) = ctx.common.local_detector.if_local() {
                     let text = format!("pod traffic for {name} external destinations");
                     out.push_chain_rule(
                         &ext_chain,
@@ -414,7 +394,7 @@ fn render_port(
         let mut allow_from_node = false;
         for net in &port.load_balancer_source_ranges {
             out.push_chain_rule(&fw_chain, format!("{allow} -s {net} -j {ext_chain}"));
-            allow_from_node |= ctx.node_ip.is_some_and(|ip| net.contains(&ip));
+            allow_from_node |= ctx.common.node_ip.is_some_and(|ip| net.contains(&ip));
         }
         // A VIP-like LB IP bound on the node loops back with the VIP as source.
         if allow_from_node {
@@ -529,9 +509,9 @@ impl BaseRules {
 
 /// Renders the rules that do not depend on services.
 pub fn render_base(ctx: &RenderContext) -> BaseRules {
-    let mark = format!("{:#x}", ctx.masquerade_mark);
+    let mark = format!("{:#x}", ctx.common.masquerade_mark);
     let mut base = BaseRules::default();
-    let v4 = ctx.family == IpFamily::V4;
+    let v4 = ctx.common.family == IpFamily::V4;
     if v4 && ctx.localhost_node_ports {
         base.filter.push(Rule::new(
             KUBE_FIREWALL,
@@ -604,7 +584,10 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
             ));
         }
         NodePortAddresses::Only(ips) => {
-            for ip in ips.iter().filter(|ip| IpFamily::of(ip) == ctx.family) {
+            for ip in ips
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == ctx.common.family)
+            {
                 if ip.is_loopback() && (!v4 || !ctx.localhost_node_ports) {
                     continue;
                 }

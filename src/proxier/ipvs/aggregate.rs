@@ -205,9 +205,9 @@ impl Aggregate {
         SETS.iter()
             .find(|(name, _, _)| *name == base)
             .map(|(name, set_type, _)| SetSpec {
-                name: set_name(name, ctx.family),
+                name: set_name(name, ctx.common.family),
                 set_type: *set_type,
-                family: ctx.family,
+                family: ctx.common.family,
             })
     }
 

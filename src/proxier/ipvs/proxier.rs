@@ -7,16 +7,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use super::aggregate::{Aggregate, Touched};
-use super::diff::{Observed, Operation, diff};
+use super::plan::{Observed, Operation, diff};
 use super::render::{DesiredIpvs, IpvsContext, SETS, set_name};
-use crate::config::{KubeProxyConfiguration, ProxyMode};
-use crate::model::{ChangeSummary, IpFamily, NodeInfo, ProxyState};
+use super::settings::IpvsSettings;
+use crate::config::ProxyMode;
+use crate::model::{ChangeSummary, IpFamily, ProxyState};
 use crate::proxier::driver::{Mode, SyncDriver, Written};
-use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
 use crate::proxier::quarantine::{self, Failure, Quarantine};
 use crate::proxier::xtables::{JumpRule, missing_jumps};
 use crate::proxier::{SyncError, SyncReport};
@@ -26,6 +25,10 @@ use crate::sys::ipvs::IpvsClient;
 use crate::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST};
 use crate::sys::link::Links;
 use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
+
+mod adopt;
+mod apply;
+mod partial;
 
 /// The dummy link every service address is bound to.
 pub const DUMMY_LINK: &str = "kube-ipvs0";
@@ -87,71 +90,6 @@ pub const IPVS_JUMP_RULES: [JumpRule; 9] = [
         spec: "-m comment --comment \"kubernetes ipvs access filter\"",
     },
 ];
-
-/// The parts of the configuration IPVS mode uses.
-#[derive(Clone, Debug)]
-pub struct IpvsSettings {
-    pub scheduler: String,
-    pub masquerade_all: bool,
-    pub masquerade_mark: u32,
-    /// How local pod traffic is recognised.
-    pub local_traffic: LocalTraffic,
-    pub node_port_addresses: Vec<String>,
-    pub exclude_cidrs: Vec<IpNet>,
-    pub strict_arp: bool,
-    /// tcp, tcpfin, udp timeouts in seconds (0 keeps the kernel's).
-    pub timeouts: (u32, u32, u32),
-}
-
-impl IpvsSettings {
-    /// Takes them from a validated configuration.
-    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
-        let secs = |d: crate::config::GoDuration| u32::try_from(d.0.as_secs()).unwrap_or(u32::MAX);
-        IpvsSettings {
-            scheduler: config.ipvs.scheduler.clone(),
-            masquerade_all: config.iptables.masquerade_all,
-            masquerade_mark: config.masquerade_mark(),
-            local_traffic: LocalTraffic::from_config(config),
-            node_port_addresses: config.node_port_addresses.clone(),
-            exclude_cidrs: config
-                .ipvs
-                .exclude_cidrs
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect(),
-            strict_arp: config.ipvs.strict_arp,
-            timeouts: (
-                secs(config.ipvs.tcp_timeout),
-                secs(config.ipvs.tcp_fin_timeout),
-                secs(config.ipvs.udp_timeout),
-            ),
-        }
-    }
-
-    /// The render context of one family on `node`, whose local addresses (kube-ipvs0's left
-    /// out) are `local`.
-    pub fn context(&self, family: IpFamily, node: &NodeInfo, local: &[IpAddr]) -> IpvsContext {
-        let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
-        let local: Vec<IpAddr> = local.iter().filter(of_family).copied().collect();
-        let node_ip = node.addresses.iter().filter(of_family).copied().next();
-        let node_port_ips =
-            selected_node_port_ips(&self.node_port_addresses, node_ip, || local.clone())
-                .unwrap_or_else(|| local.clone());
-        let local_detector = self.local_traffic.detector(family, node);
-        IpvsContext {
-            family,
-            node_name: node.name.clone(),
-            zone: node.zone().map(str::to_string),
-            node_ip,
-            node_port_ips,
-            local_addresses: local,
-            scheduler: self.scheduler.clone(),
-            masquerade_all: self.masquerade_all,
-            masquerade_mark: self.masquerade_mark,
-            local_detector,
-        }
-    }
-}
 
 /// The IPVS proxier.
 pub type IpvsProxier = SyncDriver<IpvsMode>;
@@ -293,336 +231,11 @@ impl IpvsMode {
         self.initialized = true;
     }
 
-    fn bound(&mut self, link: u32) -> Result<BTreeSet<IpAddr>, SyncError> {
-        Ok(self
-            .links
-            .addresses(link)
-            .map_err(sync_error)?
-            .into_iter()
-            .collect())
-    }
-
-    fn observe(&mut self, link: u32) -> Result<Observed, SyncError> {
-        let mut observed = Observed {
-            bound: self.bound(link)?,
-            ..Observed::default()
-        };
-        for vs in self.ipvs.services().map_err(sync_error)? {
-            let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
-            observed.services.insert(vs.key(), (vs, reals));
-        }
-        Ok(observed)
-    }
-
-    /// The kernel state to diff against at `depth`, and whether it was read in full. A change
-    /// sync gets memory as it is: it re-reads the real servers it touches itself.
-    fn observe_at(&mut self, depth: Depth, link: u32) -> Result<(Observed, bool), SyncError> {
-        let mut remembered = match (depth, self.applied.as_mut()) {
-            (Depth::Full, _) | (_, None) => return Ok((self.observe(link)?, true)),
-            (_, Some(applied)) => std::mem::take(&mut applied.kernel),
-        };
-        if depth == Depth::Check {
-            let services = self.ipvs.services().map_err(sync_error)?;
-            let bound = self.bound(link)?;
-            if !remembered.same_outline(&services, &bound) {
-                info!("IPVS state changed outside kube-proxy-rs, reading all of it");
-                return Ok((self.observe(link)?, true));
-            }
-            // Every virtual server's real servers: one removed by hand is put back now, not at
-            // the hourly full sync (one dump per virtual server; no read of anything not ours).
-            let all: Vec<String> = remembered.services.keys().cloned().collect();
-            self.reread_real_servers(&mut remembered, &all)?;
-        }
-        Ok((remembered, false))
-    }
-
-    /// Reads again the real servers of the named virtual servers that `observed` holds: their
-    /// connection counts decide whether a removed real server drains or goes at once.
-    fn reread_real_servers<'a>(
-        &mut self,
-        observed: &mut Observed,
-        keys: impl IntoIterator<Item = &'a String>,
-    ) -> Result<(), SyncError> {
-        for key in keys {
-            if let Some((vs, reals)) = observed.services.get_mut(key) {
-                *reals = self.ipvs.destinations(vs).map_err(sync_error)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Our sets of `family`: the only sets its sync reads.
-    fn set_names(family: IpFamily) -> Vec<String> {
-        SETS.iter()
-            .map(|(base, _, _)| set_name(base, family))
-            .collect()
-    }
-
-    /// Applies the operations one by one and returns those the kernel took. One the kernel
-    /// refuses is skipped, not the sync: logged once for its virtual server (or address), and
-    /// counted, until an operation on it succeeds.
-    fn apply(&mut self, link: u32, operations: &[Operation]) -> Vec<Operation> {
-        let mut applied = Vec::with_capacity(operations.len());
-        for op in operations {
-            let result = match op {
-                Operation::Bind(ip) => self.links.add_address(link, *ip).map_err(sync_error),
-                Operation::Unbind(ip) => self.links.delete_address(link, *ip).map_err(sync_error),
-                Operation::AddService(vs) => self.ipvs.add_service(vs).map_err(sync_error),
-                Operation::UpdateService(vs) => self.ipvs.update_service(vs).map_err(sync_error),
-                Operation::DeleteService(vs) => self.ipvs.delete_service(vs).map_err(sync_error),
-                Operation::AddReal(vs, rs) => self
-                    .ipvs
-                    .change_destination(CMD_NEW_DEST, vs, rs)
-                    .map_err(sync_error),
-                Operation::UpdateReal(vs, rs) => self
-                    .ipvs
-                    .change_destination(CMD_SET_DEST, vs, rs)
-                    .map_err(sync_error),
-                Operation::DeleteReal(vs, rs) => self
-                    .ipvs
-                    .change_destination(CMD_DEL_DEST, vs, rs)
-                    .map_err(sync_error),
-            };
-            let subject = match op {
-                Operation::Bind(ip) | Operation::Unbind(ip) => ip.to_string(),
-                Operation::AddService(vs)
-                | Operation::UpdateService(vs)
-                | Operation::DeleteService(vs)
-                | Operation::AddReal(vs, _)
-                | Operation::UpdateReal(vs, _)
-                | Operation::DeleteReal(vs, _) => vs.key(),
-            };
-            match result {
-                Ok(()) => {
-                    debug!(operation = ?op, "IPVS");
-                    self.refused.remove(&subject);
-                    applied.push(op.clone());
-                }
-                Err(err) => {
-                    if self
-                        .refused
-                        .insert(subject.clone(), err.to_string())
-                        .is_none()
-                    {
-                        warn!(subject = %subject, operation = ?op, error = %err, "The kernel refused an IPVS change; skipping it, the rest is programmed");
-                    }
-                }
-            }
-        }
-        applied
-    }
-
-    /// `ipset restore` of `input`; a line the kernel refuses (named in ipset's error) is
-    /// dropped, logged once and counted, and the rest restored again.
-    fn restore_sets(&mut self, input: &str) -> Result<(), SyncError> {
-        let mut lines: Vec<&str> = input.lines().collect();
-        for _ in 0..quarantine::MAX_PER_SYNC {
-            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-            let err = match self.ipset.restore(&text) {
-                Ok(()) => return Ok(()),
-                Err(err) => err,
-            };
-            let refused = err
-                .to_string()
-                .split("Error in line ")
-                .nth(1)
-                .and_then(|rest| rest.split(':').next())
-                .and_then(|n| n.trim().parse::<usize>().ok())
-                .filter(|n| (1..=lines.len()).contains(n));
-            let Some(line) = refused else {
-                return Err(sync_error(err));
-            };
-            let entry = lines.remove(line - 1).to_string();
-            if self
-                .refused
-                .insert(entry.clone(), err.to_string())
-                .is_none()
-            {
-                warn!(entry = %entry, error = %err, "The kernel refused an ipset entry; skipping it, the rest is programmed");
-            }
-        }
-        Err(SyncError::Apply(
-            "too many ipset entries refused in one sync".into(),
-        ))
-    }
-
-    fn sync_iptables(&mut self, family: IpFamily, rules: &str) -> Result<(), SyncError> {
-        self.iptables.restore(family, rules).map_err(sync_error)?;
-        // Only the built-in chains our jumps start from are read.
-        let missing =
-            missing_jumps(self.iptables.as_mut(), family, &IPVS_JUMP_RULES).map_err(sync_error)?;
-        let mut by_table: BTreeMap<&str, String> = BTreeMap::new();
-        for jump in &missing {
-            let lines = by_table.entry(jump.table).or_default();
-            lines.push_str(&format!("-I {} 1 {}\n", jump.from, jump.rule_spec()));
-        }
-        let input: String = by_table
-            .into_iter()
-            .map(|(table, lines)| format!("*{table}\n{lines}COMMIT\n"))
-            .collect();
-        if !input.is_empty() {
-            self.iptables.restore(family, &input).map_err(sync_error)?;
-        }
-        Ok(())
-    }
-
     /// The sync under way (begun, not ended).
     fn current(&mut self) -> Result<Current, Failure> {
         self.current
             .take()
             .ok_or_else(|| Failure::unattributed("an IPVS family sync outside a sync"))
-    }
-
-    /// Starts a sync at `depth`: kube-ipvs0 made sure of and the kernel read as deep as
-    /// asked. Memory of the last sync is taken: only a sync that ends gives it back.
-    fn start(&mut self, depth: Depth) -> Result<(), SyncError> {
-        let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
-        let (observed, read_all) = self.observe_at(depth, link)?;
-        let local: Vec<IpAddr> = self
-            .addresses
-            .addresses()
-            .into_iter()
-            .filter(|ip| !observed.bound.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
-            .collect();
-        let (sets, previous_iptables) = match self.applied.take() {
-            Some(applied) if depth == Depth::Changes => (applied.sets, applied.iptables),
-            Some(applied) => (SetEntries::new(), applied.iptables),
-            None => (SetEntries::new(), Vec::new()),
-        };
-        self.current = Some(Current {
-            depth,
-            link,
-            observed,
-            read_all,
-            local,
-            sets,
-            previous_iptables,
-            iptables: Vec::new(),
-        });
-        Ok(())
-    }
-
-    /// Takes `family` to `desired` (the whole family's, or, with `touched`, the part of those
-    /// services, addresses and set entries only): virtual servers and addresses, then sets,
-    /// then iptables rules.
-    fn program(
-        &mut self,
-        family: IpFamily,
-        current: &mut Current,
-        desired: DesiredIpvs,
-        scope: Option<Scope>,
-    ) -> Result<Changed, SyncError> {
-        let view = match &scope {
-            Some(Scope { touched, .. }) => {
-                // Draining ones are among the touched: their real servers are read here, once.
-                self.reread_real_servers(&mut current.observed, &touched.services)?;
-                current
-                    .observed
-                    .restricted(&touched.services, &touched.bound)
-            }
-            None => current.observed.of_family(family),
-        };
-        let exclude = &self.settings.exclude_cidrs;
-        let programmed = self.programmed.entry(family).or_default();
-        let (observed, local) = (&current.observed, &current.local);
-        let owned = |vs: &crate::sys::ipvs::VirtualServer| {
-            IpFamily::of(&vs.address) == family
-                && !exclude.iter().any(|net| net.contains(&vs.address))
-                && (observed.bound.contains(&vs.address)
-                    || programmed.contains(&vs.key())
-                    || local.contains(&vs.address))
-        };
-        let operations = diff(&desired, &view, &owned);
-        drop(view);
-        let applied = self.apply(current.link, &operations);
-        current.observed.apply(&applied);
-        let names = Self::set_names(family);
-        if current.depth != Depth::Changes {
-            let read = parse_save(&self.ipset.save_sets(&names).map_err(sync_error)?);
-            current.sets.retain(|name, _| !names.contains(name));
-            current.sets.extend(read);
-        }
-        let restricted;
-        let sets = match &scope {
-            Some(Scope { entries, .. }) => {
-                restricted = restrict_sets(&current.sets, &desired, entries);
-                &restricted
-            }
-            None => &current.sets,
-        };
-        if let Some(input) = sync_input(&desired.sets, sets) {
-            self.restore_sets(&input)?;
-        }
-        let programmed = self.programmed.entry(family).or_default();
-        match &scope {
-            Some(Scope { touched, entries }) => {
-                for (name, entry) in entries {
-                    if let Some(set) = current.sets.get_mut(name) {
-                        set.remove(entry);
-                    }
-                }
-                for key in &touched.services {
-                    if desired.services.contains_key(key) {
-                        programmed.insert(key.clone());
-                    } else {
-                        programmed.remove(key);
-                    }
-                }
-            }
-            None => {
-                current.sets.retain(|name, _| !names.contains(name));
-                *programmed = desired.services.keys().cloned().collect();
-            }
-        }
-        for (spec, entries) in desired.sets {
-            current.sets.entry(spec.name).or_default().extend(entries);
-        }
-        let unchanged = current.depth == Depth::Changes
-            && current
-                .previous_iptables
-                .iter()
-                .any(|(known, text)| *known == family && *text == desired.iptables);
-        if !unchanged {
-            self.sync_iptables(family, &desired.iptables)?;
-        }
-        let rules = ["filter", "nat"]
-            .map(|table| (table, rule_lines(table_section(&desired.iptables, table))));
-        current.iptables.push((family, desired.iptables));
-        Ok(Changed {
-            operations: operations.len(),
-            rules,
-        })
-    }
-
-    /// The changed services of `family`, rendered again, with the draining virtual servers:
-    /// what a sync of a few services diffs.
-    fn changed_part(
-        &mut self,
-        family: IpFamily,
-        current: &Current,
-        state: &ProxyState,
-        changes: &ChangeSummary,
-    ) -> Option<(DesiredIpvs, Scope)> {
-        let (ctx, aggregate) = self.aggregates.get_mut(&family)?;
-        let mut touched = Touched::default();
-        for key in &changes.changed_services {
-            touched.extend(aggregate.rerender(key, state, ctx));
-        }
-        touched.services.extend(
-            current
-                .observed
-                .draining()
-                .iter()
-                .filter(|vs| IpFamily::of(&vs.address) == family)
-                .map(|vs| vs.key()),
-        );
-        let part = aggregate.desired_part(ctx, &touched);
-        let entries = touched
-            .entries
-            .iter()
-            .map(|(base, entry)| (set_name(base, family), entry.clone()))
-            .collect();
-        Some((part, Scope { touched, entries }))
     }
 }
 
@@ -767,41 +380,5 @@ impl Mode for IpvsMode {
             });
         }
         report.skipped_services += self.refused.len();
-    }
-}
-
-/// How many rules a restore section appends.
-fn rule_lines(section: &str) -> usize {
-    section.lines().filter(|l| l.starts_with("-A ")).count()
-}
-
-/// The current entries of the touched ones, per set of `desired` (every set appears, so
-/// `sync_input` creates none): the counterpart of `Aggregate::desired_part`.
-fn restrict_sets(
-    sets: &SetEntries,
-    desired: &DesiredIpvs,
-    touched: &BTreeSet<(String, String)>,
-) -> SetEntries {
-    let mut current: SetEntries = desired
-        .sets
-        .keys()
-        .map(|spec| (spec.name.clone(), BTreeSet::new()))
-        .collect();
-    for (name, entry) in touched {
-        if sets
-            .get(name)
-            .is_some_and(|entries| entries.contains(entry))
-            && let Some(entries) = current.get_mut(name)
-        {
-            entries.insert(entry.clone());
-        }
-    }
-    current
-}
-
-fn is_link_local(ip: &IpAddr) -> bool {
-    match ip {
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-        IpAddr::V4(v4) => v4.is_link_local(),
     }
 }

@@ -13,7 +13,7 @@ use crate::model::{
     Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, ports_in_family,
     select_endpoints,
 };
-use crate::proxier::local::LocalDetector;
+use crate::proxier::context::FamilyContext;
 use crate::sys::ipset::{SetSpec, SetType};
 use crate::sys::ipvs::VirtualServer;
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
@@ -24,20 +24,13 @@ const FLAG_SCHED_MH: u32 = 0x10;
 /// Everything besides the model that shapes one family's IPVS state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpvsContext {
-    pub family: IpFamily,
-    pub node_name: String,
-    pub zone: Option<String>,
-    /// The node's primary address in this family (LoadBalancer source ranges that include it).
-    pub node_ip: Option<IpAddr>,
+    pub common: FamilyContext,
     /// Addresses NodePorts listen on: this family's local addresses but kube-ipvs0's.
     pub node_port_ips: Vec<IpAddr>,
     /// Every local address not on kube-ipvs0 (external and LB IPs among them are not bound).
     pub local_addresses: Vec<IpAddr>,
     /// The scheduler (`rr` when empty).
     pub scheduler: String,
-    pub masquerade_all: bool,
-    pub masquerade_mark: u32,
-    pub local_detector: LocalDetector,
 }
 
 /// One family's desired IPVS state.
@@ -178,14 +171,11 @@ pub fn render_service(
     ctx: &IpvsContext,
 ) -> Fragment {
     let mut fragment = Fragment::default();
-    let node = NodeContext {
-        node_name: &ctx.node_name,
-        zone: ctx.zone.as_deref(),
-    };
+    let node = ctx.common.node();
     let Some(ports) = ports else {
         return fragment;
     };
-    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.common.family) {
         render_port(&port, &endpoints, node, ctx, &mut fragment);
     }
     let bound: Vec<(&'static str, String)> = fragment
@@ -248,7 +238,10 @@ fn render_port(
         }
     };
 
-    for ep in endpoints.iter().filter(|ep| ep.is_local(&ctx.node_name)) {
+    for ep in endpoints
+        .iter()
+        .filter(|ep| ep.is_local(&ctx.common.node_name))
+    {
         fragment.entries.insert((
             "KUBE-LOOP-BACK",
             format!("{},{proto}:{},{}", ep.ip, ep.port, ep.ip),
@@ -290,7 +283,7 @@ fn render_port(
                     .entries
                     .insert(("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{net}")));
             }
-            if ctx.node_ip.is_some_and(|node_ip| {
+            if ctx.common.node_ip.is_some_and(|node_ip| {
                 port.load_balancer_source_ranges
                     .iter()
                     .any(|n| n.contains(&node_ip))
@@ -376,11 +369,11 @@ impl RuleInputs<'_> {
 
 /// Upstream's rules for IPVS mode, in its order; a set-matching rule exists only when its set has entries.
 pub(super) fn iptables_rules(ctx: &IpvsContext, sets: &RuleInputs<'_>) -> String {
-    let set_name = |base: &str| set_name(base, ctx.family);
-    let mark = format!("{:#010x}", ctx.masquerade_mark);
+    let set_name = |base: &str| set_name(base, ctx.common.family);
+    let mark = format!("{:#010x}", ctx.common.masquerade_mark);
     let mut nat = String::new();
     let mut filter = String::new();
-    let loopback = if ctx.family == IpFamily::V4 {
+    let loopback = if ctx.common.family == IpFamily::V4 {
         "127.0.0.0/8"
     } else {
         "::1/128"
@@ -506,9 +499,9 @@ pub(super) fn iptables_rules(ctx: &IpvsContext, sets: &RuleInputs<'_>) -> String
             comment_of("KUBE-CLUSTER-IP"),
             set_name("KUBE-CLUSTER-IP")
         );
-        if ctx.masquerade_all {
+        if ctx.common.masquerade_all {
             let _ = writeln!(nat, "{prefix} dst,dst -j KUBE-MARK-MASQ");
-        } else if let Some(not_local) = ctx.local_detector.if_not_local() {
+        } else if let Some(not_local) = ctx.common.local_detector.if_not_local() {
             let _ = writeln!(nat, "{prefix} dst,dst {not_local} -j KUBE-MARK-MASQ");
         } else {
             let _ = writeln!(nat, "{prefix} src,dst -j KUBE-MARK-MASQ");

@@ -5,7 +5,6 @@
 //! sync can write only the services that changed.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 use ipnet::IpNet;
 
@@ -13,10 +12,11 @@ use super::names;
 use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
 use super::text::{self, ElementText};
 use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, NodeContext, ServicePort, ServicePortMap, VecMap,
-    ports_in_family, select_endpoints,
+    Endpoint, EndpointsMap, IpFamily, ServicePort, ServicePortMap, VecMap, ports_in_family,
 };
+use crate::proxier::context::FamilyContext;
 use crate::proxier::local::{LocalDetector, NodePortAddresses};
+use crate::proxier::policy::{PortPolicy, Refusal};
 
 /// Our table's name, in both families.
 pub const TABLE: &str = "kube-proxy";
@@ -35,15 +35,9 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 /// Everything besides the model that shapes one family's table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftContext {
-    pub family: IpFamily,
-    pub node_name: String,
-    pub zone: Option<String>,
-    /// The node's primary address in this family (a source range holding it lets the
-    /// load-balancer IPs in too: hairpin through a VIP bound on the node).
-    pub node_ip: Option<IpAddr>,
-    pub masquerade_mark: u32,
-    pub masquerade_all: bool,
-    pub local_detector: LocalDetector,
+    /// The node and family (its primary address: a source range holding it lets the
+    /// load-balancer IPs in too, hairpin through a VIP bound on the node).
+    pub common: FamilyContext,
     pub node_port_addresses: NodePortAddresses,
     /// The ServiceCIDRs of this family: traffic to an unallocated address in them is dropped.
     pub service_cidrs: Vec<IpNet>,
@@ -52,21 +46,21 @@ pub struct NftContext {
 impl NftContext {
     /// `ip` or `ip6`: the table's family and the address match's keyword.
     pub fn ip(&self) -> &'static str {
-        match self.family {
+        match self.common.family {
             IpFamily::V4 => "ip",
             IpFamily::V6 => "ip6",
         }
     }
 
     fn addr_type(&self) -> &'static str {
-        match self.family {
+        match self.common.family {
             IpFamily::V4 => "ipv4_addr",
             IpFamily::V6 => "ipv6_addr",
         }
     }
 
     fn loopback(&self) -> &'static str {
-        match self.family {
+        match self.common.family {
             IpFamily::V4 => "127.0.0.0/8",
             IpFamily::V6 => "::1",
         }
@@ -75,7 +69,7 @@ impl NftContext {
     /// The match for traffic from this node's pods, and for traffic that is not, if possible.
     fn local_matches(&self) -> Option<(String, String)> {
         let ip = self.ip();
-        match &self.local_detector {
+        match &self.common.local_detector {
             LocalDetector::None => None,
             LocalDetector::Cidrs(nets) => {
                 let set = if nets.len() == 1 {
@@ -335,7 +329,7 @@ pub fn render_base(ctx: &NftContext) -> Objects {
         "firewall-check",
         format!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),
     );
-    let mark = format!("{:#x}", ctx.masquerade_mark);
+    let mark = format!("{:#x}", ctx.common.masquerade_mark);
     out.rule(MARK_FOR_MASQUERADE, format!("mark set mark or {mark}"));
     out.rule(
         "masquerading",
@@ -381,7 +375,7 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             // Localhost NodePorts are not served in this mode (as upstream).
             for node_ip in ips
                 .iter()
-                .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
+                .filter(|ip| IpFamily::of(ip) == ctx.common.family && !ip.is_loopback())
             {
                 out.element(NODEPORT_IPS, &node_ip.to_string(), "");
             }
@@ -390,7 +384,7 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     out
 }
 
-/// Renders every port of one service in `ctx.family`; its policy chains take their
+/// Renders every port of one service in `ctx.common.family`; its policy chains take their
 /// endpoint-map slots in `slots`.
 pub fn render_service(
     ports: &ServicePortMap,
@@ -401,7 +395,7 @@ pub fn render_service(
     let mut out = Objects::default();
     let mut text = ElementText::default();
     let local_matches = ctx.local_matches();
-    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.family) {
+    for (port, endpoints) in ports_in_family(ports, endpoints, ctx.common.family) {
         let port = PortInput {
             port: &port,
             endpoints: &endpoints,
@@ -432,11 +426,8 @@ fn render_port(
         endpoints,
         local_matches,
     } = input;
-    let node = NodeContext {
-        node_name: &ctx.node_name,
-        zone: ctx.zone.as_deref(),
-    };
-    let selected = select_endpoints(port, endpoints, node);
+    let node = ctx.common.node();
+    let policy = PortPolicy::new(port, endpoints, node);
     let ip = ctx.ip();
     let name = &port.name;
     let proto = name.protocol.lower();
@@ -450,39 +441,30 @@ fn render_port(
         external: external_chain,
         firewall: firewall_chain,
     } = names::port_chains(name);
-
-    let uses_cluster_chain = !selected.cluster.is_empty() && port.uses_cluster_endpoints();
-    let uses_local_chain = !selected.local.is_empty() && port.uses_local_endpoints();
-    let has_endpoints = selected.has_any_endpoints;
-    let (internal_chain, has_internal) = if port.internal_policy_local {
-        (&local_chain, has_endpoints && !selected.local.is_empty())
-    } else {
-        (&cluster_chain, has_endpoints)
-    };
-    let (external_policy_chain, has_external) = if port.external_policy_local {
-        (&local_chain, has_endpoints && !selected.local.is_empty())
-    } else {
-        (&cluster_chain, has_endpoints)
-    };
-    let uses_external_chain = has_endpoints && port.externally_accessible();
-    let uses_firewall_chain =
-        has_endpoints && !port.load_balancer_ips.is_empty() && port.has_source_ranges();
+    let PortPolicy {
+        ref selected,
+        has_endpoints,
+        uses_cluster_endpoints: uses_cluster_chain,
+        uses_local_endpoints: uses_local_chain,
+        has_internal,
+        has_external,
+        uses_external_chain,
+        uses_firewall: uses_firewall_chain,
+        ..
+    } = policy;
+    let policy_chain = |local: bool| if local { &local_chain } else { &cluster_chain };
+    let internal_chain = policy_chain(policy.internal_local);
+    let external_policy_chain = policy_chain(policy.external_local);
     // No endpoints at all: reject; some, but none this traffic may use: drop.
-    let refusal = |usable: bool| -> Option<String> {
-        if !has_endpoints {
-            Some(format!("goto {REJECT_CHAIN}"))
-        } else if !usable {
-            Some("drop".into())
-        } else {
-            None
-        }
+    let verdict = |refusal: Refusal| match refusal {
+        Refusal::Reject => format!("goto {REJECT_CHAIN}"),
+        Refusal::Drop => "drop".to_string(),
     };
-    if has_endpoints && !has_internal {
-        out.no_local_endpoints.0 += 1;
-    }
-    if has_endpoints && !has_external {
-        out.no_local_endpoints.1 += 1;
-    }
+    let internal_refusal = policy.internal_refusal().map(verdict);
+    let external_refusal = policy.external_refusal().map(verdict);
+    let (no_local_internal, no_local_external) = policy.no_local_endpoints();
+    out.no_local_endpoints.0 += usize::from(no_local_internal);
+    out.no_local_endpoints.1 += usize::from(no_local_external);
 
     // Cluster IP: always an active ClusterIP (traffic to its other ports is rejected).
     text.address_key(&cluster_ip)
@@ -491,8 +473,8 @@ fn render_port(
     if has_internal {
         text.rest(&[" : goto ", internal_chain])
             .add_into(out.elements_of(SERVICE_IPS));
-    } else if let Some(verdict) = refusal(has_internal) {
-        text.rest(&[" comment ", &comment(), " : ", &verdict])
+    } else if let Some(verdict) = &internal_refusal {
+        text.rest(&[" comment ", &comment(), " : ", verdict])
             .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
     }
 
@@ -504,8 +486,8 @@ fn render_port(
             text.rest(&[" : goto ", &external_chain])
                 .add_into(out.elements_of(SERVICE_IPS));
         }
-        if let Some(verdict) = refusal(has_external) {
-            text.rest(&[" comment ", &comment(), " : ", &verdict])
+        if let Some(verdict) = &external_refusal {
+            text.rest(&[" comment ", &comment(), " : ", verdict])
                 .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
         }
     }
@@ -520,6 +502,7 @@ fn render_port(
         let ranges = &port.load_balancer_source_ranges;
         let mut allowed: Vec<String> = ranges.iter().map(|n| n.to_string()).collect();
         if ctx
+            .common
             .node_ip
             .is_some_and(|node| ranges.iter().any(|n| n.contains(&node)))
         {
@@ -543,8 +526,8 @@ fn render_port(
             text.rest(&[" : goto ", &external_chain])
                 .add_into(out.elements_of(SERVICE_NODEPORTS));
         }
-        if let Some(verdict) = refusal(has_external) {
-            text.rest(&[" comment ", &comment(), " : ", &verdict])
+        if let Some(verdict) = &external_refusal {
+            text.rest(&[" comment ", &comment(), " : ", verdict])
                 .add_into(out.elements_of(NO_ENDPOINT_NODEPORTS));
         }
     }
@@ -552,7 +535,7 @@ fn render_port(
     // External traffic.
     if uses_external_chain {
         out.chain(&external_chain);
-        if !port.external_policy_local {
+        if !policy.external_local {
             out.rule(&external_chain, format!("jump {MARK_FOR_MASQUERADE}"));
         } else if uses_cluster_chain {
             // Pod and node traffic to an external address may use any endpoint (as if it went
@@ -572,7 +555,7 @@ fn render_port(
                 format!("fib saddr type local goto {cluster_chain} comment \"short-circuit local traffic\""),
             );
         }
-        if has_external && (!port.external_policy_local || uses_local_chain) {
+        if has_external && (!policy.external_local || uses_local_chain) {
             out.rule(&external_chain, format!("goto {external_policy_chain}"));
         }
     }
@@ -587,9 +570,9 @@ fn render_port(
     let mark_it = if affinity {
         format!("jump {MARK_FOR_MASQUERADE}")
     } else {
-        format!("mark set mark or {:#x}", ctx.masquerade_mark)
+        format!("mark set mark or {:#x}", ctx.common.masquerade_mark)
     };
-    let masquerade = if ctx.masquerade_all {
+    let masquerade = if ctx.common.masquerade_all {
         Some(format!(
             "{ip} daddr {cluster_ip} {proto} dport {} {mark_it}",
             port.port

@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use tracing::{info, warn};
 
 use super::super::names::SEP_PREFIX;
+use super::super::plan::{ChainSet, KeptChains};
 use super::super::render::{
     BaseRules, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_SERVICES,
     Rule, ServiceRules, render_service,
 };
-use super::super::restore::{ChainSet, KeptChains};
 use super::{Failure, IptablesMode};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::proxier::quarantine::Quarantine;

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
+use super::super::plan::{SharedRules, repair_restore};
 use super::super::programmed::ProgrammedService;
 use super::super::render::{BaseRules, NAT_CHAINS, ServiceRules, render_service};
-use super::super::restore::{SharedRules, repair_restore};
 use super::{Failure, IptablesMode, restore_failure};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::proxier::quarantine::Quarantine;

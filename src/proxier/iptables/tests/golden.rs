@@ -54,7 +54,7 @@ fn check_consistent(text: &str, family: IpFamily) {
 
 fn check(name: &str, services: &[Svc], ctx: &RenderContext) {
     let text = full_text(services, ctx);
-    check_consistent(&text, ctx.family);
+    check_consistent(&text, ctx.common.family);
     golden(name, &text);
 }
 
@@ -200,8 +200,8 @@ fn masquerade_all_and_no_local_detector() {
     let s = svc("ns1", "svc1", "172.30.0.41", |s| s.node_port = Some(30080))
         .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
-    ctx.masquerade_all = true;
-    ctx.masquerade_mark = 0x1;
+    ctx.common.masquerade_all = true;
+    ctx.common.masquerade_mark = 0x1;
     check("masquerade_all", &[s], &ctx);
     let s = svc("ns1", "svc1", "172.30.0.41", |s| {
         s.node_port = Some(30080);
@@ -209,7 +209,7 @@ fn masquerade_all_and_no_local_detector() {
     })
     .with_endpoints(vec![ep("10.180.0.1", 80, NODE)]);
     let mut ctx = context();
-    ctx.local_detector = LocalDetector::None;
+    ctx.common.local_detector = LocalDetector::None;
     ctx.tcp_be_liberal = true;
     check("no_local_detector", &[s], &ctx);
 }
@@ -230,9 +230,9 @@ fn ipv6() {
         ep("fd00:10:180::2", 80, ""),
     ]);
     let mut ctx = context();
-    ctx.family = IpFamily::V6;
-    ctx.node_ip = Some("fd00::2".parse().unwrap());
-    ctx.local_detector = LocalDetector::Cidrs(vec!["fd00:10::/64".parse().unwrap()]);
+    ctx.common.family = IpFamily::V6;
+    ctx.common.node_ip = Some("fd00::2".parse().unwrap());
+    ctx.common.local_detector = LocalDetector::Cidrs(vec!["fd00:10::/64".parse().unwrap()]);
     check("ipv6", &[s], &ctx);
 }
 

@@ -12,23 +12,17 @@ mod tracer_cases;
 
 use std::collections::BTreeMap;
 
+use super::plan::{FullSyncExtras, full_restore};
 use super::render::{
     LocalDetector, NodePortAddresses, RenderContext, ServiceRules, render_base, render_service,
 };
-use super::restore::{FullSyncExtras, full_restore};
 use crate::model::{IpFamily, NamespacedName, Protocol};
 pub use crate::proxier::fixtures::*;
 
 /// The context upstream's tests use: cluster CIDR 10.0.0.0/8, mark 0x4000, localhost NodePorts on.
 pub fn context() -> RenderContext {
     RenderContext {
-        family: IpFamily::V4,
-        node_name: NODE.into(),
-        zone: None,
-        node_ip: Some(NODE_IP.parse().unwrap()),
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        common: family_context(IpFamily::V4, NODE_IP, "10.0.0.0/8"),
         localhost_node_ports: true,
         node_port_addresses: NodePortAddresses::All,
         tcp_be_liberal: false,

@@ -29,7 +29,8 @@ fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
 
 fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
     let mut ipt = FakeIptables::default();
-    ipt.restore(ctx.family, &full_text(services, ctx)).unwrap();
+    ipt.restore(ctx.common.family, &full_text(services, ctx))
+        .unwrap();
     let local: Vec<IpAddr> = vec![NODE_IP.parse().unwrap()];
     for case in cases {
         let packet = Packet {
@@ -40,7 +41,7 @@ fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
             from_node: case.from_node,
         };
         assert_eq!(
-            trace(&ipt, ctx.family, &local, &packet),
+            trace(&ipt, ctx.common.family, &local, &packet),
             case.want,
             "{}",
             case.name
@@ -114,7 +115,7 @@ fn masquerade_all_flows() {
     let s =
         svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     let mut ctx = context();
-    ctx.masquerade_all = true;
+    ctx.common.masquerade_all = true;
     let cases = [Case {
         name: "pod traffic masqueraded too",
         src: POD,

@@ -3,25 +3,20 @@ use std::net::SocketAddr;
 
 use super::*;
 use crate::model::{NodeInfo, ProxyState};
-use crate::proxier::fixtures::{NODE, Svc, ep, svc};
+use crate::proxier::fixtures::{NODE, Svc, ep, family_context, svc};
 use crate::proxier::ipvs::aggregate::render;
 
 pub(in crate::proxier::ipvs) fn context(family: IpFamily) -> IpvsContext {
-    let (node_ip, cidr): (IpAddr, _) = match family {
-        IpFamily::V4 => ("192.168.0.2".parse().unwrap(), "10.244.0.0/16"),
-        IpFamily::V6 => ("fd00::2".parse().unwrap(), "fd00:10:244::/48"),
+    let (node_ip, cidr) = match family {
+        IpFamily::V4 => ("192.168.0.2", "10.244.0.0/16"),
+        IpFamily::V6 => ("fd00::2", "fd00:10:244::/48"),
     };
+    let address: IpAddr = node_ip.parse().unwrap();
     IpvsContext {
-        family,
-        node_name: NODE.into(),
-        zone: None,
-        node_ip: Some(node_ip),
-        node_port_ips: vec![node_ip],
-        local_addresses: vec![node_ip],
+        common: family_context(family, node_ip, cidr),
+        node_port_ips: vec![address],
+        local_addresses: vec![address],
         scheduler: String::new(),
-        masquerade_all: false,
-        masquerade_mark: 0x4000,
-        local_detector: LocalDetector::Cidrs(vec![cidr.parse().unwrap()]),
     }
 }
 

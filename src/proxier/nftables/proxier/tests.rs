@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
+use crate::config::KubeProxyConfiguration;
 use crate::model::{Endpoint, Protocol};
 use crate::proxier::Proxier;
 use crate::proxier::fixtures::{NODE, NODE_IP, ep, overall_services, svc};

@@ -2,19 +2,13 @@
 //! expected table of TestOverallNFTablesRules), compared as upstream compares.
 
 use super::*;
-use crate::proxier::fixtures::{NODE, NODE_IP, Svc, overall_services};
+use crate::proxier::fixtures::{NODE_IP, Svc, family_context, overall_services};
 
 /// Upstream's test context: pod CIDR 10.0.0.0/8, mark 0x4000, NodePorts on 192.168.0.2, the
 /// ServiceCIDR 172.30.0.0/16.
 pub fn context() -> NftContext {
     NftContext {
-        family: IpFamily::V4,
-        node_name: NODE.into(),
-        zone: None,
-        node_ip: Some(NODE_IP.parse().unwrap()),
-        masquerade_mark: 0x4000,
-        masquerade_all: false,
-        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        common: family_context(IpFamily::V4, NODE_IP, "10.0.0.0/8"),
         node_port_addresses: NodePortAddresses::Only(vec![NODE_IP.parse().unwrap()]),
         service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
     }

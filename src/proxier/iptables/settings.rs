@@ -1,0 +1,40 @@
+//! The parts of the configuration iptables mode uses.
+
+use std::time::Duration;
+
+use super::nfacct::NfacctCounters;
+use crate::config::KubeProxyConfiguration;
+use crate::proxier::local::LocalTraffic;
+
+/// The parts of the configuration this proxier uses.
+#[derive(Clone, Debug)]
+pub struct IptablesSettings {
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    pub localhost_node_ports: bool,
+    /// How local pod traffic is recognised.
+    pub local_traffic: LocalTraffic,
+    /// CIDRs or `primary`, as configured.
+    pub node_port_addresses: Vec<String>,
+    pub tcp_be_liberal: bool,
+    /// How often the canary chains are checked (syncPeriod).
+    pub canary_interval: Duration,
+    /// The kernel's packet counters the rules may name (none until the daemon creates them).
+    pub nfacct: NfacctCounters,
+}
+
+impl IptablesSettings {
+    /// Takes them from a validated configuration.
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        IptablesSettings {
+            masquerade_mark: config.masquerade_mark(),
+            masquerade_all: config.iptables.masquerade_all,
+            localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
+            local_traffic: LocalTraffic::from_config(config),
+            node_port_addresses: config.node_port_addresses.clone(),
+            tcp_be_liberal: config.conntrack.tcp_be_liberal,
+            canary_interval: config.iptables.sync_period.0,
+            nfacct: NfacctCounters::default(),
+        }
+    }
+}

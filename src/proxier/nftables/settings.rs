@@ -1,0 +1,33 @@
+//! The parts of the configuration nftables mode uses.
+
+use crate::config::KubeProxyConfiguration;
+use crate::proxier::local::LocalTraffic;
+
+/// The parts of the configuration this proxier uses.
+#[derive(Clone, Debug)]
+pub struct NftablesSettings {
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+    /// How local pod traffic is recognised.
+    pub local_traffic: LocalTraffic,
+    /// CIDRs or `primary`, as configured; upstream's nftables default (empty) is `primary`.
+    pub node_port_addresses: Vec<String>,
+}
+
+impl NftablesSettings {
+    /// Takes them from a validated configuration.
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        let node_port_addresses = if config.node_port_addresses.is_empty() {
+            vec!["primary".to_string()]
+        } else {
+            config.node_port_addresses.clone()
+        };
+        let bit = config.nftables.masquerade_bit.unwrap_or(14).clamp(0, 31);
+        NftablesSettings {
+            masquerade_mark: 1u32 << bit,
+            masquerade_all: config.nftables.masquerade_all || config.iptables.masquerade_all,
+            local_traffic: LocalTraffic::from_config(config),
+            node_port_addresses,
+        }
+    }
+}
