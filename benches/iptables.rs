@@ -34,8 +34,8 @@ use kube_proxy_rs::proxier::iptables::plan::{FullSyncExtras, full_restore};
 use kube_proxy_rs::proxier::iptables::render::{
     LocalDetector, NodePortAddresses, RenderContext, render_base, render_service,
 };
-use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables, tool};
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::xtables::{Backend, Iptables, SystemIptables, tool};
 use netns::Netns;
 use scale::{median, secs};
 
@@ -193,8 +193,8 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
         // Drift (nft: the kernel's change events): another program flushes a service chain and
         // puts a DROP first in filter KUBE-SERVICES; one sync repairs both.
         let repair = (backend == Backend::Nft).then(|| {
-            let events = kube_proxy_rs::sys::nf_events::NfEvents::start(
-                kube_proxy_rs::sys::nf_events::Scope::IptablesTables,
+            let events = kube_proxy_rs::sys::nf_tables::events::NfEvents::start(
+                kube_proxy_rs::sys::nf_tables::events::Scope::IptablesTables,
                 Box::new(|| {}),
             )
             .expect("nf_tables events");

@@ -33,9 +33,9 @@ use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::nftables::names;
 use kube_proxy_rs::proxier::nftables::render::TABLE;
 use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
-use kube_proxy_rs::sys::net::FixedAddresses;
-use kube_proxy_rs::sys::nf_events::{NfEvents, Scope};
-use kube_proxy_rs::sys::nftables::SystemNftables;
+use kube_proxy_rs::sys::host::net::FixedAddresses;
+use kube_proxy_rs::sys::nf_tables::SystemNftables;
+use kube_proxy_rs::sys::nf_tables::events::{NfEvents, Scope};
 use netns::Netns;
 use scale::{NODE_IP, secs};
 

@@ -25,7 +25,7 @@ use crate::servers::{
 };
 use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
-use crate::sys::net::{LocalAddresses, ProcSysctl, SystemAddresses};
+use crate::sys::host::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 use crate::sys::nfacct::NetlinkNfacct;
 
 /// Why the daemon stopped with an error.
@@ -87,7 +87,7 @@ pub fn init_only(settings: &Settings) {
     let mut sysctl = ProcSysctl::default();
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     for (name, value) in modes::init_sysctls(mode, config) {
-        if let Err(err) = crate::sys::net::ensure_sysctl(&mut sysctl, name, value) {
+        if let Err(err) = crate::sys::host::net::ensure_sysctl(&mut sysctl, name, value) {
             warn!(error = %err, sysctl = name, "Failed to set sysctl");
         }
     }

@@ -5,7 +5,7 @@
 use tracing::{info, warn};
 
 use crate::config::KubeProxyConfiguration;
-use crate::sys::net::{Sysctl, ensure_sysctl};
+use crate::sys::host::net::{Sysctl, ensure_sysctl};
 
 const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
 
@@ -108,7 +108,7 @@ pub fn apply_oom_score_adj(value: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::net::FakeSysctl;
+    use crate::sys::host::net::FakeSysctl;
 
     fn config() -> KubeProxyConfiguration {
         let mut config = KubeProxyConfiguration::default();

@@ -17,8 +17,8 @@ use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::conntrack::UdpConntrackCleaner;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
 use kube_proxy_rs::sys::conntrack::NetlinkConntrack;
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
 use serde_json::json;
 use support::cluster::{
     CLIENT_IP, CLIENT_IP6, Cluster, NODE_IP, NODE_IP6, PODS, addr, service, slice, slice6,

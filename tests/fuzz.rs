@@ -17,11 +17,11 @@ use kube_proxy_rs::model::{ChangeSummary, ChangeTracker, NodeInfo, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
 use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-use kube_proxy_rs::sys::iptables_fake::FakeIptables;
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
-use kube_proxy_rs::sys::nftables::{Nftables, SystemNftables};
-use kube_proxy_rs::sys::nftables_fake::FakeNftables;
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::nf_tables::fake::FakeNftables;
+use kube_proxy_rs::sys::nf_tables::{Nftables, SystemNftables};
+use kube_proxy_rs::sys::xtables::fake::FakeIptables;
+use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -308,7 +308,7 @@ fn every_accepted_object_programs_and_none_panics() {
         "some accepted services have endpoints"
     );
 
-    fn proxier<I: kube_proxy_rs::sys::iptables::Iptables>(iptables: I) -> IptablesProxier<I> {
+    fn proxier<I: kube_proxy_rs::sys::xtables::Iptables>(iptables: I) -> IptablesProxier<I> {
         IptablesProxier::new(
             iptables,
             support::scale::iptables_settings("10.244.0.0/16"),

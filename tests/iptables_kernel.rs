@@ -9,8 +9,8 @@ use kube_proxy_rs::model::{
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
 use support::netns::{Netns, require_netns};
 use support::rules::normalized_save;
 

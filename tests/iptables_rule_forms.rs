@@ -1,4 +1,4 @@
-//! The kernel's form of each of our rules is what `sys::iptables_rules` says it is, on both back
+//! The kernel's form of each of our rules is what `sys::xtables::rules` says it is, on both back
 //! ends: every golden restore and every upstream case is restored into a namespace with
 //! iptables-nft-restore and each chain read back over netlink, rule by rule, expression by
 //! expression; and restored with iptables-legacy-restore and read back with
@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::sys::iptables::tokenize;
-use kube_proxy_rs::sys::iptables_rules::{
+use kube_proxy_rs::sys::nfacct::{NetlinkNfacct, Nfacct};
+use kube_proxy_rs::sys::xtables::rules::{
     XtExpr, chain_expressions, chain_fingerprints, expected_fingerprint, nft_expressions, save_text,
 };
-use kube_proxy_rs::sys::nfacct::{NetlinkNfacct, Nfacct};
+use kube_proxy_rs::sys::xtables::tokenize;
 use support::netns::{Netns, require_netns};
 
 /// The rules a restore file appends to each (table, chain), in order.
@@ -201,7 +201,7 @@ fn check_legacy(file: &Path, text: &str) -> (Vec<String>, usize) {
     let mut compared = 0;
     for ((table, chain), rules) in appended_rules(text) {
         let saved = ns.output(&[&format!("{prefix}-legacy-save"), "-t", &table]);
-        let held = kube_proxy_rs::sys::iptables::rules_of(&saved, &chain);
+        let held = kube_proxy_rs::sys::xtables::rules_of(&saved, &chain);
         if held.len() != rules.len() {
             problems.push(format!(
                 "{}: {table} {chain}: {} rules saved, {} written",

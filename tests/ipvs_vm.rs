@@ -9,9 +9,9 @@ use std::process::Command;
 
 use kube_proxy_rs::model::{IpFamily, Protocol};
 use kube_proxy_rs::proxier::ipvs::{IpvsUnsupported, check_support};
+use kube_proxy_rs::sys::host::link::Links;
 use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
 use kube_proxy_rs::sys::ipvs::{IpvsClient, RealServer, VirtualServer};
-use kube_proxy_rs::sys::link::Links;
 use support::netns::{Netns, require_netns};
 
 /// On the host: runs test `name` in the VM, asserts it passed there, and returns its output.
@@ -231,7 +231,7 @@ fn ipvs_mode_rules_and_sets_are_accepted_by_the_kernel() {
     use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
     use kube_proxy_rs::proxier::local::LocalDetector;
     use kube_proxy_rs::sys::ipset::{SystemIpset, parse_save, sync_input};
-    use kube_proxy_rs::sys::iptables::{Backend, Iptables, SystemIptables};
+    use kube_proxy_rs::sys::xtables::{Backend, Iptables, SystemIptables};
 
     let name = ServicePortName::new("ns", "lb", "http", Protocol::Tcp);
     let port = ServicePort {
@@ -624,7 +624,7 @@ fn ipvs_partial_syncs_match_a_full_sync() {
     let in_kernel: Vec<(IpFamily, &str, usize)> = ["filter", "nat"]
         .into_iter()
         .map(|table| {
-            let section = kube_proxy_rs::sys::iptables::table_section(&saved, table);
+            let section = kube_proxy_rs::sys::xtables::table_section(&saved, table);
             (
                 IpFamily::V4,
                 table,

@@ -9,8 +9,8 @@ mod support;
 use std::path::Path;
 
 use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::sys::nftables::{NftError, Nftables, SystemNftables};
-use kube_proxy_rs::sys::nftables_fake::FakeNftables;
+use kube_proxy_rs::sys::nf_tables::fake::FakeNftables;
+use kube_proxy_rs::sys::nf_tables::{NftError, Nftables, SystemNftables};
 use support::netns::{Netns, require_netns};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/nft");
@@ -150,13 +150,13 @@ fn a_check_changes_nothing_and_names_a_refused_line() {
     let probe = "add table ip kube-proxy-probe\n\
                  add chain ip kube-proxy-probe c { type nat hook prerouting priority -100 ; }\n\
                  add rule ip kube-proxy-probe c meta l4proto tcp dnat to 10.0.0.1:80\n";
-    let checked = ns.run(move || kube_proxy_rs::sys::nftables::check(probe));
+    let checked = ns.run(move || kube_proxy_rs::sys::nf_tables::check(probe));
     checked.unwrap();
     assert_eq!(listing(&ns), before, "a check must change nothing");
     let refused = "add table ip kube-proxy-probe\nadd chain ip kube-proxy-probe c\n\
                    add rule ip kube-proxy-probe c goto missing\n";
     let err = ns
-        .run(move || kube_proxy_rs::sys::nftables::check(refused))
+        .run(move || kube_proxy_rs::sys::nf_tables::check(refused))
         .unwrap_err();
     match &err {
         NftError::Transaction { line, .. } => assert_eq!(*line, Some(3), "{err}"),

@@ -122,7 +122,7 @@ async fn health_metrics_and_service_health_servers() {
     // The rule counts say what the kernel holds in our chains.
     let saved = node.output(&["iptables-nft-save"]);
     for table in ["filter", "nat"] {
-        let section = kube_proxy_rs::sys::iptables::table_section(&saved, table);
+        let section = kube_proxy_rs::sys::xtables::table_section(&saved, table);
         let in_kernel = section
             .lines()
             .filter(|l| l.starts_with("-A KUBE-"))

@@ -13,9 +13,9 @@ use kube_proxy_rs::k8s::files::read_objects;
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::{IptablesProxier, IptablesSettings, NfacctCounters};
-use kube_proxy_rs::sys::iptables::Iptables;
-use kube_proxy_rs::sys::iptables_fake::FakeIptables;
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::xtables::Iptables;
+use kube_proxy_rs::sys::xtables::fake::FakeIptables;
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]

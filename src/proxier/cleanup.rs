@@ -14,10 +14,10 @@ use super::xtables::SHARED_CHAINS;
 use super::{iptables, ipvs, nftables};
 use crate::config::ProxyMode;
 use crate::model::IpFamily;
-use crate::sys::iptables::{
+use crate::sys::nf_tables::SystemNftables;
+use crate::sys::xtables::{
     Backend, ChainRules, Iptables, IptablesError, SystemIptables, builtin_chains, jump_target,
 };
-use crate::sys::nftables::SystemNftables;
 
 /// Whose state to remove.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,7 +247,7 @@ pub fn cleanup(what: Leftovers, local: &[IpAddr]) -> Vec<IpFamily> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::iptables_fake::{FakeIptables, Read};
+    use crate::sys::xtables::fake::{FakeIptables, Read};
 
     const V4: IpFamily = IpFamily::V4;
 

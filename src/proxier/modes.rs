@@ -10,7 +10,7 @@ use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::model::ProxyState;
-use crate::sys::iptables::Backend;
+use crate::sys::xtables::Backend;
 
 /// Why no proxier runs.
 #[derive(Debug, thiserror::Error)]

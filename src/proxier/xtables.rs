@@ -3,7 +3,7 @@
 //! chain alone.
 
 use crate::model::IpFamily;
-use crate::sys::iptables::{Iptables, IptablesError, jump_target};
+use crate::sys::xtables::{Iptables, IptablesError, jump_target};
 
 /// Chains both iptables-based modes declare (rewritten by whichever runs).
 pub const SHARED_CHAINS: [&str; 5] = [

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::process::{Tool, ToolError};
+use super::host::process::{Tool, ToolError};
 use crate::model::IpFamily;
 
 /// Why an ipset operation failed.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kube_proxy_rs::sys::iptables::Backend;
+use kube_proxy_rs::sys::xtables::Backend;
 
 use super::netns::Netns;
 

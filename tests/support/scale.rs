@@ -13,8 +13,8 @@ use kube_proxy_rs::model::{
 };
 use kube_proxy_rs::proxier::iptables::IptablesSettings;
 use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings};
-use kube_proxy_rs::sys::iptables::{Backend, SystemIptables};
-use kube_proxy_rs::sys::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
 
 use super::netns::Netns;
 

@@ -7,8 +7,8 @@ use super::{IptablesProxier, IptablesSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::model::{IpFamily, ProxyState};
 use crate::proxier::{Proxier, SyncError};
-use crate::sys::iptables_fake::FakeIptables;
-use crate::sys::net::{FakeSysctl, FixedAddresses};
+use crate::sys::host::net::{FakeSysctl, FixedAddresses};
+use crate::sys::xtables::fake::FakeIptables;
 
 /// The restore input of a first sync on this node, per family.
 pub fn preview(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<String, SyncError> {

@@ -26,8 +26,8 @@ use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::xtables::missing_jumps;
-use crate::sys::iptables::{Iptables, IptablesError, tokenize};
-use crate::sys::nf_events::ChangeEvents;
+use crate::sys::nf_tables::events::ChangeEvents;
+use crate::sys::xtables::{Iptables, IptablesError, tokenize};
 
 mod adopt;
 mod apply;
@@ -35,7 +35,7 @@ mod drift;
 mod full;
 mod partial;
 
-use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
+use crate::sys::host::net::{LocalAddresses, Sysctl, ensure_sysctl};
 use apply::*;
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";

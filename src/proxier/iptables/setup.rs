@@ -8,10 +8,10 @@ use tracing::{error, info, warn};
 use super::{IptablesProxier, IptablesSettings, NfacctCounters};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
-use crate::sys::iptables::{Backend, SystemIptables};
-use crate::sys::net::{ProcSysctl, SystemAddresses};
-use crate::sys::nf_events::{NfEvents, Scope};
+use crate::sys::host::net::{ProcSysctl, SystemAddresses};
+use crate::sys::nf_tables::events::{NfEvents, Scope};
 use crate::sys::nfacct::NetlinkNfacct;
+use crate::sys::xtables::{Backend, SystemIptables};
 
 /// The proxier on `backend`; `wake` asks the daemon for a sync.
 pub fn setup(

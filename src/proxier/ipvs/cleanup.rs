@@ -8,9 +8,9 @@ use tracing::{info, warn};
 use super::proxier::DUMMY_LINK;
 use super::render::{SETS, set_name};
 use crate::model::IpFamily;
+use crate::sys::host::link::Links;
 use crate::sys::ipset::SystemIpset;
 use crate::sys::ipvs::{IpvsClient, VirtualServer};
-use crate::sys::link::Links;
 
 /// Chains only IPVS mode declares.
 pub const CHAINS: [&str; 5] = [

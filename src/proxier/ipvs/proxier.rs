@@ -19,12 +19,12 @@ use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::quarantine::{self, Failure, Quarantine};
 use crate::proxier::xtables::{JumpRule, missing_jumps};
 use crate::proxier::{SyncError, SyncReport};
+use crate::sys::host::link::Links;
+use crate::sys::host::net::{LocalAddresses, Sysctl, ensure_sysctl};
 use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
-use crate::sys::iptables::{Iptables, table_section};
 use crate::sys::ipvs::IpvsClient;
 use crate::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST};
-use crate::sys::link::Links;
-use crate::sys::net::{LocalAddresses, Sysctl, ensure_sysctl};
+use crate::sys::xtables::{Iptables, table_section};
 
 mod adopt;
 mod apply;

@@ -7,8 +7,8 @@ use super::support::{IpvsUnsupported, check_support};
 use super::{IpvsProxier, IpvsSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
-use crate::sys::iptables::{Backend, SystemIptables};
-use crate::sys::net::{ProcSysctl, SystemAddresses};
+use crate::sys::host::net::{ProcSysctl, SystemAddresses};
+use crate::sys::xtables::{Backend, SystemIptables};
 
 /// The proxier, or why this node cannot run it.
 pub fn setup(

@@ -6,8 +6,8 @@
 use std::process::Command;
 
 use crate::model::Protocol;
+use crate::sys::host::link::{LinkError, Links};
 use crate::sys::ipvs::{IpvsClient, IpvsError, VirtualServer};
-use crate::sys::link::{LinkError, Links};
 
 /// Why the IPVS proxier cannot run here.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ use tracing::{info, warn};
 
 use super::render::TABLE;
 use crate::model::IpFamily;
-use crate::sys::nftables::{Nftables, family_keyword, remove_table_commands};
+use crate::sys::nf_tables::{Nftables, family_keyword, remove_table_commands};
 
 /// Removes nftables mode's `kube-proxy` tables, in both families, where they exist. Returns
 /// the families whose removal failed.
@@ -45,8 +45,8 @@ mod tests {
 
     #[test]
     fn nftables_tables_go_only_where_they_are_and_no_listing_finds_them() {
-        use crate::sys::nftables::Nftables;
-        use crate::sys::nftables_fake::FakeNftables;
+        use crate::sys::nf_tables::Nftables;
+        use crate::sys::nf_tables::fake::FakeNftables;
         let mut nft = FakeNftables::default();
         assert!(remove_tables(&mut nft).is_empty());
         assert!(nft.transactions.is_empty(), "{:?}", nft.transactions);

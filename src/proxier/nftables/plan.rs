@@ -16,7 +16,7 @@ use super::digests::{DIGEST_CHAIN, Digests};
 use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::model::NamespacedName;
 use crate::proxier::naming::ChainSet;
-use crate::sys::nftables::SetElements;
+use crate::sys::nf_tables::SetElements;
 
 /// What a transaction removed that must be deleted later.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

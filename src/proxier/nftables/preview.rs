@@ -7,8 +7,8 @@ use super::{NftablesProxier, NftablesSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::model::ProxyState;
 use crate::proxier::{Proxier, SyncError};
-use crate::sys::net::FixedAddresses;
-use crate::sys::nftables_fake::FakeNftables;
+use crate::sys::host::net::FixedAddresses;
+use crate::sys::nf_tables::fake::FakeNftables;
 
 /// The `nft -f` input of a first sync on this node, per family.
 pub fn preview(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<String, SyncError> {

@@ -32,9 +32,9 @@ use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::{NodePortAddresses, selected_node_port_ips};
 use crate::proxier::naming::ChainSet;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
-use crate::sys::net::LocalAddresses;
-use crate::sys::nf_events::ChangeEvents;
-use crate::sys::nftables::{NftError, Nftables, RuleComments, SetElements, family_keyword};
+use crate::sys::host::net::LocalAddresses;
+use crate::sys::nf_tables::events::ChangeEvents;
+use crate::sys::nf_tables::{NftError, Nftables, RuleComments, SetElements, family_keyword};
 
 mod adopt;
 mod apply;

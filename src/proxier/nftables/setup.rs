@@ -10,9 +10,9 @@ use super::support::{self, NftablesUnsupported, SKIP_KERNEL_CHECK_ENV};
 use super::{NftablesProxier, NftablesSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
-use crate::sys::net::SystemAddresses;
-use crate::sys::nf_events::{NfEvents, Scope};
-use crate::sys::nftables::SystemNftables;
+use crate::sys::host::net::SystemAddresses;
+use crate::sys::nf_tables::SystemNftables;
+use crate::sys::nf_tables::events::{NfEvents, Scope};
 
 /// The proxier, or why this node cannot run it (as upstream, no fallback); `wake` asks the
 /// daemon for a sync.

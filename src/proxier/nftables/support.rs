@@ -6,7 +6,7 @@
 //! takes 0.1 s and reads other programs' objects).
 
 use crate::model::IpFamily;
-use crate::sys::nftables::{self, NftError, family_keyword};
+use crate::sys::nf_tables::{self as nftables, NftError, family_keyword};
 
 /// upstream's minimum kernel for nftables mode.
 const MIN_KERNEL: (u32, u32) = (5, 13);
@@ -113,8 +113,8 @@ mod tests {
     #[test]
     fn the_probe_compiles_to_netlink_messages() {
         let text = probe(IpFamily::V4);
-        let compiled =
-            crate::sys::nft_netlink::compile(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+        let compiled = crate::sys::nf_tables::write::compile(&text)
+            .unwrap_or_else(|err| panic!("{err}\n{text}"));
         assert!(compiled.messages.len() >= text.lines().count());
     }
 }

@@ -29,7 +29,7 @@ use super::super::render::{
 use super::{Failure, IptablesMode};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::proxier::quarantine::Quarantine;
-use crate::sys::iptables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
+use crate::sys::xtables::{Iptables, IptablesError, RuleFingerprint, RuleFingerprinter};
 
 /// Endpoint chains a full sync kept by name, with their services: not read yet.
 pub(super) type Trusted = Vec<(NamespacedName, String)>;

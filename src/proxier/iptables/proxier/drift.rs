@@ -16,7 +16,7 @@ use super::{Failure, IptablesMode, restore_failure};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::proxier::quarantine::Quarantine;
 use crate::proxier::xtables::{is_jump, jump_sources, missing_jumps};
-use crate::sys::iptables::{Iptables, builtin_chains};
+use crate::sys::xtables::{Iptables, builtin_chains};
 
 impl<I: Iptables> IptablesMode<I> {
     /// Takes the changes others made since the last sync; true when only a full sync can repair
@@ -143,7 +143,7 @@ impl<I: Iptables> IptablesMode<I> {
     pub(super) fn verify(
         &mut self,
         family: IpFamily,
-    ) -> Result<(), crate::sys::iptables::IptablesError> {
+    ) -> Result<(), crate::sys::xtables::IptablesError> {
         let Some(programmed) = self.programmed.get(&family) else {
             return Ok(());
         };

@@ -6,7 +6,7 @@ use super::incremental::{V4, canonical, changed, fresh, proxier, state};
 use super::*;
 use crate::model::ChangeSummary;
 use crate::proxier::Proxier;
-use crate::sys::iptables_fake::FakeIptables;
+use crate::sys::xtables::fake::FakeIptables;
 
 /// A node programmed by an earlier run from `state`.
 fn programmed(state: &crate::model::ProxyState) -> FakeIptables {
@@ -208,7 +208,7 @@ fn endpoint_chains_read(ipt: &FakeIptables) -> Vec<String> {
     ipt.reads
         .iter()
         .filter_map(|read| match read {
-            crate::sys::iptables_fake::Read::ChainFingerprints { chains, .. } => Some(chains),
+            crate::sys::xtables::fake::Read::ChainFingerprints { chains, .. } => Some(chains),
             _ => None,
         })
         .flatten()

@@ -4,9 +4,9 @@
 use super::incremental::{V4, canonical, fresh, proxier, state};
 use crate::model::ChangeSummary;
 use crate::proxier::Proxier;
-use crate::sys::iptables::Iptables;
-use crate::sys::iptables_fake::{FakeIptables, Read};
-use crate::sys::nf_events::{Drift, FakeEvents};
+use crate::sys::nf_tables::events::{Drift, FakeEvents};
+use crate::sys::xtables::Iptables;
+use crate::sys::xtables::fake::{FakeIptables, Read};
 
 /// The first nat chain of ours whose name starts with `prefix`.
 fn first_chain(ipt: &FakeIptables, prefix: &str) -> String {
@@ -118,8 +118,8 @@ fn without_events_each_sync_period_compares_rule_counts_and_repairs() {
     let mut p = crate::proxier::iptables::IptablesProxier::new(
         FakeIptables::default(),
         settings,
-        Box::new(crate::sys::net::FixedAddresses(vec![])),
-        Box::new(crate::sys::net::FakeSysctl::default()),
+        Box::new(crate::sys::host::net::FixedAddresses(vec![])),
+        Box::new(crate::sys::host::net::FakeSysctl::default()),
     );
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(

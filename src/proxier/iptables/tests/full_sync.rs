@@ -6,8 +6,8 @@ use super::incremental::{V4, canonical, changed, fresh, proxier, state};
 use super::*;
 use crate::model::ChangeSummary;
 use crate::proxier::Proxier;
-use crate::sys::iptables::builtin_chains;
-use crate::sys::iptables_fake::{FakeIptables, Read};
+use crate::sys::xtables::builtin_chains;
+use crate::sys::xtables::fake::{FakeIptables, Read};
 
 /// The reads a proxier made since the last call, cleared.
 fn take_reads(ipt: &mut FakeIptables) -> Vec<Read> {

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::proxier::iptables::render::{KUBE_MARK_MASQ, NodePortAddresses};
-use crate::sys::iptables::Iptables;
-use crate::sys::iptables::jump_target;
-use crate::sys::iptables_fake::FakeIptables;
+use crate::sys::xtables::Iptables;
+use crate::sys::xtables::fake::FakeIptables;
+use crate::sys::xtables::jump_target;
 
 fn golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -9,8 +9,8 @@ use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, NodeInfo, ProxyState};
 use crate::proxier::Proxier;
 use crate::proxier::iptables::{IptablesProxier, IptablesSettings};
-use crate::sys::iptables_fake::FakeIptables;
-use crate::sys::net::{FakeSysctl, FixedAddresses};
+use crate::sys::host::net::{FakeSysctl, FixedAddresses};
+use crate::sys::xtables::fake::FakeIptables;
 
 pub(super) const V4: IpFamily = IpFamily::V4;
 

@@ -6,7 +6,7 @@ use super::incremental::{V4, changed, proxier, state};
 use super::*;
 use crate::model::ChangeSummary;
 use crate::proxier::Proxier;
-use crate::sys::iptables_fake::FakeIptables;
+use crate::sys::xtables::fake::FakeIptables;
 
 /// Whether the fake's nat KUBE-SERVICES sends `service`'s cluster IP somewhere.
 fn programmed(ipt: &FakeIptables, service: &str) -> bool {

@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::model::{IpFamily, Protocol};
-use crate::sys::iptables::tokenize;
-use crate::sys::iptables_fake::{FakeIptables, Table};
+use crate::sys::xtables::fake::{FakeIptables, Table};
+use crate::sys::xtables::tokenize;
 
 /// One packet.
 #[derive(Clone, Debug)]

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 
 use super::tracer::{Packet, Verdict, trace};
 use super::*;
-use crate::sys::iptables::Iptables;
-use crate::sys::iptables_fake::FakeIptables;
+use crate::sys::xtables::Iptables;
+use crate::sys::xtables::fake::FakeIptables;
 
 struct Case {
     name: &'static str,

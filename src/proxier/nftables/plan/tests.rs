@@ -6,7 +6,7 @@ use crate::proxier::fixtures::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};
 use crate::proxier::nftables::slots::SlotTable;
-use crate::sys::nftables::SetElements;
+use crate::sys::nf_tables::SetElements;
 
 fn rendered() -> BTreeMap<NamespacedName, Objects> {
     let ctx = context();

@@ -13,8 +13,8 @@ use crate::proxier::Proxier;
 use crate::proxier::fixtures::{NODE, NODE_IP, ep, overall_services, svc};
 use crate::proxier::nftables::render::Chain;
 use crate::proxier::nftables::render::tests::table;
-use crate::sys::net::FixedAddresses;
-use crate::sys::nftables_fake::{FakeNftables, FakeTable};
+use crate::sys::host::net::FixedAddresses;
+use crate::sys::nf_tables::fake::{FakeNftables, FakeTable};
 
 const V4: IpFamily = IpFamily::V4;
 
@@ -463,17 +463,17 @@ fn synced_with_events(
     state: &ProxyState,
 ) -> (
     NftablesProxier<FakeNftables>,
-    crate::sys::nf_events::FakeEvents,
+    crate::sys::nf_tables::events::FakeEvents,
 ) {
-    let events = crate::sys::nf_events::FakeEvents::default();
+    let events = crate::sys::nf_tables::events::FakeEvents::default();
     let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
     p.sync(state, &ChangeSummary::default()).unwrap();
     (p, events)
 }
 
 /// Reports that another program changed these objects of our IPv4 table (a set as `@name`).
-fn report_drift(events: &crate::sys::nf_events::FakeEvents, names: &[&str]) {
-    *events.pending.lock().unwrap() = crate::sys::nf_events::Drift {
+fn report_drift(events: &crate::sys::nf_tables::events::FakeEvents, names: &[&str]) {
+    *events.pending.lock().unwrap() = crate::sys::nf_tables::events::Drift {
         chains: names
             .iter()
             .map(|name| (V4, TABLE.to_string(), name.to_string()))
@@ -547,7 +547,7 @@ fn what_another_program_changes_is_rewritten_by_a_full_sync_from_memory_and_the_
 
 #[test]
 fn with_change_events_a_full_sync_writes_only_what_differs() {
-    use crate::sys::nf_events::FakeEvents;
+    use crate::sys::nf_tables::events::FakeEvents;
     let mut state = state();
     let mut p =
         proxier(FakeNftables::default()).with_change_events(Box::new(FakeEvents::default()));

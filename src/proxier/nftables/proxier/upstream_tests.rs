@@ -24,8 +24,8 @@ use crate::proxier::Proxier;
 use crate::proxier::nftables::digests::DIGEST_CHAIN;
 use crate::proxier::nftables::render::DIGEST_PREFIX;
 use crate::proxier::nftables::render::tests::{assert_same_table, dump, outside_our_changes};
-use crate::sys::net::FixedAddresses;
-use crate::sys::nftables_fake::FakeNftables;
+use crate::sys::host::net::FixedAddresses;
+use crate::sys::nf_tables::fake::FakeNftables;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,24 +6,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::netlink::{Connection, NetlinkError};
-use super::nf_tables::{RawMessage, attributes, dump, nul_terminated, udata_comment};
-use super::nft_netlink::{KeyType, protocol_name, verdict_text};
+use super::read::{RawMessage, attributes, dump, nul_terminated, udata_comment};
+use super::write::{KeyType, protocol_name, verdict_text};
 use crate::model::IpFamily;
+use crate::sys::netlink::{Connection, NetlinkError};
 
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_GETSETELEM: u16 = 13;
-const LIST_TABLE: u16 = 1;
-const LIST_SET: u16 = 2;
-const LIST_ELEMENTS: u16 = 3;
-const ELEM_KEY: u16 = 1;
-const ELEM_DATA: u16 = 2;
-const ELEM_FLAGS: u16 = 3;
-const ELEM_USERDATA: u16 = 6;
-const DATA_VALUE: u16 = 1;
-const DATA_VERDICT: u16 = 2;
-const VERDICT_CODE: u16 = 1;
-const VERDICT_CHAIN: u16 = 2;
+use super::wire::{
+    NFT_MSG_GETSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE as DATA_VALUE,
+    NFTA_DATA_VERDICT as DATA_VERDICT, NFTA_SET_ELEM_DATA as ELEM_DATA,
+    NFTA_SET_ELEM_FLAGS as ELEM_FLAGS, NFTA_SET_ELEM_KEY as ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS as LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET as LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE as LIST_TABLE, NFTA_SET_ELEM_USERDATA as ELEM_USERDATA,
+    NFTA_VERDICT_CHAIN as VERDICT_CHAIN, NFTA_VERDICT_CODE as VERDICT_CODE,
+};
 
 /// Bytes a key component takes in a key: alone, or padded to four in a concatenation.
 fn len_in_key(kind: KeyType, concatenated: bool) -> usize {

@@ -7,12 +7,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::iptables::input_context;
+use self::elements::KeyLayout;
+use super::host::process::{Tool, ToolError};
 use super::netlink::{Connection, NetlinkError};
-use super::nf_tables;
-use super::nft_elements::{self, KeyLayout};
-use super::nft_netlink;
-use super::process::{Tool, ToolError};
+use super::xtables::input_context;
+
+pub mod elements;
+pub mod events;
+pub mod fake;
+pub mod read;
+pub mod wire;
+pub mod write;
 use crate::model::IpFamily;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use tracing::debug;
@@ -51,7 +56,7 @@ pub enum NftError {
         table: String,
         family: &'static str,
         #[source]
-        source: nft_elements::ElementsError,
+        source: elements::ElementsError,
     },
 }
 
@@ -130,7 +135,7 @@ pub enum Writer {
 pub struct SystemNftables {
     pub writer: Writer,
     /// Transactions over netlink go through one kept socket.
-    sender: nft_netlink::Sender,
+    sender: write::Sender,
 }
 
 impl SystemNftables {
@@ -169,9 +174,9 @@ impl SystemNftables {
 
 /// Sends compiled `commands`; a refusal names the line the refused message came from.
 fn apply_over_netlink(
-    sender: &mut nft_netlink::Sender,
+    sender: &mut write::Sender,
     commands: &str,
-    compiled: &nft_netlink::Compiled,
+    compiled: &write::Compiled,
 ) -> Result<(), NftError> {
     sender
         .send(&compiled.messages)
@@ -180,13 +185,13 @@ fn apply_over_netlink(
 
 /// A refused batch as an error naming the line the refused message came from.
 fn netlink_failure(
-    err: nft_netlink::SendError,
+    err: write::SendError,
     what: &str,
     commands: &str,
-    compiled: &nft_netlink::Compiled,
+    compiled: &write::Compiled,
 ) -> NftError {
     let line = match &err {
-        nft_netlink::SendError::Refused {
+        write::SendError::Refused {
             message: Some(index),
             ..
         } => compiled.lines.get(*index).copied(),
@@ -204,7 +209,7 @@ impl Nftables for SystemNftables {
         if self.writer == Writer::Nft {
             return Self::apply_with_nft(commands);
         }
-        match nft_netlink::compile(commands) {
+        match write::compile(commands) {
             Ok(compiled) => apply_over_netlink(&mut self.sender, commands, &compiled),
             Err(err) if self.writer == Writer::Netlink => Err(NftError::Transaction {
                 reason: format!("not written over netlink: {}", err.reason),
@@ -227,13 +232,13 @@ impl Nftables for SystemNftables {
                 source,
             }
         };
-        let chains = nf_tables::chain_names(family, table).map_err(failed("chains"))?;
-        let sets = nf_tables::set_names(family, table).map_err(failed("sets"))?;
+        let chains = read::chain_names(family, table).map_err(failed("chains"))?;
+        let sets = read::set_names(family, table).map_err(failed("sets"))?;
         Ok(TableNames { chains, sets })
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {
-        nf_tables::table_exists(family, table).map_err(|source| NftError::Netlink {
+        read::table_exists(family, table).map_err(|source| NftError::Netlink {
             what: "table",
             table: table.to_string(),
             family: family_keyword(family),
@@ -247,7 +252,7 @@ impl Nftables for SystemNftables {
         table: &str,
         chains: &BTreeSet<String>,
     ) -> Result<RuleComments, NftError> {
-        nf_tables::rule_comments(family, table, chains).map_err(|source| NftError::Netlink {
+        read::rule_comments(family, table, chains).map_err(|source| NftError::Netlink {
             what: "rules",
             table: table.to_string(),
             family: family_keyword(family),
@@ -268,17 +273,16 @@ impl Nftables for SystemNftables {
         };
         let mut out = SetElements::new();
         let mut connection = Connection::open(NETLINK_NETFILTER)
-            .map_err(|err| failed(nft_elements::ElementsError::Netlink(err)))?;
+            .map_err(|err| failed(elements::ElementsError::Netlink(err)))?;
         for (name, spec) in sets {
             let layout = KeyLayout::from_spec(spec).ok_or_else(|| {
-                failed(nft_elements::ElementsError::Undecodable {
+                failed(elements::ElementsError::Undecodable {
                     set: name.clone(),
                     what: format!("a declaration this program does not write: {spec}"),
                 })
             })?;
-            let elements =
-                nft_elements::set_elements(&mut connection, family, table, name, &layout)
-                    .map_err(failed)?;
+            let elements = elements::set_elements(&mut connection, family, table, name, &layout)
+                .map_err(failed)?;
             out.insert(name.clone(), elements);
         }
         Ok(out)
@@ -331,8 +335,8 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 /// `nft --check` for text our compiler does not know (nft reads the family's ruleset first:
 /// 0.1 s on a node already holding 10,000 services, and a risk with other tenants' rules).
 pub fn check(commands: &str) -> Result<(), NftError> {
-    if let Ok(compiled) = nft_netlink::compile(commands) {
-        return nft_netlink::Sender::default()
+    if let Ok(compiled) = write::compile(commands) {
+        return write::Sender::default()
             .check(&compiled.messages)
             .map_err(|err| netlink_failure(err, "check", commands, &compiled));
     }

@@ -7,15 +7,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::iptables_rules;
-pub use super::iptables_rules::RuleFingerprint;
+pub use self::rules::RuleFingerprint;
 
 /// Tells the fingerprint of a rule's text as a back end holds it (see
 /// [`Iptables::rule_fingerprinter`]).
 pub type RuleFingerprinter = fn(IpFamily, &str) -> Option<RuleFingerprint>;
+use super::host::process::{Ended, Tool, ToolError};
 use super::netlink::NetlinkError;
-use super::nf_tables;
-use super::process::{Ended, Tool, ToolError};
+use super::nf_tables::read as nf_tables;
+
+pub mod fake;
+pub mod rules;
 use crate::model::IpFamily;
 
 /// A restore may take a minute, plus a second per 100,000 bytes of input (a cold start at
@@ -450,12 +452,12 @@ impl Iptables for SystemIptables {
                 };
                 let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
                 if let Some(&at) = index.get(chain) {
-                    held[at].push(iptables_rules::text_fingerprint(rule.trim_end()));
+                    held[at].push(rules::text_fingerprint(rule.trim_end()));
                 }
             }
             return Ok(Some(held));
         }
-        iptables_rules::chain_fingerprints(family, table, chains)
+        rules::chain_fingerprints(family, table, chains)
             .map(Some)
             .map_err(|source| IptablesError::Netlink {
                 table: table.to_string(),
@@ -466,13 +468,11 @@ impl Iptables for SystemIptables {
 
     fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
         match self.backend {
-            Backend::Nft => {
-                Some(|family, spec| iptables_rules::expected_fingerprint(family, spec).ok())
-            }
+            Backend::Nft => Some(|family, spec| rules::expected_fingerprint(family, spec).ok()),
             Backend::Legacy => Some(|family, spec| {
-                iptables_rules::save_text(family == IpFamily::V6, spec)
+                rules::save_text(family == IpFamily::V6, spec)
                     .ok()
-                    .map(|text| iptables_rules::text_fingerprint(&text))
+                    .map(|text| rules::text_fingerprint(&text))
             }),
         }
     }

@@ -8,7 +8,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 
-use super::netlink::{Connection, NetlinkError};
+use crate::sys::netlink::{Connection, NetlinkError};
 
 const EEXIST: i32 = 17;
 const ENODEV: i32 = 19;

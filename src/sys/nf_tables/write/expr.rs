@@ -1,36 +1,18 @@
 //! nf_tables rule expressions and how each is put on the wire. Attribute order within each
 //! expression is `nft`'s (libnftnl's), so our messages equal nft's byte for byte.
 
-use super::wire::Attributes;
+use crate::sys::nf_tables::wire::Attributes;
 
-/// Registers: the verdict register and the 16-byte register 1 (= 32-bit registers 8..11),
-/// then the 32-bit registers.
-pub const REG_VERDICT: u32 = 0;
-pub const REG_1: u32 = 1;
-pub const REG_2: u32 = 2;
+pub use crate::sys::nf_tables::wire::{
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO,
+    META_MARK, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
+};
+
 /// The 32-bit register holding bytes `offset..offset + 4` of register 1 onwards.
 pub fn reg32(offset: usize) -> u32 {
     8 + (offset / 4) as u32
 }
 
-/// Payload bases.
-pub const BASE_NETWORK: u32 = 1;
-pub const BASE_TRANSPORT: u32 = 2;
-/// Comparison operators.
-pub const CMP_EQ: u32 = 0;
-pub const CMP_NEQ: u32 = 1;
-/// Meta keys.
-pub const META_MARK: u32 = 3;
-pub const META_IIFNAME: u32 = 6;
-pub const META_L4PROTO: u32 = 16;
-/// Conntrack key: the state.
-pub const CT_STATE: u32 = 0;
-pub const CT_STATUS: u32 = 2;
-/// Verdict codes.
-pub const NF_DROP: i32 = 0;
-pub const NFT_JUMP: i32 = -3;
-pub const NFT_GOTO: i32 = -4;
-pub const NFT_RETURN: i32 = -5;
 /// A verdict map's data type.
 pub const DATA_VERDICT: u32 = 0xffff_ff00;
 /// Set flags.

@@ -12,15 +12,14 @@ use super::expr::{
 };
 use super::rule;
 use super::values::{self, Bound, KeyType, Unsupported, parse_verdict, unquote};
-use super::wire::{
+use crate::sys::nf_tables::wire::{
     Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
     NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
     NFT_MSG_NEWTABLE, NLM_F_APPEND, NLM_F_CREATE, UserData,
 };
 
 /// The family numbers of nfgenmsg.
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+use crate::sys::nf_tables::wire::{NFPROTO_IPV4, NFPROTO_IPV6};
 /// nft's data type numbers (for set key types), and the bits a concatenation shifts each by.
 const TYPE_INTEGER: u32 = 4;
 const TYPE_IPADDR: u32 = KeyType::Ipv4.number();
@@ -28,7 +27,7 @@ const TYPE_IP6ADDR: u32 = KeyType::Ipv6.number();
 const TYPE_INET_SERVICE: u32 = KeyType::Port.number();
 const TYPE_BITS: u32 = 6;
 /// libnftnl's user data record types.
-const UDATA_COMMENT: u8 = 0;
+use crate::sys::nf_tables::wire::NFTNL_UDATA_COMMENT as UDATA_COMMENT;
 const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const UDATA_SET_DATABYTEORDER: u8 = 1;
 const UDATA_SET_MERGE_ELEMENTS: u8 = 2;

@@ -3,23 +3,87 @@
 //! sends it. Pure: the layouts follow the kernel's uapi (linux/netfilter/nf_tables.h) and are
 //! checked byte for byte against what `nft` sends (tests/testdata/nft/).
 
-/// The nf_tables netfilter subsystem.
+//!
+//! Every nf_tables number this program uses is here, once: what the reads, the change events,
+//! the writes and the iptables-nft read-back say to the kernel and hear from it.
+
+/// The nf_tables netfilter subsystem, and its multicast group (the change events).
 pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub const NFNLGRP_NFTABLES: u32 = 7;
 /// Batch delimiters (netfilter's own message types, not nf_tables').
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 pub const NFNL_MSG_BATCH_END: u16 = 17;
+/// nfgenmsg families.
+pub const NFPROTO_IPV4: u8 = 2;
+pub const NFPROTO_IPV6: u8 = 10;
 
 /// nf_tables message types.
 pub const NFT_MSG_NEWTABLE: u16 = 0;
+pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_DELTABLE: u16 = 2;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
+pub const NFT_MSG_GETCHAIN: u16 = 4;
 pub const NFT_MSG_DELCHAIN: u16 = 5;
 pub const NFT_MSG_NEWRULE: u16 = 6;
+pub const NFT_MSG_GETRULE: u16 = 7;
 pub const NFT_MSG_DELRULE: u16 = 8;
 pub const NFT_MSG_NEWSET: u16 = 9;
+pub const NFT_MSG_GETSET: u16 = 10;
 pub const NFT_MSG_DELSET: u16 = 11;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
+pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
+
+/// Attributes. The table is attribute 1 of table, chain, rule and set messages alike
+/// (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE).
+pub const NFTA_TABLE_NAME: u16 = 1;
+pub const NFTA_CHAIN_NAME: u16 = 3;
+pub const NFTA_RULE_CHAIN: u16 = 2;
+pub const NFTA_RULE_EXPRESSIONS: u16 = 4;
+pub const NFTA_RULE_USERDATA: u16 = 7;
+/// A set's name: NFTA_SET_NAME and NFTA_SET_ELEM_LIST_SET are both 2.
+pub const NFTA_SET_NAME: u16 = 2;
+pub const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+pub const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+pub const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub const NFTA_SET_ELEM_KEY: u16 = 1;
+pub const NFTA_SET_ELEM_DATA: u16 = 2;
+pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
+pub const NFTA_SET_ELEM_USERDATA: u16 = 6;
+pub const NFTA_DATA_VALUE: u16 = 1;
+pub const NFTA_DATA_VERDICT: u16 = 2;
+pub const NFTA_VERDICT_CODE: u16 = 1;
+pub const NFTA_VERDICT_CHAIN: u16 = 2;
+pub const NFTA_EXPR_NAME: u16 = 1;
+pub const NFTA_EXPR_DATA: u16 = 2;
+/// In a rule's or an element's user data (libnftnl's TLVs), the comment.
+pub const NFTNL_UDATA_COMMENT: u8 = 0;
+/// An attribute type without its nested / byte-order flags.
+pub const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// Expressions: registers (the verdict register and the 16-byte register 1, whose 32-bit
+/// parts are 8..11), payload bases, comparison operators, meta and conntrack keys.
+pub const REG_VERDICT: u32 = 0;
+pub const REG_1: u32 = 1;
+pub const REG_2: u32 = 2;
+pub const BASE_NETWORK: u32 = 1;
+pub const BASE_TRANSPORT: u32 = 2;
+pub const CMP_EQ: u32 = 0;
+pub const CMP_NEQ: u32 = 1;
+pub const CMP_LTE: u32 = 3;
+pub const CMP_GT: u32 = 4;
+pub const META_MARK: u32 = 3;
+pub const META_IIFNAME: u32 = 6;
+pub const META_OIFNAME: u32 = 7;
+pub const META_L4PROTO: u32 = 16;
+pub const CT_STATE: u32 = 0;
+pub const CT_STATUS: u32 = 2;
+/// Verdict codes.
+pub const NF_DROP: i32 = 0;
+pub const NF_ACCEPT: i32 = 1;
+pub const NFT_JUMP: i32 = -3;
+pub const NFT_GOTO: i32 = -4;
+pub const NFT_RETURN: i32 = -5;
 
 /// Netlink header flags.
 pub const NLM_F_REQUEST: u16 = 0x1;

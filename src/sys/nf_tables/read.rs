@@ -11,30 +11,16 @@ use netlink_packet_core::{
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use super::netlink::{Connection, NetlinkError};
 use crate::model::IpFamily;
+use crate::sys::netlink::{Connection, NetlinkError};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETTABLE: u16 = 1;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_USERDATA: u16 = 7;
-/// In a rule's or an element's user data (libnftnl's TLVs), the comment.
-const NFTNL_UDATA_COMMENT: u8 = 0;
-const NFT_MSG_NEWSET: u16 = 9;
-const NFT_MSG_GETSET: u16 = 10;
-/// The table attribute of chain and set messages alike.
-const NFTA_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
-/// An attribute type without its nested / byte-order flags.
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+use super::wire::{
+    NFNL_SUBSYS_NFTABLES, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
+    NFT_MSG_GETSET, NFT_MSG_GETTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET,
+    NFTA_CHAIN_NAME, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA, NFTA_SET_NAME, NFTA_TABLE_NAME,
+    NFTNL_UDATA_COMMENT, NLA_TYPE_MASK,
+};
+
 /// A dump the ruleset's changes interrupt is read again, this many times at most.
 const DUMP_ATTEMPTS: usize = 5;
 
@@ -76,7 +62,7 @@ impl ChainMessage {
 
     fn attributes(&self) -> impl Iterator<Item = (u16, &String)> {
         [
-            (NFTA_TABLE, &self.table),
+            (NFTA_TABLE_NAME, &self.table),
             (self.name_attribute(), &self.name),
         ]
         .into_iter()
@@ -141,7 +127,7 @@ impl NetlinkDeserializable for ChainMessage {
             let attribute: NlaBuffer<&[u8]> = attribute?;
             let text = || nul_terminated(attribute.value());
             match attribute.kind() {
-                NFTA_TABLE => message.table = Some(text()),
+                NFTA_TABLE_NAME => message.table = Some(text()),
                 kind if kind == name_attribute => message.name = Some(text()),
                 _ => {}
             }
@@ -287,7 +273,7 @@ fn read_chains<T: Default, F: Fn(&mut T, &[u8])>(
             let request = RawMessage::request(
                 NFT_MSG_GETRULE,
                 family,
-                &[(NFTA_TABLE, table), (NFTA_RULE_CHAIN, chain)],
+                &[(NFTA_TABLE_NAME, table), (NFTA_RULE_CHAIN, chain)],
             );
             let mut folded = T::default();
             let result = connection.dump_each(request, |kind, payload| {
@@ -301,7 +287,7 @@ fn read_chains<T: Default, F: Fn(&mut T, &[u8])>(
                             value.split(|b| *b == 0).next() == Some(name.as_bytes())
                         })
                 };
-                if named(NFTA_TABLE, table) && named(NFTA_RULE_CHAIN, chain) {
+                if named(NFTA_TABLE_NAME, table) && named(NFTA_RULE_CHAIN, chain) {
                     fold(&mut folded, rule);
                 }
             });

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::iptables::{
+use super::{
     ChainRules, Iptables, IptablesError, RuleFingerprint, RuleFingerprinter, Snapshot,
     builtin_chains, jump_target, tokenize,
 };

@@ -3,30 +3,13 @@
 //! `target` for the rest, whose info is the xtables extension's own struct. Counters are left
 //! out: their values are the kernel's, not the rule's.
 
-use crate::sys::nf_tables::attributes;
+use crate::sys::nf_tables::read::attributes;
 
-/// Registers as the kernel dumps them: the verdict register and the first 16-byte register.
-pub const REG_VERDICT: u32 = 0;
-pub const REG_1: u32 = 1;
-/// Meta keys.
-pub const META_MARK: u32 = 3;
-pub const META_IIFNAME: u32 = 6;
-pub const META_OIFNAME: u32 = 7;
-pub const META_L4PROTO: u32 = 16;
-/// Payload bases.
-pub const BASE_NETWORK: u32 = 1;
-pub const BASE_TRANSPORT: u32 = 2;
-/// Comparison operators.
-pub const CMP_EQ: u32 = 0;
-pub const CMP_NEQ: u32 = 1;
-pub const CMP_LTE: u32 = 3;
-pub const CMP_GT: u32 = 4;
-/// Verdict codes.
-pub const NF_DROP: i32 = 0;
-pub const NF_ACCEPT: i32 = 1;
-pub const NFT_JUMP: i32 = -3;
-pub const NFT_GOTO: i32 = -4;
-pub const NFT_RETURN: i32 = -5;
+pub use crate::sys::nf_tables::wire::{
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, META_IIFNAME, META_L4PROTO,
+    META_MARK, META_OIFNAME, NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_1,
+    REG_VERDICT,
+};
 
 /// One expression of a rule.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -277,9 +260,7 @@ impl From<Key<'_>> for XtExpr {
 /// Hands each expression of one rule (its NFTA_RULE_* attributes) to `each`, counters left
 /// out.
 pub fn rule_keys<'a>(rule: &'a [u8], mut each: impl FnMut(Key<'a>)) {
-    const NFTA_RULE_EXPRESSIONS: u16 = 4;
-    const NFTA_EXPR_NAME: u16 = 1;
-    const NFTA_EXPR_DATA: u16 = 2;
+    use crate::sys::nf_tables::wire::{NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_RULE_EXPRESSIONS};
     for (kind, list) in attributes(rule) {
         if kind != NFTA_RULE_EXPRESSIONS {
             continue;

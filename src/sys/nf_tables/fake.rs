@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::nftables::{NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword};
+use super::{NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword};
 use crate::model::IpFamily;
 
 /// A set or map: its spec and elements (key -> the text after it, as written).

@@ -28,9 +28,9 @@ pub use nft::nft_expressions;
 pub use parse::Untranslatable;
 pub use save::save_text;
 
-use super::netlink::NetlinkError;
-use super::nf_tables::rules_per_chain;
 use crate::model::IpFamily;
+use crate::sys::netlink::NetlinkError;
+use crate::sys::nf_tables::read::rules_per_chain;
 
 /// A rule reduced to a number: equal rules (in one process) have equal fingerprints.
 pub type RuleFingerprint = u64;

@@ -16,30 +16,17 @@ use netlink_packet_core::{NlaBuffer, NlasIterator};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-use super::netlink::NetlinkError;
-use super::process::{is_our_tool, is_own_socket, tool_active_within};
 use crate::model::IpFamily;
+use crate::sys::host::process::{is_our_tool, is_own_socket, tool_active_within};
+use crate::sys::netlink::NetlinkError;
 
-const NFNLGRP_NFTABLES: u32 = 7;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_NEWTABLE: u16 = 0;
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_DELCHAIN: u16 = 5;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NFT_MSG_DELRULE: u16 = 8;
-const NFT_MSG_NEWSET: u16 = 9;
-const NFT_MSG_DELSET: u16 = 11;
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_DELSETELEM: u16 = 14;
-/// NFTA_SET_NAME and NFTA_SET_ELEM_LIST_SET are both 2.
-const ATTR_SET: u16 = 2;
-/// NFTA_TABLE_NAME, NFTA_CHAIN_TABLE and NFTA_RULE_TABLE are all 1.
-const ATTR_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+use super::wire::{
+    NFNL_SUBSYS_NFTABLES, NFNLGRP_NFTABLES, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_DELCHAIN,
+    NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN,
+    NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME,
+    NFTA_RULE_CHAIN, NFTA_SET_NAME as ATTR_SET, NFTA_TABLE_NAME as ATTR_TABLE,
+};
+
 const ENOBUFS: i32 = 105;
 /// The tables the iptables tools keep in nf_tables.
 const IPTABLES_TABLES: [&str; 4] = ["nat", "filter", "mangle", "raw"];
@@ -174,7 +161,7 @@ fn listen(
 fn may_be_ours(table: &str, chain: &str) -> bool {
     chain.is_empty()
         || chain.starts_with("KUBE-")
-        || super::iptables::builtin_chains(table).contains(&chain)
+        || crate::sys::xtables::builtin_chains(table).contains(&chain)
 }
 
 /// The chains (and sets) of the watched tables that a datagram of events says another program
@@ -390,7 +377,7 @@ mod tests {
     #[test]
     fn our_own_tools_changes_are_not_drift() {
         // A tool run through the runner: its pid (its netlink port id) is known as ours.
-        let out = super::super::process::Tool::new("sh", &["-c", "echo $$"])
+        let out = crate::sys::host::process::Tool::new("sh", &["-c", "echo $$"])
             .run()
             .unwrap();
         let pid: u32 = String::from_utf8(out).unwrap().trim().parse().unwrap();
@@ -412,7 +399,7 @@ mod tests {
 
     #[test]
     fn changes_our_own_sockets_sent_are_not_drift() {
-        use super::super::process::{own_socket_closed, own_socket_opened};
+        use crate::sys::host::process::{own_socket_closed, own_socket_opened};
         // A port id no process has (above any pid; not negative, which the tools' heuristic
         // would claim while a tool runs).
         let port = 2_000_000_123;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::sys::iptables::tokenize;
+use crate::sys::xtables::tokenize;
 
 use super::expr::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN};
 
@@ -95,7 +95,7 @@ pub(super) fn read_rule(ipv6: bool, spec: &str) -> Result<Parsed, Untranslatable
     parse(ipv6, &words(spec)?)
 }
 
-/// `spec`'s words as restore splits them (`sys::iptables::tokenize`), borrowed where no quote
+/// `spec`'s words as restore splits them (`sys::xtables::tokenize`), borrowed where no quote
 /// is in one: 350,000 rules are read at a restart of 10,000 services.
 fn words(spec: &str) -> Result<Vec<Cow<'_, str>>, Untranslatable> {
     if spec.contains('"') {

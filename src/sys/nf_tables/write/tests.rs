@@ -10,38 +10,38 @@ use super::*;
 const CASES: [(&str, &str, &str); 7] = [
     (
         "corpus-ip",
-        include_str!("../../../tests/testdata/nft/corpus-ip.nft"),
-        include_str!("../../../tests/testdata/nft/corpus-ip.batch"),
+        include_str!("../../../../tests/testdata/nft/corpus-ip.nft"),
+        include_str!("../../../../tests/testdata/nft/corpus-ip.batch"),
     ),
     (
         "corpus-ip6",
-        include_str!("../../../tests/testdata/nft/corpus-ip6.nft"),
-        include_str!("../../../tests/testdata/nft/corpus-ip6.batch"),
+        include_str!("../../../../tests/testdata/nft/corpus-ip6.nft"),
+        include_str!("../../../../tests/testdata/nft/corpus-ip6.batch"),
     ),
     (
         "changes-ip",
-        include_str!("../../../tests/testdata/nft/changes-ip.nft"),
-        include_str!("../../../tests/testdata/nft/changes-ip.batch"),
+        include_str!("../../../../tests/testdata/nft/changes-ip.nft"),
+        include_str!("../../../../tests/testdata/nft/changes-ip.batch"),
     ),
     (
         "changes-ip6",
-        include_str!("../../../tests/testdata/nft/changes-ip6.nft"),
-        include_str!("../../../tests/testdata/nft/changes-ip6.batch"),
+        include_str!("../../../../tests/testdata/nft/changes-ip6.nft"),
+        include_str!("../../../../tests/testdata/nft/changes-ip6.batch"),
     ),
     (
         "draws-ip",
-        include_str!("../../../tests/testdata/nft/draws-ip.nft"),
-        include_str!("../../../tests/testdata/nft/draws-ip.batch"),
+        include_str!("../../../../tests/testdata/nft/draws-ip.nft"),
+        include_str!("../../../../tests/testdata/nft/draws-ip.batch"),
     ),
     (
         "draws-ip6",
-        include_str!("../../../tests/testdata/nft/draws-ip6.nft"),
-        include_str!("../../../tests/testdata/nft/draws-ip6.batch"),
+        include_str!("../../../../tests/testdata/nft/draws-ip6.nft"),
+        include_str!("../../../../tests/testdata/nft/draws-ip6.batch"),
     ),
     (
         "remove-tables",
-        include_str!("../../../tests/testdata/nft/remove-tables.nft"),
-        include_str!("../../../tests/testdata/nft/remove-tables.batch"),
+        include_str!("../../../../tests/testdata/nft/remove-tables.nft"),
+        include_str!("../../../../tests/testdata/nft/remove-tables.batch"),
     ),
 ];
 

@@ -11,16 +11,17 @@ mod compile;
 mod expr;
 mod rule;
 mod values;
-mod wire;
 
 use std::io;
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
+#[cfg(test)]
+use super::wire;
+pub use super::wire::{Message, batch, unterminated_batch};
 pub use compile::{AnonymousNames, CompileError, Compiled, compile, compile_with};
 pub use values::{KeyType, protocol_name, verdict_text};
-pub use wire::{Message, batch, unterminated_batch};
 
 /// Netlink's error message type.
 const NLMSG_ERROR: u16 = 2;
@@ -104,7 +105,7 @@ impl std::ops::Deref for OwnSocket {
 
 impl Drop for OwnSocket {
     fn drop(&mut self) {
-        crate::sys::process::own_socket_closed(self.port);
+        crate::sys::host::process::own_socket_closed(self.port);
     }
 }
 
@@ -112,7 +113,7 @@ fn open_socket() -> io::Result<OwnSocket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     let address = socket.bind_auto()?;
     let port = address.port_number();
-    crate::sys::process::own_socket_opened(port);
+    crate::sys::host::process::own_socket_opened(port);
     let socket = OwnSocket { socket, port };
     socket.connect(&SocketAddr::new(0, 0))?;
     // Errors name the failing message by its sequence number, not by echoing it, and carry
