@@ -19,18 +19,75 @@ pub mod quarantine;
 pub mod xtables;
 
 use crate::config::ProxyMode;
-use crate::model::{ChangeSummary, IpFamily, ProxyState};
+use crate::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
+use crate::sys::host::link::LinkError;
+use crate::sys::ipset::IpsetError;
+use crate::sys::ipvs::IpvsError;
+use crate::sys::nf_tables::NftError;
+use crate::sys::xtables::IptablesError;
 
 /// upstream's FullSyncPeriod: even without a reason, every mode rewrites everything this often.
 pub const FULL_SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Why a sync failed; the runner retries and the proxier does a full sync next time.
+/// Why a sync failed, with its cause; the runner retries and the next sync is a full one.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    /// Programming the kernel failed.
+    /// The iptables tools failed, or refused the input.
+    #[error(transparent)]
+    Iptables(Box<IptablesError>),
+    /// nf_tables refused a transaction, or a read of our table failed.
+    #[error(transparent)]
+    Nftables(Box<NftError>),
+    /// An IPVS operation or read failed.
+    #[error(transparent)]
+    Ipvs(Box<IpvsError>),
+    /// kube-ipvs0 or its addresses could not be read or changed.
+    #[error(transparent)]
+    Link(Box<LinkError>),
+    /// ipset failed, or refused the input.
+    #[error(transparent)]
+    Ipset(Box<IpsetError>),
+    /// The kernel refused input that belongs to one service.
+    #[error("{source} ({what} of Service {service})")]
+    Refused {
+        source: Box<SyncError>,
+        /// What of the service it was (`rules`, `objects`).
+        what: &'static str,
+        service: Box<NamespacedName>,
+    },
+    /// A thread of the sync could not start.
+    #[error("cannot start a thread: {0}")]
+    Spawn(std::io::Error),
+    /// A thread of the sync stopped.
     #[error("{0}")]
-    Apply(String),
+    Thread(&'static str),
+    /// The sync needs what only a full sync leaves in memory.
+    #[error("no full sync yet")]
+    NotSynced,
+    /// The kernel refused more ipset entries in one sync than are skipped.
+    #[error("too many ipset entries refused in one sync")]
+    TooManyRefused,
 }
+
+/// Each kernel surface's error is a [`SyncError`] of its own kind, boxed (a sync's result
+/// stays small on its way through every stage).
+macro_rules! sync_error_from {
+    ($($kind:ident($error:ty)),* $(,)?) => {$(
+        impl From<$error> for SyncError {
+            fn from(error: $error) -> Self {
+                SyncError::$kind(Box::new(error))
+            }
+        }
+    )*};
+}
+
+sync_error_from!(
+    Iptables(IptablesError),
+    Nftables(NftError),
+    Ipvs(IpvsError),
+    Link(LinkError),
+    Ipset(IpsetError),
+);
 
 /// What one sync did, for logs and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

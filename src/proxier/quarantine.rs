@@ -84,9 +84,9 @@ impl From<SyncError> for Failure {
 
 impl Failure {
     /// A failure no service can be blamed for.
-    pub fn unattributed(error: impl std::fmt::Display) -> Failure {
+    pub fn unattributed(error: impl Into<SyncError>) -> Failure {
         Failure {
-            error: SyncError::Apply(error.to_string()),
+            error: error.into(),
             culprit: None,
         }
     }
@@ -94,18 +94,23 @@ impl Failure {
     /// A failed apply of `input`, whose line `line` (1-based, when the tool named one) `owner`
     /// attributes to a service; `what` says what of the service it was (`rules`, `objects`).
     pub fn at_line(
-        error: impl std::fmt::Display,
+        error: impl Into<SyncError>,
         input: &str,
         line: Option<usize>,
-        what: &str,
+        what: &'static str,
         owner: impl Fn(&str) -> Option<NamespacedName>,
     ) -> Failure {
         let culprit = line
             .and_then(|line| input.lines().nth(line.saturating_sub(1)))
             .and_then(owner);
+        let error = error.into();
         let error = match &culprit {
-            Some(service) => SyncError::Apply(format!("{error} ({what} of Service {service})")),
-            None => SyncError::Apply(error.to_string()),
+            Some(service) => SyncError::Refused {
+                source: Box::new(error),
+                what,
+                service: Box::new(service.clone()),
+            },
+            None => error,
         };
         Failure { error, culprit }
     }

@@ -20,12 +20,12 @@ use super::render::{
 use super::settings::IptablesSettings;
 use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
-use crate::proxier::SyncReport;
 use crate::proxier::context::FamilyContext;
 use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::xtables::missing_jumps;
+use crate::proxier::{SyncError, SyncReport};
 use crate::sys::nf_tables::events::ChangeEvents;
 use crate::sys::xtables::{Iptables, IptablesError, tokenize};
 

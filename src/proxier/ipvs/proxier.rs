@@ -169,10 +169,6 @@ pub struct Changed {
     rules: [(&'static str, usize); 2],
 }
 
-fn sync_error(err: impl std::fmt::Display) -> SyncError {
-    SyncError::Apply(err.to_string())
-}
-
 /// The sysctls IPVS mode needs (upstream's, set once at start and by `--init-only`).
 pub fn sysctls(strict_arp: bool) -> Vec<(&'static str, &'static str)> {
     let mut wanted = vec![
@@ -197,8 +193,8 @@ impl IpvsProxier {
         addresses: Box<dyn LocalAddresses>,
     ) -> Result<Self, SyncError> {
         Ok(SyncDriver::drive(IpvsMode {
-            ipvs: IpvsClient::connect().map_err(sync_error)?,
-            links: Links::open().map_err(sync_error)?,
+            ipvs: IpvsClient::connect().map_err(SyncError::from)?,
+            links: Links::open().map_err(SyncError::from)?,
             ipset: SystemIpset,
             iptables,
             sysctl,
@@ -233,9 +229,9 @@ impl IpvsMode {
 
     /// The sync under way (begun, not ended).
     fn current(&mut self) -> Result<Current, Failure> {
-        self.current
-            .take()
-            .ok_or_else(|| Failure::unattributed("an IPVS family sync outside a sync"))
+        self.current.take().ok_or_else(|| {
+            Failure::unattributed(SyncError::Thread("an IPVS family sync outside a sync"))
+        })
     }
 }
 
@@ -354,7 +350,7 @@ impl Mode for IpvsMode {
         };
         let changed = match work {
             Some((desired, scope)) => self.program(family, &mut current, desired, scope),
-            None => Err(SyncError::Apply("no full sync yet".into())),
+            None => Err(SyncError::NotSynced),
         };
         self.current = Some(current);
         Ok(changed?)

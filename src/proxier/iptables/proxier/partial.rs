@@ -12,7 +12,7 @@ impl<I: Iptables> IptablesMode<I> {
         changes: &ChangeSummary,
     ) -> Result<RestoreStats, Failure> {
         let Some(current) = self.programmed.get(&family) else {
-            return Err(Failure::unattributed("no full sync yet"));
+            return Err(Failure::unattributed(SyncError::NotSynced));
         };
         let rendered: Vec<(NamespacedName, Option<ServiceRules>)> = changes
             .changed_services

@@ -9,7 +9,7 @@ impl IpvsMode {
         Ok(self
             .links
             .addresses(link)
-            .map_err(sync_error)?
+            .map_err(SyncError::from)?
             .into_iter()
             .collect())
     }
@@ -19,8 +19,8 @@ impl IpvsMode {
             bound: self.bound(link)?,
             ..Observed::default()
         };
-        for vs in self.ipvs.services().map_err(sync_error)? {
-            let reals = self.ipvs.destinations(&vs).map_err(sync_error)?;
+        for vs in self.ipvs.services().map_err(SyncError::from)? {
+            let reals = self.ipvs.destinations(&vs).map_err(SyncError::from)?;
             observed.services.insert(vs.key(), (vs, reals));
         }
         Ok(observed)
@@ -38,7 +38,7 @@ impl IpvsMode {
             (_, Some(applied)) => std::mem::take(&mut applied.kernel),
         };
         if depth == Depth::Check {
-            let services = self.ipvs.services().map_err(sync_error)?;
+            let services = self.ipvs.services().map_err(SyncError::from)?;
             let bound = self.bound(link)?;
             if !remembered.same_outline(&services, &bound) {
                 info!("IPVS state changed outside kube-proxy-rs, reading all of it");
@@ -61,7 +61,7 @@ impl IpvsMode {
     ) -> Result<(), SyncError> {
         for key in keys {
             if let Some((vs, reals)) = observed.services.get_mut(key) {
-                *reals = self.ipvs.destinations(vs).map_err(sync_error)?;
+                *reals = self.ipvs.destinations(vs).map_err(SyncError::from)?;
             }
         }
         Ok(())
@@ -70,7 +70,10 @@ impl IpvsMode {
     /// Starts a sync at `depth`: kube-ipvs0 made sure of and the kernel read as deep as
     /// asked. Memory of the last sync is taken: only a sync that ends gives it back.
     pub(super) fn start(&mut self, depth: Depth) -> Result<(), SyncError> {
-        let link = self.links.ensure_dummy(DUMMY_LINK).map_err(sync_error)?;
+        let link = self
+            .links
+            .ensure_dummy(DUMMY_LINK)
+            .map_err(SyncError::from)?;
         let (observed, read_all) = self.observe_at(depth, link)?;
         let local: Vec<IpAddr> = self
             .addresses

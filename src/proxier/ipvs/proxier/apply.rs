@@ -19,23 +19,30 @@ impl IpvsMode {
         let mut applied = Vec::with_capacity(operations.len());
         for op in operations {
             let result = match op {
-                Operation::Bind(ip) => self.links.add_address(link, *ip).map_err(sync_error),
-                Operation::Unbind(ip) => self.links.delete_address(link, *ip).map_err(sync_error),
-                Operation::AddService(vs) => self.ipvs.add_service(vs).map_err(sync_error),
-                Operation::UpdateService(vs) => self.ipvs.update_service(vs).map_err(sync_error),
-                Operation::DeleteService(vs) => self.ipvs.delete_service(vs).map_err(sync_error),
+                Operation::Bind(ip) => self.links.add_address(link, *ip).map_err(SyncError::from),
+                Operation::Unbind(ip) => self
+                    .links
+                    .delete_address(link, *ip)
+                    .map_err(SyncError::from),
+                Operation::AddService(vs) => self.ipvs.add_service(vs).map_err(SyncError::from),
+                Operation::UpdateService(vs) => {
+                    self.ipvs.update_service(vs).map_err(SyncError::from)
+                }
+                Operation::DeleteService(vs) => {
+                    self.ipvs.delete_service(vs).map_err(SyncError::from)
+                }
                 Operation::AddReal(vs, rs) => self
                     .ipvs
                     .change_destination(CMD_NEW_DEST, vs, rs)
-                    .map_err(sync_error),
+                    .map_err(SyncError::from),
                 Operation::UpdateReal(vs, rs) => self
                     .ipvs
                     .change_destination(CMD_SET_DEST, vs, rs)
-                    .map_err(sync_error),
+                    .map_err(SyncError::from),
                 Operation::DeleteReal(vs, rs) => self
                     .ipvs
                     .change_destination(CMD_DEL_DEST, vs, rs)
-                    .map_err(sync_error),
+                    .map_err(SyncError::from),
             };
             let subject = match op {
                 Operation::Bind(ip) | Operation::Unbind(ip) => ip.to_string(),
@@ -84,7 +91,7 @@ impl IpvsMode {
                 .and_then(|n| n.trim().parse::<usize>().ok())
                 .filter(|n| (1..=lines.len()).contains(n));
             let Some(line) = refused else {
-                return Err(sync_error(err));
+                return Err(err.into());
             };
             let entry = lines.remove(line - 1).to_string();
             if self
@@ -95,16 +102,16 @@ impl IpvsMode {
                 warn!(entry = %entry, error = %err, "The kernel refused an ipset entry; skipping it, the rest is programmed");
             }
         }
-        Err(SyncError::Apply(
-            "too many ipset entries refused in one sync".into(),
-        ))
+        Err(SyncError::TooManyRefused)
     }
 
     pub(super) fn sync_iptables(&mut self, family: IpFamily, rules: &str) -> Result<(), SyncError> {
-        self.iptables.restore(family, rules).map_err(sync_error)?;
+        self.iptables
+            .restore(family, rules)
+            .map_err(SyncError::from)?;
         // Only the built-in chains our jumps start from are read.
-        let missing =
-            missing_jumps(self.iptables.as_mut(), family, &IPVS_JUMP_RULES).map_err(sync_error)?;
+        let missing = missing_jumps(self.iptables.as_mut(), family, &IPVS_JUMP_RULES)
+            .map_err(SyncError::from)?;
         let mut by_table: BTreeMap<&str, String> = BTreeMap::new();
         for jump in &missing {
             let lines = by_table.entry(jump.table).or_default();
@@ -115,7 +122,9 @@ impl IpvsMode {
             .map(|(table, lines)| format!("*{table}\n{lines}COMMIT\n"))
             .collect();
         if !input.is_empty() {
-            self.iptables.restore(family, &input).map_err(sync_error)?;
+            self.iptables
+                .restore(family, &input)
+                .map_err(SyncError::from)?;
         }
         Ok(())
     }
@@ -156,7 +165,7 @@ impl IpvsMode {
         current.observed.apply(&applied);
         let names = Self::set_names(family);
         if current.depth != Depth::Changes {
-            let read = parse_save(&self.ipset.save_sets(&names).map_err(sync_error)?);
+            let read = parse_save(&self.ipset.save_sets(&names).map_err(SyncError::from)?);
             current.sets.retain(|name, _| !names.contains(name));
             current.sets.extend(read);
         }

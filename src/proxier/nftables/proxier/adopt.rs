@@ -22,7 +22,7 @@ impl<N: Nftables> NftablesMode<N> {
             let programmed = self
                 .programmed
                 .get(&family)
-                .ok_or_else(|| Failure::unattributed("no full sync yet"))?;
+                .ok_or_else(|| Failure::unattributed(SyncError::NotSynced))?;
             let mut existing = Existing::default();
             for objects in std::iter::once(&programmed.base).chain(programmed.services.values()) {
                 existing.chains.extend(objects.chains.keys().cloned());

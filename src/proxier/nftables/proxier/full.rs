@@ -54,9 +54,7 @@ impl<N: Nftables> NftablesMode<N> {
                     std::thread::Builder::new()
                         .name("nftables-read".into())
                         .spawn_scoped(scope, || read_table(nft, family, &base, trust))
-                        .map_err(|err| {
-                            Failure::unattributed(format!("cannot start a thread: {err}"))
-                        })?,
+                        .map_err(|err| Failure::unattributed(SyncError::Spawn(err)))?,
                 ),
             };
             // Half of the services render on another thread, with a copy of the slot table
@@ -74,9 +72,9 @@ impl<N: Nftables> NftablesMode<N> {
             let mut services: BTreeMap<NamespacedName, Objects> = rendered.into_iter().collect();
             let (rendered, their_digests) = match helper {
                 Some(helper) => {
-                    let ((rendered, their_digests), their_slots) = helper
-                        .join()
-                        .map_err(|_| Failure::unattributed("a renderer of services panicked"))?;
+                    let ((rendered, their_digests), their_slots) = helper.join().map_err(|_| {
+                        Failure::unattributed(SyncError::Thread("a renderer of services panicked"))
+                    })?;
                     slots.merge(
                         their_slots,
                         rendered.iter().map(|(_, o)| o.slots.as_slice()),
@@ -89,7 +87,9 @@ impl<N: Nftables> NftablesMode<N> {
             digests.merge(their_digests);
             let read = reader.map(|reader| {
                 reader.join().unwrap_or_else(|_| {
-                    Err(Failure::unattributed("the reader of our table panicked"))
+                    Err(Failure::unattributed(SyncError::Thread(
+                        "the reader of our table panicked",
+                    )))
                 })
             });
             Ok::<_, Failure>((services, digests, read))
@@ -133,9 +133,9 @@ impl<N: Nftables> NftablesMode<N> {
                     (built, recreate, on_trust)
                 });
             let index = match indexer {
-                Some(indexer) => indexer
-                    .join()
-                    .map_err(|_| Failure::unattributed("the indexer of our services panicked")),
+                Some(indexer) => indexer.join().map_err(|_| {
+                    Failure::unattributed(SyncError::Thread("the indexer of our services panicked"))
+                }),
                 None => Ok(index()),
             };
             (built, index)
@@ -194,7 +194,7 @@ impl<N: Nftables> NftablesMode<N> {
         digests: Digests,
     ) -> Result<Stats, Failure> {
         let Some(current) = self.programmed.get(&family) else {
-            return Err(Failure::unattributed("no full sync yet"));
+            return Err(Failure::unattributed(SyncError::NotSynced));
         };
         let keys: BTreeSet<&NamespacedName> =
             current.services.keys().chain(services.keys()).collect();

@@ -12,7 +12,7 @@ impl<N: Nftables> NftablesMode<N> {
         changes: &ChangeSummary,
     ) -> Result<Stats, Failure> {
         let Some(current) = self.programmed.get(&family) else {
-            return Err(Failure::unattributed("no full sync yet"));
+            return Err(Failure::unattributed(SyncError::NotSynced));
         };
         // The changed services' chains keep their slots; a slot one of them frees is taken by
         // no one before the next sync (its elements go in this transaction). A service whose
