@@ -3,14 +3,16 @@
 //! Rules are kept per service so a sync can rewrite only the services that changed.
 
 use super::names;
-use super::nfacct::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters};
+use super::nfacct::{CT_STATE_INVALID_DROPPED, NfacctCounters};
 use crate::model::{
     Endpoint, EndpointsMap, IpFamily, ServicePort, ServicePortMap, ports_in_family,
 };
 use crate::proxier::context::FamilyContext;
 pub use crate::proxier::local::{LocalDetector, NodePortAddresses};
-use crate::proxier::policy::{PortPolicy, Refusal};
 use crate::proxier::xtables::JumpRule;
+
+mod port;
+use port::render_port;
 use std::collections::BTreeMap;
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -92,7 +94,7 @@ pub struct Rule {
 }
 
 impl Rule {
-    fn new(chain: &'static str, spec: String) -> Self {
+    pub(super) fn new(chain: &'static str, spec: String) -> Self {
         Rule { chain, spec }
     }
 }
@@ -117,17 +119,17 @@ impl ServiceRules {
         self.filter.is_empty() && self.nat.is_empty() && self.chains.is_empty()
     }
 
-    fn push_chain_rule(&mut self, chain: &str, spec: String) {
+    pub(super) fn push_chain_rule(&mut self, chain: &str, spec: String) {
         self.chains.entry(chain.to_string()).or_default().push(spec);
     }
 
-    fn add_filter(&mut self, rule: Rule) {
+    pub(super) fn add_filter(&mut self, rule: Rule) {
         if !self.filter.contains(&rule) {
             self.filter.push(rule);
         }
     }
 
-    fn add_nat(&mut self, rule: Rule) {
+    pub(super) fn add_nat(&mut self, rule: Rule) {
         if !self.nat.contains(&rule) {
             self.nat.push(rule);
         }
@@ -175,266 +177,8 @@ pub fn render_service(
     rules
 }
 
-fn render_port(
-    port: &ServicePort,
-    endpoints: &[Endpoint],
-    ctx: &RenderContext,
-    out: &mut ServiceRules,
-) {
-    let node = ctx.common.node();
-    let policy = PortPolicy::new(port, endpoints, node);
-    let name = port.name.to_string();
-    let proto = port.name.protocol.lower();
-    let cluster_ip = port.cluster_ips[0];
-    let match_port = |dest: &dyn std::fmt::Display, dport: u16| {
-        format!("-m {proto} -p {proto} -d {dest} --dport {dport}")
-    };
-
-    let cluster_chain = names::cluster_policy_chain(&port.name);
-    let local_chain = names::local_policy_chain(&port.name);
-    let ext_chain = names::external_chain(&port.name);
-    let fw_chain = names::firewall_chain(&port.name);
-    let PortPolicy {
-        ref selected,
-        has_endpoints,
-        uses_cluster_endpoints: uses_cluster_chain,
-        uses_local_endpoints: uses_local_chain,
-        has_internal,
-        has_external,
-        uses_external_chain,
-        uses_firewall: uses_fw_chain,
-        ..
-    } = policy;
-    let policy_chain = |local: bool| if local { &local_chain } else { &cluster_chain };
-    let internal_chain = policy_chain(policy.internal_local);
-    let external_policy_chain = policy_chain(policy.external_local);
-    let lb_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
-
-    let filter = |refusal: Refusal| match refusal {
-        Refusal::Reject => ("REJECT", format!("{name} has no endpoints")),
-        Refusal::Drop => ("DROP", format!("{name} has no local endpoints")),
-    };
-    let internal_filter = policy.internal_refusal().map(filter);
-    let external_filter = policy.external_refusal().map(filter);
-    let (no_local_internal, no_local_external) = policy.no_local_endpoints();
-    out.no_local_endpoints_internal += usize::from(no_local_internal);
-    out.no_local_endpoints_external += usize::from(no_local_external);
-
-    // Cluster IP.
-    if has_internal {
-        let spec = format!(
-            "{} {} -j {internal_chain}",
-            comment(&format!("{name} cluster IP")),
-            match_port(&cluster_ip, port.port)
-        );
-        out.add_nat(Rule::new(KUBE_SERVICES, spec));
-    } else if let Some((target, text)) = &internal_filter {
-        let spec = format!(
-            "{} {} -j {target}",
-            comment(text),
-            match_port(&cluster_ip, port.port)
-        );
-        out.add_filter(Rule::new(KUBE_SERVICES, spec));
-    }
-
-    // External IPs.
-    for ip in &port.external_ips {
-        if has_endpoints {
-            let spec = format!(
-                "{} {} -j {ext_chain}",
-                comment(&format!("{name} external IP")),
-                match_port(ip, port.port)
-            );
-            out.add_nat(Rule::new(KUBE_SERVICES, spec));
-        }
-        if let Some((target, text)) = &external_filter {
-            let spec = format!(
-                "{} {} -j {target}",
-                comment(text),
-                match_port(ip, port.port)
-            );
-            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
-        }
-    }
-
-    // LoadBalancer IPs.
-    for ip in &port.load_balancer_ips {
-        if has_endpoints {
-            let spec = format!(
-                "{} {} -j {lb_chain}",
-                comment(&format!("{name} loadbalancer IP")),
-                match_port(ip, port.port)
-            );
-            out.add_nat(Rule::new(KUBE_SERVICES, spec));
-        }
-        if uses_fw_chain {
-            let text = format!("{name} traffic not accepted by {fw_chain}");
-            let spec = format!("{} {} -j DROP", comment(&text), match_port(ip, port.port));
-            out.add_filter(Rule::new(KUBE_PROXY_FIREWALL, spec));
-        }
-    }
-    if let Some((target, text)) = &external_filter {
-        for ip in &port.load_balancer_ips {
-            let spec = format!(
-                "{} {} -j {target}",
-                comment(text),
-                match_port(ip, port.port)
-            );
-            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
-        }
-    }
-
-    // NodePort.
-    if let Some(node_port) = port.node_port {
-        if has_endpoints {
-            // Counted separately when it comes to a loopback address (upstream's metric).
-            if ctx.common.family == IpFamily::V4
-                && ctx.localhost_node_ports
-                && ctx.nfacct.localhost_node_ports
-            {
-                let spec = format!(
-                    "{} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {LOCALHOST_NODEPORTS_ACCEPTED} -j {ext_chain}",
-                    comment(&name)
-                );
-                out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
-            }
-            let spec = format!(
-                "{} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}",
-                comment(&name)
-            );
-            out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
-        }
-        if let Some((target, text)) = &external_filter {
-            let spec = format!(
-                "{} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {target}",
-                comment(text)
-            );
-            out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));
-        }
-    }
-
-    // Health check node port: accepted whether or not there are local endpoints.
-    if let Some(health_port) = port.health_check_node_port {
-        let spec = format!(
-            "{} -m tcp -p tcp --dport {health_port} -j ACCEPT",
-            comment(&format!("{name} health check node port"))
-        );
-        out.add_filter(Rule::new(KUBE_NODEPORTS, spec));
-    }
-
-    // Internal traffic: masquerade what does not come from a local pod (or everything).
-    if has_internal {
-        let args = format!(
-            "{} {}",
-            comment(&format!("{name} cluster IP")),
-            match_port(&cluster_ip, port.port)
-        );
-        if ctx.common.masquerade_all {
-            out.push_chain_rule(internal_chain, format!("{args} -j {KUBE_MARK_MASQ}"));
-        } else if let Some(not_local) = ctx.common.local_detector.if_not_local() {
-            out.push_chain_rule(
-                internal_chain,
-                format!("{args} {not_local} -j {KUBE_MARK_MASQ}"),
-            );
-        }
-    }
-
-    // External traffic.
-    if uses_external_chain {
-        out.chains.entry(ext_chain.clone()).or_default();
-        if !port.external_policy_local {
-            let text = format!("masquerade traffic for {name} external destinations");
-            out.push_chain_rule(
-                &ext_chain,
-                format!("{} -j {KUBE_MARK_MASQ}", comment(&text)),
-            );
-        } else {
-            // Pod and node traffic to an external address is not subject to the Local policy
-            // (as if it went out to the load balancer and came back): it may use any endpoint.
-            let short_circuit = if uses_cluster_chain {
-                Some(&cluster_chain)
-            } else {
-                uses_local_chain.then_some(&local_chain)
-            };
-            if let Some(target) = short_circuit {
-                if let Some(local) = ctx.common.local_detector.if_local() {
-                    let text = format!("pod traffic for {name} external destinations");
-                    out.push_chain_rule(
-                        &ext_chain,
-                        format!("{} {local} -j {target}", comment(&text)),
-                    );
-                }
-                let text = format!("masquerade LOCAL traffic for {name} external destinations");
-                out.push_chain_rule(
-                    &ext_chain,
-                    format!(
-                        "{} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
-                        comment(&text)
-                    ),
-                );
-                let text = format!("route LOCAL traffic for {name} external destinations");
-                out.push_chain_rule(
-                    &ext_chain,
-                    format!(
-                        "{} -m addrtype --src-type LOCAL -j {target}",
-                        comment(&text)
-                    ),
-                );
-            }
-        }
-        if has_external {
-            out.push_chain_rule(&ext_chain, format!("-j {external_policy_chain}"));
-        }
-    }
-
-    // LoadBalancer source ranges.
-    if uses_fw_chain {
-        out.chains.entry(fw_chain.clone()).or_default();
-        let allow = comment(&format!("{name} loadbalancer IP"));
-        let mut allow_from_node = false;
-        for net in &port.load_balancer_source_ranges {
-            out.push_chain_rule(&fw_chain, format!("{allow} -s {net} -j {ext_chain}"));
-            allow_from_node |= ctx.common.node_ip.is_some_and(|ip| net.contains(&ip));
-        }
-        // A VIP-like LB IP bound on the node loops back with the VIP as source.
-        if allow_from_node {
-            for ip in &port.load_balancer_ips {
-                out.push_chain_rule(&fw_chain, format!("{allow} -s {ip} -j {ext_chain}"));
-            }
-        }
-        let text = format!("other traffic to {name} will be dropped by {KUBE_PROXY_FIREWALL}");
-        out.push_chain_rule(&fw_chain, comment(&text));
-    }
-
-    if uses_cluster_chain {
-        endpoint_selection_rules(out, &cluster_chain, port, &selected.cluster);
-    }
-    if uses_local_chain {
-        endpoint_selection_rules(out, &local_chain, port, &selected.local);
-    }
-
-    for ep in &selected.all_reachable {
-        let address = ep.address();
-        let chain = names::endpoint_chain(&port.name, &address);
-        let service = comment(&name);
-        out.push_chain_rule(
-            &chain,
-            format!("{service} -s {} -j {KUBE_MARK_MASQ}", ep.ip),
-        );
-        let affinity = if port.session_affinity_seconds.is_some() {
-            format!(" -m recent --name {chain} --set")
-        } else {
-            String::new()
-        };
-        out.push_chain_rule(
-            &chain,
-            format!("{service}{affinity} -m {proto} -p {proto} -j DNAT --to-destination {address}"),
-        );
-    }
-}
-
 /// A policy chain's rules: affinity checks first, then one `statistic` rule per endpoint.
-fn endpoint_selection_rules(
+pub(super) fn endpoint_selection_rules(
     out: &mut ServiceRules,
     chain: &str,
     port: &ServicePort,
