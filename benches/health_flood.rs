@@ -24,8 +24,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::cluster::{Cluster, Daemon, NODE_IP, service, slice};
+use support::cluster::{Cluster, Daemon, NODE_IP, local_load_balancer};
 use support::flood::{Flood, raise_open_files};
 use support::netns::Netns;
 use support::scale::api_objects;
@@ -132,18 +131,12 @@ async fn cluster(services: usize) -> Cluster {
         cluster.api.apply(service).expect("service");
         cluster.api.apply(slice).expect("slice");
     }
-    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 32701}]);
-    let spec = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
-                      "healthCheckNodePort": HEALTH_CHECK_PORT});
-    cluster
-        .api
-        .apply(service("lb", "10.96.0.90", ports, spec))
-        .unwrap();
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    cluster
-        .api
-        .apply(slice("lb", slice_ports, &["pod-a1", "pod-b1"]))
-        .unwrap();
+    local_load_balancer(
+        &cluster.api,
+        32701,
+        HEALTH_CHECK_PORT,
+        &["pod-a1", "pod-b1"],
+    );
     cluster
 }
 

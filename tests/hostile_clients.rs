@@ -22,18 +22,9 @@ fn node_address(port: u16) -> SocketAddr {
     format!("{NODE_IP}:{port}").parse().unwrap()
 }
 
-/// A LoadBalancer Service with externalTrafficPolicy Local, its health check on
-/// [`HEALTH_CHECK_PORT`], with endpoints on `pods`.
+/// The LoadBalancer Service whose health check the tests probe, with endpoints on `pods`.
 fn local_load_balancer(cluster: &Cluster, pods: &[&str]) {
-    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30090}]);
-    let spec = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
-                      "healthCheckNodePort": HEALTH_CHECK_PORT});
-    cluster
-        .api
-        .apply(service("lb", "10.96.0.90", ports, spec))
-        .unwrap();
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    cluster.api.apply(slice("lb", slice_ports, pods)).unwrap();
+    support::cluster::local_load_balancer(&cluster.api, 30090, HEALTH_CHECK_PORT, pods);
 }
 
 /// A Service `name` on `ip` with an endpoint, whose rules appear in KUBE-SERVICES once synced.

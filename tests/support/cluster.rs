@@ -346,6 +346,17 @@ pub fn slice6(service: &str, ports: Value, pods: &[&str]) -> Value {
     })
 }
 
+/// Service `default/lb` (10.96.0.90:80): a LoadBalancer with externalTrafficPolicy Local on
+/// `node_port`, its health check on `health_check_port`, with endpoints on `pods`.
+pub fn local_load_balancer(api: &ApiServer, node_port: u16, health_check_port: u16, pods: &[&str]) {
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}]);
+    let spec = json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                      "healthCheckNodePort": health_check_port});
+    api.apply(service("lb", "10.96.0.90", ports, spec)).unwrap();
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    api.apply(slice("lb", slice_ports, pods)).unwrap();
+}
+
 pub fn slice(service: &str, ports: Value, pods: &[&str]) -> Value {
     let endpoints: Vec<Value> = PODS
         .iter()
