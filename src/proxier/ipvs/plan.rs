@@ -40,10 +40,12 @@ fn real(address: &SocketAddr, weight: u32) -> RealServer {
 /// The operations that take `observed` to `desired`. Virtual servers that are not desired are
 /// deleted only if `owned` says the address is ours (bound on kube-ipvs0, a node address we
 /// serve NodePorts on, or one we programmed), so other IPVS users on the node are left alone.
+/// With a `family`, addresses of other families on kube-ipvs0 are left to their own sync.
 pub fn diff(
     desired: &DesiredIpvs,
     observed: &Observed,
     owned: &dyn Fn(&VirtualServer) -> bool,
+    family: Option<IpFamily>,
 ) -> Vec<Operation> {
     let mut ops = Vec::new();
     // Addresses first: a virtual server on a bound address answers as soon as it exists.
@@ -95,7 +97,9 @@ pub fn diff(
         }
     }
     for ip in observed.bound.difference(&desired.bound) {
-        ops.push(Operation::Unbind(*ip));
+        if family.is_none_or(|family| IpFamily::of(ip) == family) {
+            ops.push(Operation::Unbind(*ip));
+        }
     }
     ops
 }
@@ -155,24 +159,6 @@ impl Observed {
                 .filter_map(|key| Some((key.clone(), self.services.get(key)?.clone())))
                 .collect(),
             bound: self.bound.intersection(bound).copied().collect(),
-        }
-    }
-
-    /// Only the virtual servers and addresses of `family`: what a family's sync diffs against.
-    pub fn of_family(&self, family: IpFamily) -> Observed {
-        Observed {
-            services: self
-                .services
-                .iter()
-                .filter(|(_, (vs, _))| IpFamily::of(&vs.address) == family)
-                .map(|(key, service)| (key.clone(), service.clone()))
-                .collect(),
-            bound: self
-                .bound
-                .iter()
-                .filter(|ip| IpFamily::of(ip) == family)
-                .copied()
-                .collect(),
         }
     }
 
@@ -251,6 +237,24 @@ mod tests {
     }
 
     #[test]
+    fn a_family_sync_leaves_the_other_familys_addresses() {
+        let want = desired(&[], &["10.96.0.10"]);
+        let mut kernel = Observed::default();
+        kernel.bound.insert("10.96.0.11".parse().unwrap());
+        kernel.bound.insert("fd00::11".parse().unwrap());
+        let unbind = |ip: &str| Operation::Unbind(ip.parse().unwrap());
+        let bind = Operation::Bind("10.96.0.10".parse().unwrap());
+        assert_eq!(
+            diff(&want, &kernel, &|_| true, Some(IpFamily::V4)),
+            vec![bind.clone(), unbind("10.96.0.11")]
+        );
+        assert_eq!(
+            diff(&want, &kernel, &|_| true, None),
+            vec![bind, unbind("10.96.0.11"), unbind("fd00::11")]
+        );
+    }
+
+    #[test]
     fn empty_node_gets_everything() {
         let want = desired(
             &[(
@@ -259,7 +263,7 @@ mod tests {
             )],
             &["10.96.0.10"],
         );
-        let ops = diff(&want, &Observed::default(), &|_| true);
+        let ops = diff(&want, &Observed::default(), &|_| true, None);
         assert_eq!(
             ops,
             vec![
@@ -277,7 +281,7 @@ mod tests {
             &["10.96.0.10"],
         );
         assert!(
-            diff(&want, &converged, &|_| true).is_empty(),
+            diff(&want, &converged, &|_| true, None).is_empty(),
             "converged: nothing to do"
         );
     }
@@ -296,7 +300,7 @@ mod tests {
             &["10.96.0.10"],
         );
         assert_eq!(
-            diff(&want, &busy, &|_| true),
+            diff(&want, &busy, &|_| true, None),
             vec![Operation::UpdateReal(
                 vs("10.96.0.10", 80),
                 rs("10.244.1.6", 8080, 0, 0)
@@ -310,7 +314,7 @@ mod tests {
             &["10.96.0.10"],
         );
         assert!(
-            diff(&want, &draining, &|_| true).is_empty(),
+            diff(&want, &draining, &|_| true, None).is_empty(),
             "still draining: wait"
         );
         let drained = observed(
@@ -321,7 +325,7 @@ mod tests {
             &["10.96.0.10"],
         );
         assert_eq!(
-            diff(&want, &drained, &|_| true),
+            diff(&want, &drained, &|_| true, None),
             vec![Operation::DeleteReal(
                 vs("10.96.0.10", 80),
                 rs("10.244.1.6", 8080, 0, 0)
@@ -336,7 +340,7 @@ mod tests {
             &["10.96.0.10"],
         );
         assert_eq!(
-            diff(&back, &draining, &|_| true),
+            diff(&back, &draining, &|_| true, None),
             vec![Operation::UpdateReal(
                 vs("10.96.0.10", 80),
                 rs("10.244.1.6", 8080, 1, 0)
@@ -348,7 +352,7 @@ mod tests {
         let want = desired(&[(udp.clone(), &[])], &[]);
         let busy = observed(vec![(udp.clone(), vec![rs("10.244.1.9", 53, 1, 5)])], &[]);
         assert_eq!(
-            diff(&want, &busy, &|_| true),
+            diff(&want, &busy, &|_| true, None),
             vec![Operation::DeleteReal(udp, rs("10.244.1.9", 53, 1, 5))]
         );
     }
@@ -375,10 +379,10 @@ mod tests {
             ],
             &["10.96.0.10", "10.96.0.12"],
         );
-        let ops = diff(&want, &state, &|_| true);
+        let ops = diff(&want, &state, &|_| true, None);
         state.apply(&ops);
         assert_eq!(
-            diff(&want, &state, &|_| true),
+            diff(&want, &state, &|_| true, None),
             vec![],
             "nothing left to do after applying"
         );
@@ -405,7 +409,7 @@ mod tests {
         );
         let ours = |v: &VirtualServer| v.address.to_string().starts_with("10.96.");
         assert_eq!(
-            diff(&want, &current, &ours),
+            diff(&want, &current, &ours, None),
             vec![
                 Operation::UpdateService(sticky),
                 Operation::DeleteService(vs("10.96.0.99", 80)),

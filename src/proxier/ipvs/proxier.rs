@@ -128,6 +128,8 @@ struct Applied {
 /// One sync's view of the kernel, shared by its families.
 struct Current {
     depth: Depth,
+    /// The families this node serves.
+    families: Vec<IpFamily>,
     link: u32,
     observed: Observed,
     /// Whether `observed` was read from the kernel in full (else it is memory).
@@ -266,7 +268,7 @@ impl Mode for IpvsMode {
     /// otherwise. A full sync is wanted whenever all of it was read.
     fn begin(
         &mut self,
-        _families: &[IpFamily],
+        families: &[IpFamily],
         changes: &ChangeSummary,
         full: bool,
     ) -> Result<bool, Failure> {
@@ -282,7 +284,7 @@ impl Mode for IpvsMode {
         } else {
             Depth::Changes
         };
-        if let Err(err) = self.start(depth) {
+        if let Err(err) = self.start(depth, families) {
             // Part of the kernel may be unread: read everything next time.
             self.applied = None;
             return Err(Failure::from(err));
@@ -368,7 +370,19 @@ impl Mode for IpvsMode {
 
     /// Memory of what the kernel now holds, for the next sync; the kernel's refusals counted.
     fn end(&mut self, _full: bool, report: &mut SyncReport) {
-        if let Some(current) = self.current.take() {
+        if let Some(mut current) = self.current.take() {
+            // Addresses of a family the node does not serve (left by a dual-stack setup) go.
+            let stray: Vec<Operation> = current
+                .observed
+                .bound
+                .iter()
+                .filter(|ip| !current.families.contains(&IpFamily::of(ip)))
+                .map(|ip| Operation::Unbind(*ip))
+                .collect();
+            if !stray.is_empty() {
+                let applied = self.apply(current.link, &stray);
+                current.observed.apply(&applied);
+            }
             self.applied = Some(Applied {
                 kernel: current.observed,
                 sets: current.sets,

@@ -69,7 +69,7 @@ impl IpvsMode {
 
     /// Starts a sync at `depth`: kube-ipvs0 made sure of and the kernel read as deep as
     /// asked. Memory of the last sync is taken: only a sync that ends gives it back.
-    pub(super) fn start(&mut self, depth: Depth) -> Result<(), SyncError> {
+    pub(super) fn start(&mut self, depth: Depth, families: &[IpFamily]) -> Result<(), SyncError> {
         let link = self
             .links
             .ensure_dummy(DUMMY_LINK)
@@ -88,6 +88,7 @@ impl IpvsMode {
         };
         self.current = Some(Current {
             depth,
+            families: families.to_vec(),
             link,
             observed,
             read_all,

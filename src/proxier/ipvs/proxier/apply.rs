@@ -2,6 +2,8 @@
 //! kernel refuses is skipped and counted, not the sync), then its ipsets in one `ipset restore`,
 //! then its iptables rules and the jumps to them.
 
+use std::borrow::Cow;
+
 use super::*;
 
 impl IpvsMode {
@@ -143,11 +145,13 @@ impl IpvsMode {
             Some(Scope { touched, .. }) => {
                 // Draining ones are among the touched: their real servers are read here, once.
                 self.reread_real_servers(&mut current.observed, &touched.services)?;
-                current
-                    .observed
-                    .restricted(&touched.services, &touched.bound)
+                Cow::Owned(
+                    current
+                        .observed
+                        .restricted(&touched.services, &touched.bound),
+                )
             }
-            None => current.observed.of_family(family),
+            None => Cow::Borrowed(&current.observed),
         };
         let exclude = &self.settings.exclude_cidrs;
         let programmed = self.programmed.entry(family).or_default();
@@ -159,7 +163,7 @@ impl IpvsMode {
                     || programmed.contains(&vs.key())
                     || local.contains(&vs.address))
         };
-        let operations = diff(&desired, &view, &owned);
+        let operations = diff(&desired, &view, &owned, Some(family));
         drop(view);
         let applied = self.apply(current.link, &operations);
         current.observed.apply(&applied);
