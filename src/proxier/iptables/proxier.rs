@@ -36,7 +36,6 @@ mod full;
 mod partial;
 
 use crate::sys::host::net::{LocalAddresses, Sysctl, ensure_sysctl};
-use apply::*;
 
 const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
 

@@ -231,9 +231,9 @@ impl IpvsMode {
 
     /// The sync under way (begun, not ended).
     fn current(&mut self) -> Result<Current, Failure> {
-        self.current.take().ok_or_else(|| {
-            Failure::unattributed(SyncError::Thread("an IPVS family sync outside a sync"))
-        })
+        self.current
+            .take()
+            .ok_or_else(|| Failure::unattributed(SyncError::NotBegun))
     }
 }
 

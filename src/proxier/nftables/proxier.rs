@@ -42,10 +42,6 @@ mod drift;
 mod full;
 mod partial;
 
-use adopt::*;
-use apply::*;
-use full::*;
-
 /// A flushed chain is deleted once it has been unreferenced this long (before kernel 6.2 a
 /// chain a just-deleted map element pointed to is still in use for a moment).
 const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);

@@ -3,6 +3,7 @@
 //! stale chains deleted, jumps from the built-in chains restored, in transactions of whole
 //! services.
 
+use super::apply::restore_failure;
 use super::*;
 
 impl<I: Iptables> IptablesMode<I> {

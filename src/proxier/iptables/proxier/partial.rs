@@ -1,6 +1,7 @@
 //! A partial sync of one family: the changed services rendered again, and one restore of what
 //! differs from what they programmed before.
 
+use super::apply::restore_failure;
 use super::*;
 
 impl<I: Iptables> IptablesMode<I> {

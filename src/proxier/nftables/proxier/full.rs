@@ -3,6 +3,8 @@
 //! render), then the transactions that bring the table there. With memory exact and the
 //! kernel's change events watched, a full sync writes only what differs from memory.
 
+use super::adopt::read_table;
+use super::apply::{transaction_failure, with_digests};
 use super::*;
 
 impl<N: Nftables> NftablesMode<N> {

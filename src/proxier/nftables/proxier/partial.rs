@@ -1,6 +1,8 @@
 //! A partial sync of one family: the changed services rendered again (and a service whose
 //! chain a changed one evicts from its endpoint-map slot), and one transaction of what differs.
 
+use super::apply::{transaction_failure, with_digests};
+use super::full::service_objects;
 use super::*;
 
 impl<N: Nftables> NftablesMode<N> {

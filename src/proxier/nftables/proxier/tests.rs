@@ -6,6 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::apply::owner_of_line;
+use super::full::{rerender_evicted, service_objects};
 use super::*;
 use crate::config::KubeProxyConfiguration;
 use crate::model::{Endpoint, Protocol};
