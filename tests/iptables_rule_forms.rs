@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::sys::nf_tables::expr::{Data, Expr, Verdict};
 use kube_proxy_rs::sys::nfacct::{NetlinkNfacct, Nfacct};
 use kube_proxy_rs::sys::xtables::rules::{
-    XtExpr, chain_expressions, chain_fingerprints, expected_fingerprint, nft_expressions, save_text,
+    chain_expressions, chain_fingerprints, expected_fingerprint, nft_expressions, save_text,
 };
 use kube_proxy_rs::sys::xtables::tokenize;
 use support::netns::{Netns, require_netns};
@@ -286,9 +287,12 @@ fn rules_it_cannot_vouch_for_are_refused() {
     assert!(tokenize("-j ACCEPT").is_ok());
     assert!(matches!(
         nft_expressions(false, "-j ACCEPT").unwrap().as_slice(),
-        [XtExpr::Verdict {
-            code: 1,
-            chain: None
+        [Expr::Immediate {
+            dreg: 0,
+            data: Data::Verdict(Verdict {
+                code: 1,
+                chain: None
+            })
         }]
     ));
 }

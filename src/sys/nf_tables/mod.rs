@@ -14,6 +14,7 @@ use super::xtables::input_context;
 
 pub mod elements;
 pub mod events;
+pub mod expr;
 pub mod fake;
 pub mod read;
 pub mod wire;

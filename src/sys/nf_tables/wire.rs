@@ -84,6 +84,19 @@ pub const NF_ACCEPT: i32 = 1;
 pub const NFT_JUMP: i32 = -3;
 pub const NFT_GOTO: i32 = -4;
 pub const NFT_RETURN: i32 = -5;
+/// A verdict map's data type.
+pub const DATA_VERDICT: u32 = 0xffff_ff00;
+/// Set flags.
+pub const SET_ANONYMOUS: u32 = 0x1;
+pub const SET_CONSTANT: u32 = 0x2;
+pub const SET_INTERVAL: u32 = 0x4;
+pub const SET_MAP: u32 = 0x8;
+pub const SET_TIMEOUT: u32 = 0x10;
+pub const SET_EVAL: u32 = 0x20;
+/// An element that ends an interval.
+pub const ELEM_INTERVAL_END: u32 = 0x1;
+/// Lookup flag: match when the key is not in the set.
+pub const LOOKUP_INVERTED: u32 = 0x1;
 
 /// Netlink header flags.
 pub const NLM_F_REQUEST: u16 = 0x1;

@@ -6,16 +6,17 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use super::expr::{
-    DATA_VERDICT, Data, ELEM_INTERVAL_END, Expr, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL,
-    SET_INTERVAL, SET_MAP, SET_TIMEOUT, SetRef,
-};
 use super::rule;
 use super::values::{self, Bound, KeyType, Unsupported, parse_verdict, unquote};
+use crate::sys::nf_tables::expr::{Data, Expr, SetRef};
 use crate::sys::nf_tables::wire::{
     Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
     NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
     NFT_MSG_NEWTABLE, NLM_F_APPEND, NLM_F_CREATE, UserData,
+};
+use crate::sys::nf_tables::wire::{
+    DATA_VERDICT, ELEM_INTERVAL_END, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL, SET_INTERVAL, SET_MAP,
+    SET_TIMEOUT,
 };
 
 /// The family numbers of nfgenmsg.

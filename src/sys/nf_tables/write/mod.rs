@@ -8,7 +8,6 @@
 //! Text this compiler does not know goes to `nft -f` as before: the caller falls back.
 
 mod compile;
-mod expr;
 mod rule;
 mod values;
 

@@ -5,11 +5,12 @@
 
 use std::net::IpAddr;
 
-use super::expr::{
-    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, Data, Expr, META_IIFNAME,
-    META_L4PROTO, META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT, SetRef, Verdict,
-};
 use super::values::{self, AddressMatch, Unsupported, check_family, parse_verdict, unquote};
+use crate::sys::nf_tables::expr::{Data, Expr, SetRef, Verdict, reg32};
+use crate::sys::nf_tables::wire::{
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO,
+    META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
+};
 
 /// The NAT range flag "random fully".
 const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
@@ -68,7 +69,7 @@ fn register_at(offset: usize) -> u32 {
     if offset.is_multiple_of(16) {
         1 + (offset / 16) as u32
     } else {
-        super::expr::reg32(offset)
+        reg32(offset)
     }
 }
 
@@ -161,7 +162,8 @@ impl<'a> Builder<'_, 'a> {
                 };
                 self.emit(Expr::Ct { key, dreg: REG_1 });
                 self.emit(Expr::Bitwise {
-                    reg: REG_1,
+                    sreg: REG_1,
+                    dreg: REG_1,
                     mask: bit.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
                     boolean_op: false,
@@ -435,7 +437,8 @@ impl<'a> Builder<'_, 'a> {
                     self.load_address(source, REG_1, length);
                     let mask = values::address_bytes(prefix_mask(net.addr(), bits));
                     self.emit(Expr::Bitwise {
-                        reg: REG_1,
+                        sreg: REG_1,
+                        dreg: REG_1,
                         mask,
                         xor: vec![0; length as usize],
                         boolean_op: false,
@@ -521,7 +524,8 @@ impl<'a> Builder<'_, 'a> {
                     other => return Err(format!("unsupported mark operation {other:?}")),
                 };
                 self.emit(Expr::Bitwise {
-                    reg: REG_1,
+                    sreg: REG_1,
+                    dreg: REG_1,
                     mask: mask.to_ne_bytes().to_vec(),
                     xor: xor.to_ne_bytes().to_vec(),
                     boolean_op: true,
@@ -536,7 +540,8 @@ impl<'a> Builder<'_, 'a> {
                 self.expect("==")?;
                 let compared = parse_number(self.next()?)?;
                 self.emit(Expr::Bitwise {
-                    reg: REG_1,
+                    sreg: REG_1,
+                    dreg: REG_1,
                     mask: value.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
                     boolean_op: true,

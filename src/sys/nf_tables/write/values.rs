@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::expr::{NF_DROP, NFT_GOTO, NFT_JUMP, Verdict};
+use crate::sys::nf_tables::expr::Verdict;
+use crate::sys::nf_tables::wire::{NF_DROP, NFT_GOTO, NFT_JUMP};
 
 /// Why a piece of text is not one of the values this compiler knows.
 pub type Unsupported = String;

@@ -12,7 +12,6 @@
 //! look different: it is then rewritten, as before. Checked against the kernel by the
 //! namespace tests (tests/iptables_rule_forms.rs, tests/iptables_adoption.rs).
 
-mod expr;
 mod nft;
 mod parse;
 mod save;
@@ -23,13 +22,13 @@ use std::sync::OnceLock;
 
 use ahash::RandomState;
 
-pub use expr::XtExpr;
 pub use nft::nft_expressions;
 pub use parse::Untranslatable;
 pub use save::save_text;
 
 use crate::model::IpFamily;
 use crate::sys::netlink::NetlinkError;
+use crate::sys::nf_tables::expr::{Expr, decode_rule, rule_expressions};
 use crate::sys::nf_tables::read::rules_per_chain;
 
 /// A rule reduced to a number: equal rules (in one process) have equal fingerprints.
@@ -44,10 +43,10 @@ fn hasher() -> &'static RandomState {
 }
 
 /// The fingerprint of a rule's expressions.
-pub fn fingerprint(expressions: &[XtExpr]) -> RuleFingerprint {
+pub fn fingerprint(expressions: &[Expr]) -> RuleFingerprint {
     let mut state = hasher().build_hasher();
     for expression in expressions {
-        expression.key().hash(&mut state);
+        expression.hash(&mut state);
     }
     state.finish()
 }
@@ -75,7 +74,7 @@ pub fn chain_fingerprints(
 ) -> Result<Vec<Vec<RuleFingerprint>>, NetlinkError> {
     rules_per_chain(family, table, chains, |rules: &mut Vec<_>, rule| {
         let mut state = hasher().build_hasher();
-        expr::rule_keys(rule, |key| key.hash(&mut state));
+        rule_expressions(rule, |expression| expression.hash(&mut state));
         rules.push(state.finish());
     })
 }
@@ -85,9 +84,9 @@ pub fn chain_expressions(
     family: IpFamily,
     table: &str,
     chain: &str,
-) -> Result<Vec<Vec<XtExpr>>, NetlinkError> {
+) -> Result<Vec<Vec<Expr>>, NetlinkError> {
     let read = rules_per_chain(family, table, &[chain], |rules: &mut Vec<_>, rule| {
-        rules.push(expr::decode_rule(rule));
+        rules.push(decode_rule(rule));
     })?;
     Ok(read.into_iter().next().unwrap_or_default())
 }

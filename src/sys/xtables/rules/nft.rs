@@ -5,13 +5,17 @@
 //! Only the options our renderer writes are known; anything else is refused, so that a rule this
 //! module cannot vouch for is rewritten rather than wrongly kept.
 
-use super::expr::*;
 use super::parse::{AddressMatch, MatchOptions, Target, Untranslatable, read_rule, refuse};
 use super::xt;
+use crate::sys::nf_tables::expr::{Data, Expr, Verdict};
+use crate::sys::nf_tables::wire::{
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, META_IIFNAME, META_L4PROTO,
+    META_MARK, META_OIFNAME, REG_1, REG_VERDICT,
+};
 
 /// The expressions iptables-nft writes for `spec` (the text after `-A <chain>`), counters left
 /// out, in the order the kernel keeps them.
-pub fn nft_expressions(ipv6: bool, spec: &str) -> Result<Vec<XtExpr>, Untranslatable> {
+pub fn nft_expressions(ipv6: bool, spec: &str) -> Result<Vec<Expr>, Untranslatable> {
     let parsed = read_rule(ipv6, spec)?;
     let mut out = Vec::new();
     for (interface, key) in [
@@ -23,7 +27,7 @@ pub fn nft_expressions(ipv6: bool, spec: &str) -> Result<Vec<XtExpr>, Untranslat
         }
     }
     if let Some((protocol, inverted)) = parsed.protocol {
-        out.push(XtExpr::Meta {
+        out.push(Expr::MetaLoad {
             key: META_L4PROTO,
             dreg: REG_1,
         });
@@ -47,18 +51,18 @@ pub fn nft_expressions(ipv6: bool, spec: &str) -> Result<Vec<XtExpr>, Untranslat
     Ok(out)
 }
 
-fn cmp(inverted: bool, value: Vec<u8>) -> XtExpr {
-    XtExpr::Cmp {
+fn cmp(inverted: bool, value: Vec<u8>) -> Expr {
+    Expr::Cmp {
         sreg: REG_1,
         op: if inverted { CMP_NEQ } else { CMP_EQ },
-        value,
+        data: value,
     }
 }
 
 /// nft-shared.c add_iniface / add_outiface: `eth0` compares the name and its NUL, `veth+` the
 /// prefix alone.
-fn interface_match(key: u32, name: &str, inverted: bool, out: &mut Vec<XtExpr>) {
-    out.push(XtExpr::Meta { key, dreg: REG_1 });
+fn interface_match(key: u32, name: &str, inverted: bool, out: &mut Vec<Expr>) {
+    out.push(Expr::MetaLoad { key, dreg: REG_1 });
     match name.strip_suffix('+') {
         Some("") if inverted => out.push(cmp(false, b"INVAL/D\0".to_vec())),
         Some("") => {}
@@ -73,31 +77,32 @@ fn interface_match(key: u32, name: &str, inverted: bool, out: &mut Vec<XtExpr>) 
 
 /// nft-shared.c add_addr: a mask of whole bytes loads only those bytes; any other mask loads the
 /// whole address and masks it.
-fn address_match(matched: &AddressMatch, offset: u32, out: &mut Vec<XtExpr>) {
+fn address_match(matched: &AddressMatch, offset: u32, out: &mut Vec<Expr>) {
     let mask = &matched.mask;
     let first_partial = mask.iter().position(|b| *b != 0xff).unwrap_or(mask.len());
     let bitwise = first_partial < mask.len()
         && (mask[first_partial] != 0 || mask[first_partial + 1..].iter().any(|b| *b != 0));
     let len = if bitwise { mask.len() } else { first_partial };
-    out.push(XtExpr::Payload {
+    out.push(Expr::Payload {
         base: BASE_NETWORK,
         offset,
         len: len as u32,
         dreg: REG_1,
     });
     if bitwise {
-        out.push(XtExpr::Bitwise {
+        out.push(Expr::Bitwise {
             sreg: REG_1,
             dreg: REG_1,
             mask: mask.clone(),
             xor: vec![0; len],
+            boolean_op: true,
         });
     }
     out.push(cmp(matched.inverted, matched.address[..len].to_vec()));
 }
 
-fn xt_match(name: &str, revision: u32, info: Vec<u8>) -> XtExpr {
-    XtExpr::Match {
+fn xt_match(name: &str, revision: u32, info: Vec<u8>) -> Expr {
+    Expr::Match {
         name: name.to_string(),
         revision,
         info,
@@ -107,7 +112,7 @@ fn xt_match(name: &str, revision: u32, info: Vec<u8>) -> XtExpr {
 fn match_expressions(
     matched: &MatchOptions,
     protocol: Option<(u8, bool)>,
-    out: &mut Vec<XtExpr>,
+    out: &mut Vec<Expr>,
 ) -> Result<(), Untranslatable> {
     match matched {
         MatchOptions::Comment(text) => out.push(xt_match(
@@ -171,16 +176,17 @@ fn match_expressions(
             mask,
             inverted,
         } => {
-            out.push(XtExpr::Meta {
+            out.push(Expr::MetaLoad {
                 key: META_MARK,
                 dreg: REG_1,
             });
             if *mask != u32::MAX {
-                out.push(XtExpr::Bitwise {
+                out.push(Expr::Bitwise {
                     sreg: REG_1,
                     dreg: REG_1,
                     mask: mask.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
+                    boolean_op: true,
                 });
             }
             out.push(cmp(*inverted, mark.to_ne_bytes().to_vec()));
@@ -219,7 +225,7 @@ fn match_expressions(
 fn port_matches(
     source: Option<([u16; 2], bool)>,
     destination: Option<([u16; 2], bool)>,
-    out: &mut Vec<XtExpr>,
+    out: &mut Vec<Expr>,
 ) {
     let single =
         |range: Option<([u16; 2], bool)>| range.filter(|([lo, hi], _)| *lo != 0 && lo == hi);
@@ -227,7 +233,7 @@ fn port_matches(
         (single(source), single(destination))
         && sinv == dinv
     {
-        out.push(XtExpr::Payload {
+        out.push(Expr::Payload {
             base: BASE_TRANSPORT,
             offset: 0,
             len: 4,
@@ -244,7 +250,7 @@ fn port_matches(
         if lo == 0 && hi == 0xffff {
             continue;
         }
-        out.push(XtExpr::Payload {
+        out.push(Expr::Payload {
             base: BASE_TRANSPORT,
             offset,
             len: 2,
@@ -253,13 +259,13 @@ fn port_matches(
         out.push(if lo == hi {
             cmp(inverted, lo.to_be_bytes().to_vec())
         } else if lo == 0 {
-            XtExpr::Cmp {
+            Expr::Cmp {
                 sreg: REG_1,
                 op: if inverted { CMP_GT } else { CMP_LTE },
-                value: hi.to_be_bytes().to_vec(),
+                data: hi.to_be_bytes().to_vec(),
             }
         } else {
-            XtExpr::Range {
+            Expr::Range {
                 sreg: REG_1,
                 op: u32::from(inverted),
                 from: lo.to_be_bytes().to_vec(),
@@ -269,21 +275,15 @@ fn port_matches(
     }
 }
 
-fn target_expression(ipv6: bool, target: &Target) -> XtExpr {
-    let xt_target = |name: &str, revision, info| XtExpr::Target {
+fn target_expression(ipv6: bool, target: &Target) -> Expr {
+    let xt_target = |name: &str, revision, info| Expr::Target {
         name: name.to_string(),
         revision,
         info,
     };
     match target {
-        Target::Verdict(code) => XtExpr::Verdict {
-            code: *code,
-            chain: None,
-        },
-        Target::Jump(chain, code) => XtExpr::Verdict {
-            code: *code,
-            chain: Some(chain.clone()),
-        },
+        Target::Verdict(code) => verdict(*code, None),
+        Target::Jump(chain, code) => verdict(*code, Some(chain.clone())),
         // icmp-port-unreachable / icmp6-port-unreachable, the extensions' defaults.
         Target::Reject => xt_target("REJECT", 0, xt::reject(if ipv6 { 4 } else { 3 })),
         Target::Dnat(to) => {
@@ -300,5 +300,12 @@ fn target_expression(ipv6: bool, target: &Target) -> XtExpr {
         }
         Target::Mark { mark, mask } => xt_target("MARK", 2, xt::mark_v2(*mark, *mask)),
         Target::Masquerade(flags) => xt_target("MASQUERADE", 0, xt::masquerade(ipv6, *flags)),
+    }
+}
+
+fn verdict(code: i32, chain: Option<String>) -> Expr {
+    Expr::Immediate {
+        dreg: REG_VERDICT,
+        data: Data::Verdict(Verdict { code, chain }),
     }
 }

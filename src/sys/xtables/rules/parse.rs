@@ -9,7 +9,7 @@ use ipnet::IpNet;
 
 use crate::sys::xtables::tokenize;
 
-use super::expr::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN};
+use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN};
 
 /// Why a rule's kernel form cannot be told.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

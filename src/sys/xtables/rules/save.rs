@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::expr::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 use super::parse::{ADDRESS_TYPES, AddressMatch, MatchOptions, Target, Untranslatable, read_rule};
+use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 
 /// The text iptables-legacy-save prints for `spec` (the text after `-A <chain>`), without the
 /// `-A <chain>` and the leading space.

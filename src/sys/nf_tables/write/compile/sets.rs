@@ -211,7 +211,7 @@ pub(super) fn encode_elements(a: &mut Attributes, elements: &[Element]) {
                 if element.bound == Some(Bound::End) {
                     e.u32(3, ELEM_INTERVAL_END);
                 }
-                Data::Value(element.key.clone()).encode(1, e);
+                Data::<&[u8], &str>::Value(&element.key).encode(1, e);
                 if element.bound == Some(Bound::OpenStart) {
                     // nft marks an interval without an end in the element's user data.
                     e.raw(

@@ -1,170 +1,46 @@
-//! nf_tables rule expressions and how each is put on the wire. Attribute order within each
-//! expression is `nft`'s (libnftnl's), so our messages equal nft's byte for byte.
+//! How each expression is put on the wire. Attribute order within each expression is `nft`'s
+//! (libnftnl's), so our messages equal nft's byte for byte.
 
-use crate::sys::nf_tables::wire::Attributes;
+use super::{Data, Expr, Verdict};
+use crate::sys::nf_tables::wire::{Attributes, LOOKUP_INVERTED};
 
-pub use crate::sys::nf_tables::wire::{
-    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO,
-    META_MARK, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
-};
-
-/// The 32-bit register holding bytes `offset..offset + 4` of register 1 onwards.
-pub fn reg32(offset: usize) -> u32 {
-    8 + (offset / 4) as u32
-}
-
-/// A verdict map's data type.
-pub const DATA_VERDICT: u32 = 0xffff_ff00;
-/// Set flags.
-pub const SET_ANONYMOUS: u32 = 0x1;
-pub const SET_CONSTANT: u32 = 0x2;
-pub const SET_INTERVAL: u32 = 0x4;
-pub const SET_MAP: u32 = 0x8;
-pub const SET_TIMEOUT: u32 = 0x10;
-pub const SET_EVAL: u32 = 0x20;
-/// An element that ends an interval.
-pub const ELEM_INTERVAL_END: u32 = 0x1;
-/// Lookup flag: match when the key is not in the set.
-pub const LOOKUP_INVERTED: u32 = 0x1;
-
-/// A verdict: its code and, for jump and goto, the chain.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub code: i32,
-    pub chain: Option<String>,
-}
-
-impl Verdict {
+impl<S: AsRef<str>> Verdict<S> {
     pub fn encode(&self, out: &mut Attributes) {
         // NFTA_DATA_VERDICT { NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN }.
         out.nested(2, |verdict| {
             verdict.u32(1, self.code as u32);
             if let Some(chain) = &self.chain {
-                verdict.string(2, chain);
+                verdict.string(2, chain.as_ref());
             }
         });
     }
 }
 
-/// Data: raw bytes (NFTA_DATA_VALUE) or a verdict (NFTA_DATA_VERDICT).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Data {
-    Value(Vec<u8>),
-    Verdict(Verdict),
-}
-
-impl Data {
+impl<B: AsRef<[u8]>, S: AsRef<str>> Data<B, S> {
     pub fn encode(&self, kind: u16, out: &mut Attributes) {
         out.nested(kind, |data| match self {
             Data::Value(bytes) => {
-                data.raw(1, bytes);
+                data.raw(1, bytes.as_ref());
             }
             Data::Verdict(verdict) => verdict.encode(data),
         });
     }
 }
 
-/// A set a rule refers to: by name, and by its id when the same batch creates it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetRef {
-    pub name: String,
-    pub id: Option<u32>,
+/// NFTA_DATA_VALUE inside data attribute `kind`.
+fn value(kind: u16, bytes: &[u8], out: &mut Attributes) {
+    out.nested(kind, |data| {
+        data.raw(1, bytes);
+    });
 }
 
-/// One expression.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Expr {
-    Payload {
-        dreg: u32,
-        base: u32,
-        offset: u32,
-        len: u32,
-    },
-    Cmp {
-        sreg: u32,
-        op: u32,
-        data: Vec<u8>,
-    },
-    /// `(reg & mask) ^ xor`; `boolean_op` adds the operation attribute, which nft sends
-    /// for meta mark arithmetic but not for masks of payloads and conntrack state.
-    Bitwise {
-        reg: u32,
-        mask: Vec<u8>,
-        xor: Vec<u8>,
-        boolean_op: bool,
-    },
-    MetaLoad {
-        key: u32,
-        dreg: u32,
-    },
-    MetaSet {
-        key: u32,
-        sreg: u32,
-    },
-    Ct {
-        key: u32,
-        dreg: u32,
-    },
-    Immediate {
-        dreg: u32,
-        data: Data,
-    },
-    Lookup {
-        sreg: u32,
-        dreg: Option<u32>,
-        set: SetRef,
-        inverted: bool,
-    },
-    Numgen {
-        dreg: u32,
-        modulus: u32,
-        offset: u32,
-    },
-    /// A 32-bit register from host to network order (nft's step before an interval lookup of
-    /// a host-order integer: interval sets compare keys as big-endian bytes).
-    HostToNetwork32 {
-        reg: u32,
-    },
-    Dnat {
-        family: u8,
-        addr: u32,
-        port: u32,
-    },
-    /// DNAT to the address and port a map lookup left in these registers (nft sends no range
-    /// flags for it).
-    DnatRange {
-        family: u8,
-        addr: u32,
-        port: u32,
-    },
-    /// Masquerade with these NAT range flags.
-    Masq {
-        flags: u32,
-    },
-    /// ICMP(v6) unreachable with this code.
-    Reject {
-        code: u8,
-    },
-    /// The address type of the source or destination (`fib saddr type`).
-    FibAddressType {
-        dreg: u32,
-        source: bool,
-    },
-    /// `update @set { key }`.
-    DynsetUpdate {
-        sreg: u32,
-        set: SetRef,
-    },
-    /// `counter`, from zero (nft sends no attribute for a zero count).
-    Counter,
-}
-
-impl Expr {
-    fn name(&self) -> &'static str {
+impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
+    fn name(&self) -> &str {
         match self {
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
+            Expr::Range { .. } => "range",
             Expr::MetaLoad { .. } | Expr::MetaSet { .. } => "meta",
             Expr::Ct { .. } => "ct",
             Expr::Immediate { .. } => "immediate",
@@ -177,13 +53,20 @@ impl Expr {
             Expr::FibAddressType { .. } => "fib",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::Counter => "counter",
+            Expr::Match { .. } => "match",
+            Expr::Target { .. } => "target",
+            Expr::Other { name, .. } => std::str::from_utf8(name.as_ref()).unwrap_or_default(),
         }
     }
 
     /// NFTA_EXPR_NAME and NFTA_EXPR_DATA.
     pub fn encode(&self, out: &mut Attributes) {
         out.string(1, self.name());
-        out.nested(2, |data| self.encode_data(data));
+        if let Expr::Other { data, .. } = self {
+            out.raw(2, data.as_ref());
+        } else {
+            out.nested(2, |data| self.encode_data(data));
+        }
     }
 
     fn encode_data(&self, out: &mut Attributes) {
@@ -198,21 +81,27 @@ impl Expr {
             }
             Expr::Cmp { sreg, op, data } => {
                 out.u32(1, *sreg).u32(2, *op);
-                Data::Value(data.clone()).encode(3, out);
+                value(3, data.as_ref(), out);
             }
             Expr::Bitwise {
-                reg,
+                sreg,
+                dreg,
                 mask,
                 xor,
                 boolean_op,
             } => {
-                out.u32(1, *reg).u32(2, *reg);
+                out.u32(1, *sreg).u32(2, *dreg);
                 if *boolean_op {
                     out.u32(6, 0);
                 }
-                out.u32(3, mask.len() as u32);
-                Data::Value(mask.clone()).encode(4, out);
-                Data::Value(xor.clone()).encode(5, out);
+                out.u32(3, mask.as_ref().len() as u32);
+                value(4, mask.as_ref(), out);
+                value(5, xor.as_ref(), out);
+            }
+            Expr::Range { sreg, op, from, to } => {
+                out.u32(1, *sreg).u32(2, *op);
+                value(3, from.as_ref(), out);
+                value(4, to.as_ref(), out);
             }
             Expr::MetaLoad { key, dreg } => {
                 out.u32(2, *key).u32(1, *dreg);
@@ -237,7 +126,7 @@ impl Expr {
                 if let Some(dreg) = dreg {
                     out.u32(3, *dreg);
                 }
-                out.string(1, &set.name);
+                out.string(1, set.name.as_ref());
                 if let Some(id) = set.id {
                     out.u32(4, id);
                 }
@@ -288,12 +177,26 @@ impl Expr {
             }
             Expr::DynsetUpdate { sreg, set } => {
                 // Operation update (1).
-                out.u32(4, *sreg).u32(3, 1).string(1, &set.name);
+                out.u32(4, *sreg).u32(3, 1).string(1, set.name.as_ref());
                 if let Some(id) = set.id {
                     out.u32(2, id);
                 }
             }
-            Expr::Counter => {}
+            Expr::Match {
+                name,
+                revision,
+                info,
+            }
+            | Expr::Target {
+                name,
+                revision,
+                info,
+            } => {
+                out.string(1, name.as_ref())
+                    .u32(2, *revision)
+                    .raw(3, info.as_ref());
+            }
+            Expr::Counter | Expr::Other { .. } => {}
         }
     }
 }
