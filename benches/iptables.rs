@@ -9,7 +9,9 @@
 //! `cargo bench --bench iptables` runs 1k and 10k services on nft;
 //! `cargo bench --bench iptables -- --sizes 1000 --legacy` picks sizes and the legacy back end;
 //! `--only-daemon` measures only the daemon's RSS, `--no-daemon` everything else,
-//! `--no-one-transaction` skips the one-transaction restore (minutes at 10k).
+//! `--no-one-transaction` skips the one-transaction restore (minutes at 10k),
+//! `--one-transaction-up-to N` runs it only up to N services; `--svg PATH` says where the
+//! chart goes (`target/benchmarks/iptables-<back end>.svg` by default).
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
 /// The daemon's allocator, so that what is measured here is what the daemon does.
@@ -17,6 +19,8 @@
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+#[path = "../tests/support/chart.rs"]
+mod chart;
 #[path = "../tests/support/netns.rs"]
 mod netns;
 #[path = "../tests/support/scale.rs"]
@@ -26,6 +30,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chart::Chart;
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::context::FamilyContext;
@@ -280,7 +285,7 @@ fn one_transaction_text(state: &ProxyState, ctx: &RenderContext) -> String {
     full_restore(&base, &services, &extras).0
 }
 
-fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) {
+fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool, chart: &mut Chart) {
     let state = scale::state(count);
     let ctx = RenderContext {
         common: FamilyContext {
@@ -327,6 +332,21 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         secs(bare_change),
         change.as_secs_f64() / bare_change.as_secs_f64(),
     );
+    chart.add("cold start", chart::FIRST_SYNC, count, full);
+    chart.add(
+        "bare restore, same text",
+        chart::BARE_LOAD,
+        count,
+        bare_full,
+    );
+    chart.add("restart", chart::RESTART, count, restart);
+    chart.add("one-endpoint change", chart::CHANGE, count, change);
+    chart.add(
+        "bare noflush restore of it",
+        chart::BARE_CHANGE,
+        count,
+        bare_change,
+    );
     let checks = med(|s| s.checks);
     println!(
         "{count:>6} services: restart (first sync on the programmed node) {} (ratio to cold start {:.2}, \
@@ -348,6 +368,7 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool) 
         );
     }
     if let Some(one) = samples.iter().filter_map(|s| s.one_transaction).min() {
+        chart.add("upstream's shape", chart::UPSTREAM_SHAPE, count, one);
         println!(
             "{count:>6} services: the same rules in one transaction per table (upstream's shape): bare restore {} \
              (ours is {:.1}x faster)",
@@ -369,8 +390,21 @@ fn main() {
         Backend::Nft
     };
     let with_one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
+    // The one-transaction restore grows with the square of its size: this caps where it runs.
+    let one_transaction_up_to = args
+        .iter()
+        .position(|a| a == "--one-transaction-up-to")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(usize::MAX);
+    let mut chart = Chart::new(&format!(
+        "iptables mode ({}): cold start, restart, one change",
+        backend.as_str()
+    ));
+    let svg = chart::path_from_args(&args, &format!("iptables-{}", backend.as_str()));
     if !args.iter().any(|a| a == "--bench") {
-        run(50, backend, 1, true);
+        run(50, backend, 1, true, &mut chart);
+        chart.write(&svg);
         scale::daemon_run(50, "iptables");
         return;
     }
@@ -395,7 +429,9 @@ fn main() {
             } else {
                 3
             };
-            run(count, backend, runs, with_one_transaction);
+            let one_transaction = with_one_transaction && count <= one_transaction_up_to;
+            run(count, backend, runs, one_transaction, &mut chart);
+            chart.write(&svg);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
             scale::daemon_run(count, "iptables");

@@ -6,19 +6,23 @@
 //!
 //! `cargo bench --bench ipvs` runs 1k and 10k, then the real daemon in IPVS mode at each size (its
 //! RSS, first sync, restart; `--only-daemon` / `--no-daemon` pick one); `-- --sizes 1000` picks
-//! sizes. Under `cargo test`
+//! sizes; `--svg PATH` says where the chart goes (`target/benchmarks/ipvs.svg` by default).
+//! Under `cargo test`
 //! it runs once at 50 services as a smoke test. The VM is emulated (TCG), so absolute times are
 //! several times a real machine's: the ratios are the result.
 
+#[path = "../tests/support/chart.rs"]
+mod chart;
 #[path = "../tests/support/netns.rs"]
 mod netns;
 #[path = "../tests/support/scale.rs"]
 mod scale;
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chart::Chart;
 use kube_proxy_rs::model::{ChangeSummary, IpFamily, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::context::FamilyContext;
@@ -52,6 +56,7 @@ struct Sample {
     floor_full: Duration,
     change: Duration,
     floor_change: Duration,
+    restart: Duration,
     virtual_servers: usize,
 }
 
@@ -67,7 +72,7 @@ fn measure(state: &ProxyState) -> Sample {
         .last()
         .unwrap()
         .clone();
-    let (full, change) = ours.run(move || {
+    let (full, change, restart) = ours.run(move || {
         let mut p = scale::ipvs_proxier();
         let started = Instant::now();
         assert!(
@@ -90,7 +95,13 @@ fn measure(state: &ProxyState) -> Sample {
         };
         let started = Instant::now();
         assert!(!p.sync(&state, &changes).expect("change sync").full);
-        (full, started.elapsed())
+        let change = started.elapsed();
+        // A restart: a new proxier's first sync on the programmed node.
+        let started = Instant::now();
+        scale::ipvs_proxier()
+            .sync(&state, &ChangeSummary::default())
+            .expect("restart sync");
+        (full, change, started.elapsed())
     });
     // The floor loads the same state, as our full sync left it, with the kernel's own tools.
     let ipvs = ours.output(&["ipvsadm", "-Sn"]);
@@ -116,6 +127,7 @@ fn measure(state: &ProxyState) -> Sample {
         floor_full,
         change,
         floor_change,
+        restart,
         virtual_servers: ipvs.lines().filter(|l| l.starts_with("-A")).count(),
     }
 }
@@ -144,10 +156,24 @@ fn run(count: usize, runs: usize) {
     let pick = |f: fn(&Sample) -> Duration| median(samples.iter().map(f).collect());
     let (full, floor_full) = (pick(|s| s.full), pick(|s| s.floor_full));
     let (change, floor_change) = (pick(|s| s.change), pick(|s| s.floor_change));
+    let restart = pick(|s| s.restart);
+    // Printed as chart points: the host draws the chart (the VM's root is read-only).
+    let mut chart = Chart::new("");
+    chart.add("full sync", chart::FIRST_SYNC, count, full);
+    chart.add(
+        "kernel tools, same state",
+        chart::BARE_LOAD,
+        count,
+        floor_full,
+    );
+    chart.add("restart", chart::RESTART, count, restart);
+    chart.add("one-endpoint change", chart::CHANGE, count, change);
+    chart.add("one ipvsadm -d", chart::BARE_CHANGE, count, floor_change);
     println!(
         "{count:>6} services x 10 endpoints ({rendered} virtual servers, median of {runs}, in the VM): render {}, \
          full sync {} vs ipvsadm -R + ipset restore + ip -batch {} (ratio {:.2}), \
-         one-endpoint change {} vs one ipvsadm -d {} (ratio {:.2})",
+         one-endpoint change {} vs one ipvsadm -d {} (ratio {:.2}), \
+         restart (a new proxier's first sync on the programmed node) {} (ratio to the full sync {:.2})",
         secs(render_time),
         secs(full),
         secs(floor_full),
@@ -155,20 +181,35 @@ fn run(count: usize, runs: usize) {
         secs(change),
         secs(floor_change),
         change.as_secs_f64() / floor_change.as_secs_f64(),
+        secs(restart),
+        restart.as_secs_f64() / full.as_secs_f64(),
     );
 }
 
-/// On the host: re-runs this benchmark in the VM with the same arguments.
+/// On the host: re-runs this benchmark in the VM with the same arguments, passing its output
+/// on, and draws the chart of the points it printed.
 fn run_in_vm(args: &[String]) {
     let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vm/run-in-vm.sh");
-    let status = Command::new(harness)
+    let mut child = Command::new(harness)
         .env("KPRS_IN_VM", "1")
         .env("VM_MEM", "2048")
         .env("VM_TIMEOUT", "3000")
         .arg(std::env::current_exe().expect("bench binary"))
         .args(&args[1..])
-        .status()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("run the VM harness");
+    let mut output = String::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.expect("the VM's output");
+        println!("{line}");
+        output.push_str(&line);
+        output.push('\n');
+    }
+    let status = child.wait().expect("the VM harness");
+    let mut chart = Chart::new("IPVS mode (in the VM): full sync, restart, one change");
+    chart.absorb(&output);
+    chart.write(&chart::path_from_args(args, "ipvs"));
     std::process::exit(status.code().unwrap_or(1));
 }
 

@@ -12,12 +12,15 @@
 //! restart, a new Service after it.
 //!
 //! `cargo bench --bench nftables` runs 1k and 5k services; `-- --sizes 1000,10000` picks sizes;
-//! `--only-daemon` / `--no-daemon` pick a part; `--no-one-transaction` skips the
+//! `--only-daemon` / `--no-daemon` pick a part; `--svg PATH` says where the chart goes
+//! (`target/benchmarks/nftables.svg` by default); `--no-one-transaction` skips the
 //! one-transaction baselines: our table as one `nft -f`, and the same services in upstream
 //! 1.35's shape (an anonymous vmap per service, endpoint chains) as one `nft -f`, as upstream
 //! writes its table (minutes at 10,000 services).
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
+#[path = "../tests/support/chart.rs"]
+mod chart;
 #[path = "../tests/support/netns.rs"]
 mod netns;
 #[path = "../tests/support/scale.rs"]
@@ -27,6 +30,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chart::Chart;
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{ChangeSummary, Endpoint, NamespacedName, ProxyState};
 use kube_proxy_rs::proxier::Proxier;
@@ -168,7 +172,7 @@ const CHANGES: usize = 21;
 /// Restarts timed, of which the median and the slowest are reported.
 const RESTARTS: usize = 5;
 
-fn run(count: usize, one_transaction: bool) {
+fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
     let mut state = scale::state(count);
     let node = Netns::new("nftbench");
     let (p, full, full_text) =
@@ -284,6 +288,19 @@ fn run(count: usize, one_transaction: bool) {
     let (_, moved_restart, moved_text) =
         timed_sync(&node, proxier(), moved, ChangeSummary::default());
 
+    chart.add("first sync", chart::FIRST_SYNC, count, full);
+    chart.add("bare nft -f, same text", chart::BARE_LOAD, count, bare_ours);
+    chart.add("restart", chart::RESTART, count, restart);
+    chart.add("one-endpoint change", chart::CHANGE, count, change);
+    chart.add("bare nft -f of it", chart::BARE_CHANGE, count, bare_change);
+    if bare_upstream > Duration::ZERO {
+        chart.add(
+            "upstream's shape",
+            chart::UPSTREAM_SHAPE,
+            count,
+            bare_upstream,
+        );
+    }
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
     println!(
         "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of our transactions {} ({:.2}x)",
@@ -338,8 +355,11 @@ fn main() {
         eprintln!("the nftables benchmark needs root (network namespaces)");
         std::process::exit(1);
     }
+    let mut chart = Chart::new("nftables mode: first sync, restart, one change");
+    let svg = chart::path_from_args(&args, "nftables");
     if !args.iter().any(|a| a == "--bench") {
-        run(50, true);
+        run(50, true, &mut chart);
+        chart.write(&svg);
         scale::daemon_run(50, "nftables");
         return;
     }
@@ -351,7 +371,9 @@ fn main() {
         .unwrap_or_else(|| vec![1000, 5000]);
     for count in sizes {
         if !args.iter().any(|a| a == "--only-daemon") {
-            run(count, !args.iter().any(|a| a == "--no-one-transaction"));
+            let one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
+            run(count, one_transaction, &mut chart);
+            chart.write(&svg);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
             scale::daemon_run(count, "nftables");
