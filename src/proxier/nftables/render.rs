@@ -8,15 +8,11 @@ use std::fmt::Write as _;
 
 use ipnet::IpNet;
 
-use super::names;
-use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, Placement, SlotTable};
-use super::text::{self, ElementText};
-use crate::model::{
-    Endpoint, EndpointsMap, IpFamily, ServicePort, ServicePortMap, VecMap, ports_in_family,
-};
+use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, SlotTable};
+use super::text::ElementText;
+use crate::model::{EndpointsMap, IpFamily, ServicePortMap, VecMap, ports_in_family};
 use crate::proxier::context::FamilyContext;
 use crate::proxier::local::{LocalDetector, NodePortAddresses};
-use crate::proxier::policy::{PortPolicy, Refusal};
 
 /// Our table's name, in both families.
 pub const TABLE: &str = "kube-proxy";
@@ -208,9 +204,17 @@ pub const FIXED_CHAINS: [&str; 8] = [
 
 /// The table's service-independent objects.
 pub fn render_base(ctx: &NftContext) -> Objects {
-    let ip = ctx.ip();
-    let addr = ctx.addr_type();
     let mut out = Objects::default();
+    base_sets(ctx, &mut out);
+    base_chains(&mut out);
+    base_rules(ctx, &mut out);
+    node_port_rules(ctx, &mut out);
+    out
+}
+
+/// The top-level sets and maps, and the shared endpoint maps.
+fn base_sets(ctx: &NftContext, out: &mut Objects) {
+    let (ip, addr) = (ctx.ip(), ctx.addr_type());
     let set = |spec: String| SetDef { kind: "set", spec };
     let map = |spec: String| SetDef { kind: "map", spec };
     let match_all = ctx.node_port_addresses == NodePortAddresses::All;
@@ -280,6 +284,10 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             )),
         );
     }
+}
+
+/// The base chains at upstream's hooks and priorities, and the fixed chains.
+fn base_chains(out: &mut Objects) {
     for (name, kind, hook, priority) in BASE_CHAINS {
         out.chain(name).spec = format!("{{ type {kind} hook {hook} priority {priority} ; }}");
     }
@@ -288,7 +296,11 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     }
     out.chain(REJECT_CHAIN).spec =
         "{ comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }".into();
+}
 
+/// The base chains' jumps and the fixed chains' rules, NodePorts aside.
+fn base_rules(ctx: &NftContext, out: &mut Objects) {
+    let ip = ctx.ip();
     let jumps = [
         (
             "filter-prerouting-pre-dnat",
@@ -347,7 +359,11 @@ pub fn render_base(ctx: &NftContext) -> Objects {
         "service-endpoints-check",
         format!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"),
     );
-    let loopback = ctx.loopback();
+}
+
+/// Where NodePorts are served: every local address but loopback, or the NodePort addresses.
+fn node_port_rules(ctx: &NftContext, out: &mut Objects) {
+    let (ip, loopback) = (ctx.ip(), ctx.loopback());
     match &ctx.node_port_addresses {
         NodePortAddresses::All => {
             out.rule(
@@ -381,7 +397,6 @@ pub fn render_base(ctx: &NftContext) -> Objects {
             }
         }
     }
-    out
 }
 
 /// Renders every port of one service in `ctx.common.family`; its policy chains take their
@@ -396,264 +411,10 @@ pub fn render_service(
     let mut text = ElementText::default();
     let local_matches = ctx.local_matches();
     for (port, endpoints) in ports_in_family(ports, endpoints, ctx.common.family) {
-        let port = PortInput {
-            port: &port,
-            endpoints: &endpoints,
-            local_matches: local_matches.as_ref(),
-        };
-        render_port(port, ctx, slots, &mut text, &mut out);
+        let port = Port::new(&port, &endpoints, ctx, local_matches.as_ref());
+        port.render(slots, &mut text, &mut out);
     }
     out
-}
-
-/// One service port to render, with what its service's ports share.
-struct PortInput<'a> {
-    port: &'a ServicePort,
-    endpoints: &'a [Endpoint],
-    /// [`NftContext::local_matches`], worked out once per service.
-    local_matches: Option<&'a (String, String)>,
-}
-
-fn render_port(
-    input: PortInput,
-    ctx: &NftContext,
-    slots: &mut SlotTable,
-    text: &mut ElementText,
-    out: &mut Objects,
-) {
-    let PortInput {
-        port,
-        endpoints,
-        local_matches,
-    } = input;
-    let node = ctx.common.node();
-    let policy = PortPolicy::new(port, endpoints, node);
-    let ip = ctx.ip();
-    let name = &port.name;
-    let proto = name.protocol.lower();
-    let cluster_ip = port.cluster_ips[0];
-    // Only elements of services without usable endpoints carry it.
-    let comment = || quoted(&name.to_string());
-
-    let names::PortChains {
-        service: cluster_chain,
-        local: local_chain,
-        external: external_chain,
-        firewall: firewall_chain,
-    } = names::port_chains(name);
-    let PortPolicy {
-        ref selected,
-        has_endpoints,
-        uses_cluster_endpoints: uses_cluster_chain,
-        uses_local_endpoints: uses_local_chain,
-        has_internal,
-        has_external,
-        uses_external_chain,
-        uses_firewall: uses_firewall_chain,
-        ..
-    } = policy;
-    let policy_chain = |local: bool| if local { &local_chain } else { &cluster_chain };
-    let internal_chain = policy_chain(policy.internal_local);
-    let external_policy_chain = policy_chain(policy.external_local);
-    // No endpoints at all: reject; some, but none this traffic may use: drop.
-    let verdict = |refusal: Refusal| match refusal {
-        Refusal::Reject => format!("goto {REJECT_CHAIN}"),
-        Refusal::Drop => "drop".to_string(),
-    };
-    let internal_refusal = policy.internal_refusal().map(verdict);
-    let external_refusal = policy.external_refusal().map(verdict);
-    let (no_local_internal, no_local_external) = policy.no_local_endpoints();
-    out.no_local_endpoints.0 += usize::from(no_local_internal);
-    out.no_local_endpoints.1 += usize::from(no_local_external);
-
-    // Cluster IP: always an active ClusterIP (traffic to its other ports is rejected).
-    text.address_key(&cluster_ip)
-        .add_into(out.elements_of(CLUSTER_IPS));
-    text.service_key(&cluster_ip, proto, port.port);
-    if has_internal {
-        text.rest(&[" : goto ", internal_chain])
-            .add_into(out.elements_of(SERVICE_IPS));
-    } else if let Some(verdict) = &internal_refusal {
-        text.rest(&[" comment ", &comment(), " : ", verdict])
-            .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
-    }
-
-    // External IPs and load-balancer IPs.
-    let external_addresses = port.external_ips.iter().chain(&port.load_balancer_ips);
-    for address in external_addresses {
-        text.service_key(address, proto, port.port);
-        if has_endpoints {
-            text.rest(&[" : goto ", &external_chain])
-                .add_into(out.elements_of(SERVICE_IPS));
-        }
-        if let Some(verdict) = &external_refusal {
-            text.rest(&[" comment ", &comment(), " : ", verdict])
-                .add_into(out.elements_of(NO_ENDPOINT_SERVICES));
-        }
-    }
-    if uses_firewall_chain {
-        for address in &port.load_balancer_ips {
-            text.service_key(address, proto, port.port)
-                .rest(&[" : goto ", &firewall_chain])
-                .add_into(out.elements_of(FIREWALL_IPS));
-        }
-        // Sources allowed; the load balancer's own IPs too when a range holds the node (hairpin
-        // through a VIP bound on the node).
-        let ranges = &port.load_balancer_source_ranges;
-        let mut allowed: Vec<String> = ranges.iter().map(|n| n.to_string()).collect();
-        if ctx
-            .common
-            .node_ip
-            .is_some_and(|node| ranges.iter().any(|n| n.contains(&node)))
-        {
-            allowed.extend(port.load_balancer_ips.iter().map(|ip| ip.to_string()));
-        }
-        if allowed.is_empty() {
-            // Unreadable ranges: nothing is allowed (never everything).
-            out.rule(&firewall_chain, "drop".into());
-        } else {
-            out.rule(
-                &firewall_chain,
-                format!("{ip} saddr != {{ {} }} drop", allowed.join(", ")),
-            );
-        }
-    }
-
-    // NodePort.
-    if let Some(node_port) = port.node_port {
-        text.node_port_key(proto, node_port);
-        if has_endpoints {
-            text.rest(&[" : goto ", &external_chain])
-                .add_into(out.elements_of(SERVICE_NODEPORTS));
-        }
-        if let Some(verdict) = &external_refusal {
-            text.rest(&[" comment ", &comment(), " : ", verdict])
-                .add_into(out.elements_of(NO_ENDPOINT_NODEPORTS));
-        }
-    }
-
-    // External traffic.
-    if uses_external_chain {
-        out.chain(&external_chain);
-        if !policy.external_local {
-            out.rule(&external_chain, format!("jump {MARK_FOR_MASQUERADE}"));
-        } else if uses_cluster_chain {
-            // Pod and node traffic to an external address may use any endpoint (as if it went
-            // out to the load balancer and came back).
-            if let Some((local, _)) = local_matches {
-                out.rule(
-                    &external_chain,
-                    format!("{local} goto {cluster_chain} comment \"short-circuit pod traffic\""),
-                );
-            }
-            out.rule(
-                &external_chain,
-                format!("fib saddr type local jump {MARK_FOR_MASQUERADE} comment \"masquerade local traffic\""),
-            );
-            out.rule(
-                &external_chain,
-                format!("fib saddr type local goto {cluster_chain} comment \"short-circuit local traffic\""),
-            );
-        }
-        if has_external && (!policy.external_local || uses_local_chain) {
-            out.rule(&external_chain, format!("goto {external_policy_chain}"));
-        }
-    }
-
-    // The policy chains, and the endpoints' own chains where session affinity needs them.
-    // Without affinity a policy chain DNATs through a map of addresses (upstream 1.36's form,
-    // in a slot of a shared map: see `slots`): no endpoint chains, so the table has a tenth of
-    // the chains that the kernel re-validates at a commit that adds a NAT rule; hairpin
-    // traffic is found in postrouting by @hairpin-connections instead of a rule per endpoint
-    // chain.
-    let affinity = port.session_affinity_seconds.is_some();
-    let mark_it = if affinity {
-        format!("jump {MARK_FOR_MASQUERADE}")
-    } else {
-        format!("mark set mark or {:#x}", ctx.common.masquerade_mark)
-    };
-    let masquerade = if ctx.common.masquerade_all {
-        Some(format!(
-            "{ip} daddr {cluster_ip} {proto} dport {} {mark_it}",
-            port.port
-        ))
-    } else {
-        local_matches.map(|(_, not_local)| format!("{ip} daddr {cluster_ip} {not_local} {mark_it}"))
-    };
-    for (chain, used, endpoints) in [
-        (&cluster_chain, uses_cluster_chain, &selected.cluster),
-        (&local_chain, uses_local_chain, &selected.local),
-    ] {
-        if !used {
-            continue;
-        }
-        out.chain(chain);
-        if chain == internal_chain
-            && let Some(rule) = &masquerade
-        {
-            out.rule(chain, rule.clone());
-        }
-        let chosen = sorted_by_address(endpoints);
-        if !affinity {
-            let placement = (chosen.len() <= DRAWS as usize)
-                .then(|| slots.claim(proto, chain, &name.service))
-                .flatten();
-            match placement {
-                Some((placement, claim)) => {
-                    out.slots.push(claim);
-                    endpoint_map(chain, ip, proto, &chosen, &placement, text, out);
-                }
-                None => out.rule(chain, destination_selection(ip, proto, &chosen)),
-            }
-            continue;
-        }
-        let mut targets = Vec::with_capacity(chosen.len());
-        for ep in &chosen {
-            let names::EndpointNames {
-                chain: target,
-                affinity,
-            } = names::endpoint_names(name, ep);
-            out.rule(chain, format!("{ip} saddr @{affinity} goto {target}"));
-            targets.push(target);
-        }
-        out.rule(chain, endpoint_selection(&targets));
-    }
-    if !affinity {
-        if !selected.all_reachable.is_empty() {
-            let hairpins = out.elements_of(HAIRPIN_CONNECTIONS);
-            for ep in &selected.all_reachable {
-                text.hairpin_key(&ep.ip, proto, ep.port).add_into(hairpins);
-            }
-        }
-        return;
-    }
-    for ep in &selected.all_reachable {
-        let names::EndpointNames {
-            chain,
-            affinity: set,
-        } = names::endpoint_names(name, ep);
-        out.rule(
-            &chain,
-            format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
-        );
-        if let Some(timeout) = port.session_affinity_seconds {
-            out.sets.insert(
-                set.clone(),
-                SetDef {
-                    kind: "set",
-                    spec: format!(
-                        "{{ type {} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
-                        ctx.addr_type()
-                    ),
-                },
-            );
-            out.rule(&chain, format!("update @{set} {{ {ip} saddr }}"));
-        }
-        out.rule(
-            &chain,
-            format!("meta l4proto {proto} dnat to {}", ep.address()),
-        );
-    }
 }
 
 /// What starts the comment that carries a chain's digest.
@@ -696,79 +457,9 @@ pub fn digest_of(chain: &Chain) -> Option<&str> {
         .find(|comment| comment.starts_with(DIGEST_PREFIX))
 }
 
-/// A policy chain's DNAT through its slot of a shared endpoint map: each of `endpoints` owns an
-/// equal share (to within one draw) of the slot's draws, in order.
-fn endpoint_map(
-    chain: &str,
-    ip: &str,
-    proto: &str,
-    endpoints: &[&Endpoint],
-    placement: &Placement,
-    text: &mut ElementText,
-    out: &mut Objects,
-) {
-    let Placement { map, offset } = placement;
-    out.rule(
-        chain,
-        format!(
-            "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {DRAWS} offset {offset} map @{map}"
-        ),
-    );
-    let (count, draws, offset) = (endpoints.len() as u64, u64::from(DRAWS), u64::from(*offset));
-    if endpoints.is_empty() {
-        return;
-    }
-    let shares = out.elements_of(map);
-    for (index, ep) in (0u64..).zip(endpoints) {
-        let first = offset + index * draws / count;
-        let last = offset + (index + 1) * draws / count - 1;
-        text.share(first, last, &ep.ip, ep.port).add_into(shares);
-    }
-}
+mod port;
 
-/// `endpoints` in the order of their `ip:port` text, as upstream orders them; the texts are
-/// written once, into one buffer.
-fn sorted_by_address<'a>(endpoints: &[&'a Endpoint]) -> Vec<&'a Endpoint> {
-    let mut addresses = String::with_capacity(endpoints.len() * 24);
-    let mut spans = Vec::with_capacity(endpoints.len());
-    for ep in endpoints {
-        let start = addresses.len();
-        text::push_socket(&mut addresses, &ep.ip, ep.port);
-        spans.push((start..addresses.len(), *ep));
-    }
-    spans.sort_by(|(a, _), (b, _)| addresses[a.clone()].cmp(&addresses[b.clone()]));
-    spans.into_iter().map(|(_, ep)| ep).collect()
-}
-
-/// The rule that DNATs to one of `endpoints` at random through an anonymous map (upstream
-/// 1.36's form): for a chain whose slot another holds, or with more endpoints than [`DRAWS`].
-fn destination_selection(ip: &str, proto: &str, endpoints: &[&Endpoint]) -> String {
-    let mut rule = format!(
-        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {{ ",
-        endpoints.len()
-    );
-    for (index, ep) in endpoints.iter().enumerate() {
-        if index > 0 {
-            rule.push_str(" , ");
-        }
-        let _ = write!(rule, "{index} : {} . {}", ep.ip, ep.port);
-    }
-    rule.push_str(" }");
-    rule
-}
-
-/// The rule that picks one of `targets` at random (upstream's form).
-fn endpoint_selection(targets: &[String]) -> String {
-    let mut rule = format!("numgen random mod {} vmap {{ ", targets.len());
-    for (index, target) in targets.iter().enumerate() {
-        if index > 0 {
-            rule.push_str(" , ");
-        }
-        let _ = write!(rule, "{index} : goto {target}");
-    }
-    rule.push_str(" }");
-    rule
-}
+use port::Port;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::proxier::fixtures::{NODE_IP, Svc, family_context, overall_services};
+use crate::proxier::nftables::names;
+use crate::proxier::nftables::slots::Placement;
 
 /// Upstream's test context: pod CIDR 10.0.0.0/8, mark 0x4000, NodePorts on 192.168.0.2, the
 /// ServiceCIDR 172.30.0.0/16.
