@@ -5,6 +5,7 @@ use super::*;
 use crate::model::{NodeInfo, ProxyState};
 use crate::proxier::fixtures::{NODE, Svc, ep, family_context, svc};
 use crate::proxier::ipvs::aggregate::render;
+use crate::sys::ipvs::codec::FLAG_PERSISTENT;
 
 pub(in crate::proxier::ipvs) fn context(family: IpFamily) -> IpvsContext {
     let (node_ip, cidr) = match family {
