@@ -9,12 +9,11 @@
 //! kernel for a moment after the element goes (before 6.2), so stale chains are flushed now
 //! and deleted by a later, separate transaction (see [`delete_chains`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::digests::{DIGEST_CHAIN, Digests};
 use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
-use crate::model::NamespacedName;
 use crate::proxier::naming::ChainSet;
 use crate::sys::nf_tables::SetElements;
 
@@ -129,223 +128,6 @@ pub struct Existing {
 /// 36 s for one `nft -f`). Whole services per transaction keep each service atomic.
 pub const CHAINS_PER_TRANSACTION: usize = 5_000;
 
-type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
-
-/// The full sync, as transactions to apply in order:
-/// 1. the table, the top-level sets and maps and the fixed and base chains declared (nothing
-///    written: what serves traffic is unchanged);
-/// 2. whole services at a time: their affinity sets and chains declared, existing chains
-///    flushed, their rules written (nothing refers to a new chain yet; an existing one is
-///    rewritten atomically);
-/// 3. the base chains flushed and written, stale chains flushed (returned in [`Removed`] for
-///    deletion later), the top-level sets and maps brought to what they are to hold (only the
-///    differing elements when they were read), stale sets deleted.
-///
-/// What `existing` says is already right is left out: adopted chains, trusted sets, and the
-/// base with its declarations when it is kept.
-/// Affinity sets that stay are not flushed: they hold the clients' affinity. With `recreate`,
-/// the table is deleted and made again first (after a failure whose cause the text cannot
-/// name, such as a set of another layout with the same name). When `digests` are given (the
-/// table's digests after the sync, when they differ from the ones it holds), the first
-/// transaction empties the digest chain and the last one writes them.
-pub fn full(
-    family: &str,
-    base: &Objects,
-    services: &BTreeMap<NamespacedName, Objects>,
-    existing: &Existing,
-    recreate: bool,
-    digests: Option<&Digests>,
-) -> (Vec<String>, Stats, Removed) {
-    let mut stats = Stats::default();
-    let mut transactions = Vec::new();
-    let mut finish = |out: Writer<'_>, transactions: &mut Vec<String>| {
-        let (text, written) = out.finish();
-        stats.lines += written.lines;
-        stats.chains_written += written.chains_written;
-        stats.elements_changed += written.elements_changed;
-        if !text.is_empty() {
-            transactions.push(text);
-        }
-    };
-    let no_chains = ChainSet::default();
-    let existing_chains = if recreate {
-        &no_chains
-    } else {
-        &existing.chains
-    };
-    let adopted = &existing.adopted;
-
-    let base_kept = existing.base_kept && !recreate;
-    let trusted = |set: &str| !recreate && existing.trusted_sets.contains(set);
-
-    // 1. Declarations.
-    let mut out = Writer::new(family);
-    if !base_kept {
-        if recreate {
-            out.text.push_str(&format!(
-                "add table {family} {TABLE}\ndelete table {family} {TABLE}\n"
-            ));
-        }
-        let _ = writeln!(
-            out.text,
-            "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
-        );
-        for (name, set) in &base.sets {
-            out.declare_set(name, set);
-        }
-        for (name, chain) in &base.chains {
-            out.declare_chain(name, chain);
-        }
-    }
-    if digests.is_some() {
-        // The table's digests are about to change: until the last transaction writes them, the
-        // table holds none (a daemon stopped between two transactions must not trust them).
-        out.line("add", "chain", DIGEST_CHAIN, "");
-        out.line("flush", "chain", DIGEST_CHAIN, "");
-    }
-    finish(out, &mut transactions);
-
-    // 2. Services, whole ones per transaction.
-    let mut out = Writer::new(family);
-    let mut chains_in_transaction = 0;
-    for objects in services.values() {
-        if chains_in_transaction >= CHAINS_PER_TRANSACTION {
-            finish(
-                std::mem::replace(&mut out, Writer::new(family)),
-                &mut transactions,
-            );
-            chains_in_transaction = 0;
-        }
-        for (name, set) in objects
-            .sets
-            .iter()
-            .filter(|(n, _)| recreate || !existing.sets.contains(*n))
-        {
-            out.declare_set(name, set);
-        }
-        let written: Vec<(&String, &Chain)> = objects
-            .chains
-            .iter()
-            .filter(|(name, _)| recreate || !adopted.contains(name.as_str()))
-            .collect();
-        chains_in_transaction += written.len();
-        for (name, chain) in &written {
-            out.declare_chain(name, chain);
-        }
-        for (name, _) in written
-            .iter()
-            .filter(|(n, _)| existing_chains.contains(n.as_str()))
-        {
-            out.line("flush", "chain", name, "");
-        }
-        for (name, chain) in &written {
-            out.rules(name, chain);
-        }
-    }
-    finish(out, &mut transactions);
-
-    // 3. The base, the top-level maps, what is stale.
-    let mut out = Writer::new(family);
-    for name in base
-        .chains
-        .keys()
-        .filter(|n| !base_kept && existing_chains.contains(n.as_str()))
-    {
-        out.line("flush", "chain", name, "");
-    }
-    let all = || std::iter::once(base).chain(services.values());
-    let wanted: NameSet = all()
-        .flat_map(|o| o.chains.keys())
-        .map(String::as_str)
-        .collect();
-    // In name order, as the table lists them (none after `recreate`).
-    let mut stale_chains: Vec<String> = existing_chains
-        .iter()
-        .filter(|name| !wanted.contains(name.as_str()) && *name != DIGEST_CHAIN)
-        .cloned()
-        .collect();
-    stale_chains.sort_unstable();
-    for name in &stale_chains {
-        out.line("flush", "chain", name, "");
-    }
-    let present = existing.elements.as_ref().filter(|_| !recreate);
-    if !recreate {
-        for (name, set) in &base.sets {
-            if present.is_none_or(|p| !p.contains_key(name)) && !trusted(name) {
-                out.line("flush", set.kind, name, "");
-            }
-        }
-    }
-    if !base_kept {
-        for (name, chain) in &base.chains {
-            out.rules(name, chain);
-        }
-    }
-    // Each set's elements in key order (sorted lists: at 10,000 services there are 300,000).
-    // A key two services claim (a NodePort or an IP given twice, which the API server never
-    // allows) goes to the first: adding it again with other data would fail the transaction.
-    let mut wanted: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
-    for objects in all() {
-        for (set, elements) in objects.elements.iter().filter(|(set, _)| !trusted(set)) {
-            wanted.entry(set).or_default().extend(elements.iter());
-        }
-    }
-    for elements in wanted.values_mut() {
-        // Stable: of equal keys, the first service's stays first and is kept.
-        elements.sort_by(|a, b| a.0.cmp(b.0));
-        elements.dedup_by(|later, earlier| later.0 == earlier.0);
-    }
-    // Sets read back: what differs goes (deletions first), then what is missing comes.
-    let present_elements = |set: &str| {
-        present
-            .and_then(|p| p.get(set))
-            .into_iter()
-            .flatten()
-            .map(|(key, rest)| (key.as_str(), rest.as_str()))
-    };
-    for set in present
-        .into_iter()
-        .flat_map(|p| p.keys())
-        .filter(|set| !trusted(set))
-    {
-        let wanted = wanted
-            .get(set.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for (key, rest) in differing(present_elements(set), wanted.iter().copied()) {
-            out.element("delete", set, key, rest);
-        }
-    }
-    for (set, elements) in &wanted {
-        for (key, rest) in differing(elements.iter().copied(), present_elements(set)) {
-            out.element("add", set, key, rest);
-        }
-    }
-    if !recreate {
-        let wanted_sets: BTreeSet<&String> = all().flat_map(|o| o.sets.keys()).collect();
-        for name in existing.sets.iter().filter(|n| !wanted_sets.contains(n)) {
-            // A stale set's kind is unknown here; nft deletes a map with `delete map` only.
-            out.line(
-                "delete",
-                if is_map_name(name) { "map" } else { "set" },
-                name,
-                "",
-            );
-        }
-    }
-    if let Some(digests) = digests {
-        out.digests(digests);
-    }
-    finish(out, &mut transactions);
-    (
-        transactions,
-        stats,
-        Removed {
-            chains: stale_chains,
-        },
-    )
-}
-
 /// The elements of `ours` that `theirs` lacks or holds with other text, both in key order (one
 /// walk through each).
 fn differing<'a>(
@@ -378,6 +160,10 @@ fn is_map_name(name: &str) -> bool {
     .contains(&name)
         || super::slots::is_endpoint_map(name)
 }
+
+mod full;
+
+pub use full::full;
 
 /// One service's objects before and after a change (`None`: not programmed / gone).
 pub struct Delta<'a> {

@@ -1,7 +1,10 @@
 //! The transaction texts: declarations before references, deletions before additions, sets
 //! deleted last, and nothing for a service whose objects did not change.
 
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::model::NamespacedName;
 use crate::proxier::fixtures::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};

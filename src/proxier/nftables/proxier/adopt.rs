@@ -62,23 +62,7 @@ impl<N: Nftables> NftablesMode<N> {
         let trusted = held
             .as_ref()
             .filter(|held| trust && held.share_a_part(wanted));
-        // Chains an earlier run wrote that are exactly what we would write stay as they are:
-        // those the table's digests vouch for, and those read back unchanged (see
-        // `unchanged`). Only chains that exist are read.
-        let mut adopted = ChainSet::default();
-        let mut candidates = BTreeSet::new();
         let vouched = trusted.map(|held| held.chains_alike(wanted));
-        for name in services.values().flat_map(|objects| objects.chains.keys()) {
-            if !chains.contains(name) {
-                continue;
-            }
-            if vouched.as_ref().is_some_and(|vouched| vouched(name)) {
-                adopted.insert(name.clone());
-            } else {
-                candidates.insert(name.clone());
-            }
-        }
-        let chains_vouched = !adopted.is_empty();
         let names_present = base.chains.keys().all(|name| chains.contains(name))
             && base.sets.keys().all(|name| sets.contains(name));
         // The table's digests say the base was declared as we would declare it.
@@ -86,25 +70,8 @@ impl<N: Nftables> NftablesMode<N> {
         let layout_vouched = trusted.is_some() && declared_alike;
         // Unless the digests vouch for them, the base chains are read with the candidates.
         let check_base = !layout_vouched && names_present;
-        if check_base {
-            candidates.extend(base.chains.keys().cloned());
-        }
-        let mut base_unchanged = false;
-        if !candidates.is_empty() {
-            match self.nft.rule_comments(family, TABLE, &candidates) {
-                Ok(comments) => {
-                    adopted.extend(adoptable(services, &comments));
-                    base_unchanged = check_base
-                        && base
-                            .chains
-                            .iter()
-                            .all(|(name, chain)| unchanged(name, chain, &comments));
-                }
-                Err(err) => {
-                    warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
-                }
-            }
-        }
+        let (adopted, chains_vouched, base_unchanged) =
+            self.adopt_chains(family, base, services, &chains, vouched, check_base);
         // The top-level sets: trusted, or read (all of them already, when not trusting).
         let present = present_sets(base, &sets);
         let (trusted_sets, elements) = match trusted {
@@ -115,20 +82,7 @@ impl<N: Nftables> NftablesMode<N> {
                 read_elements(&mut self.nft, family, &present),
             ),
             None => (BTreeSet::new(), elements),
-            Some(held) => {
-                let (vouched, differing): (Vec<_>, Vec<_>) = present
-                    .into_iter()
-                    .partition(|(name, _)| held.same_elements(wanted, name));
-                let elements = if differing.is_empty() {
-                    Some(SetElements::new())
-                } else {
-                    read_elements(&mut self.nft, family, &differing)
-                };
-                (
-                    vouched.into_iter().map(|(name, _)| name).collect(),
-                    elements,
-                )
-            }
+            Some(held) => self.vouched_elements(family, held, wanted, present),
         };
         // The base is kept, its declarations included, when the digests vouch for it, or when
         // its chains read back unchanged and it was declared as we would declare it.
@@ -152,6 +106,78 @@ impl<N: Nftables> NftablesMode<N> {
             base_kept,
         };
         (existing, held, on_trust)
+    }
+
+    /// Chains an earlier run wrote that are exactly what we would write stay as they are:
+    /// those the table's digests vouch for, and those read back unchanged (see `unchanged`);
+    /// only chains that exist are read, and the base chains with them when `check_base`.
+    /// Returns the adopted chains, whether the digests vouched for any, and whether the base
+    /// chains read back unchanged.
+    fn adopt_chains(
+        &mut self,
+        family: IpFamily,
+        base: &Objects,
+        services: &BTreeMap<NamespacedName, Objects>,
+        chains: &ChainSet,
+        vouched: Option<impl Fn(&str) -> bool>,
+        check_base: bool,
+    ) -> (ChainSet, bool, bool) {
+        let mut adopted = ChainSet::default();
+        let mut candidates = BTreeSet::new();
+        for name in services.values().flat_map(|objects| objects.chains.keys()) {
+            if !chains.contains(name) {
+                continue;
+            }
+            if vouched.as_ref().is_some_and(|vouched| vouched(name)) {
+                adopted.insert(name.clone());
+            } else {
+                candidates.insert(name.clone());
+            }
+        }
+        let chains_vouched = !adopted.is_empty();
+        if check_base {
+            candidates.extend(base.chains.keys().cloned());
+        }
+        let mut base_unchanged = false;
+        if !candidates.is_empty() {
+            match self.nft.rule_comments(family, TABLE, &candidates) {
+                Ok(comments) => {
+                    adopted.extend(adoptable(services, &comments));
+                    base_unchanged = check_base
+                        && base
+                            .chains
+                            .iter()
+                            .all(|(name, chain)| unchanged(name, chain, &comments));
+                }
+                Err(err) => {
+                    warn!(?family, error = %err, "Cannot read our rules back; rewriting the chains");
+                }
+            }
+        }
+        (adopted, chains_vouched, base_unchanged)
+    }
+
+    /// Of the top-level sets `present`, those whose elements the `held` digests vouch for (left
+    /// alone), and the elements of the others, read.
+    fn vouched_elements(
+        &mut self,
+        family: IpFamily,
+        held: &Digests,
+        wanted: &Digests,
+        present: Vec<(String, String)>,
+    ) -> (BTreeSet<String>, Option<SetElements>) {
+        let (vouched, differing): (Vec<_>, Vec<_>) = present
+            .into_iter()
+            .partition(|(name, _)| held.same_elements(wanted, name));
+        let elements = if differing.is_empty() {
+            Some(SetElements::new())
+        } else {
+            read_elements(&mut self.nft, family, &differing)
+        };
+        (
+            vouched.into_iter().map(|(name, _)| name).collect(),
+            elements,
+        )
     }
 }
 

@@ -3,9 +3,10 @@
 //! render), then the transactions that bring the table there. With memory exact and the
 //! kernel's change events watched, a full sync writes only what differs from memory.
 
-use super::adopt::read_table;
+use super::adopt::{ReadBack, read_table};
 use super::apply::{transaction_failure, with_digests};
 use super::*;
+use crate::proxier::nftables::plan::Removed;
 
 impl<N: Nftables> NftablesMode<N> {
     /// Programs every service of `family` (see [`Mode::full_sync`]).
@@ -25,77 +26,21 @@ impl<N: Nftables> NftablesMode<N> {
         let from_memory = self.programmed.contains_key(&family) && self.known.contains(&family);
         self.last_full_sync_from_memory = false;
         let trust = !self.programmed.contains_key(&family) && !self.recreate;
-        let previous = self.programmed.get(&family);
-        // The slots programmed, for the render to find taken ones (see `slots`).
-        let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
-        let nft = &mut self.nft;
-        // A quarantined service keeps what the kernel last accepted for it. The services'
-        // digests are summed as they render, on each thread, while their objects are fresh.
-        let render = |part: &[(&NamespacedName, &ServicePortMap)], slots: &mut SlotTable| {
-            let mut digests = Digests::default();
-            let rendered = part
-                .iter()
-                .filter_map(|(key, ports)| {
-                    let objects = if quarantine.contains(key) {
-                        previous?.services.get(*key)?.clone()
-                    } else {
-                        service_objects(ports, state.endpoints.get(*key), &ctx, slots)
-                    };
-                    digests.add(&objects);
-                    (!objects.is_empty()).then(|| ((*key).clone(), objects))
-                })
-                .collect::<Vec<_>>();
-            (rendered, digests)
+        let job = RenderJob {
+            family,
+            ctx: &ctx,
+            base: &base,
+            state,
+            quarantine,
+            read: (!from_memory).then_some(trust),
         };
-        let render = &render;
-        let all: Vec<(&NamespacedName, &ServicePortMap)> = state.services.iter().collect();
-        let (mut services, mut digests, read) = std::thread::scope(|scope| {
-            let reader = match from_memory {
-                true => None,
-                false => Some(
-                    std::thread::Builder::new()
-                        .name("nftables-read".into())
-                        .spawn_scoped(scope, || read_table(nft, family, &base, trust))
-                        .map_err(|err| Failure::unattributed(SyncError::Spawn(err)))?,
-                ),
-            };
-            // Half of the services render on another thread, with a copy of the slot table
-            // whose grants are then settled with this one's (see `SlotTable::merge`); here,
-            // after the first half, if no thread can be had.
-            let (mine, theirs) = all.split_at(all.len() / 2);
-            let mut their_slots = slots.clone();
-            let helper = std::thread::Builder::new()
-                .name("nftables-render".into())
-                .spawn_scoped(scope, move || {
-                    (render(theirs, &mut their_slots), their_slots)
-                })
-                .ok();
-            let (rendered, mut digests) = render(mine, &mut slots);
-            let mut services: BTreeMap<NamespacedName, Objects> = rendered.into_iter().collect();
-            let (rendered, their_digests) = match helper {
-                Some(helper) => {
-                    let ((rendered, their_digests), their_slots) = helper.join().map_err(|_| {
-                        Failure::unattributed(SyncError::Thread("a renderer of services panicked"))
-                    })?;
-                    slots.merge(
-                        their_slots,
-                        rendered.iter().map(|(_, o)| o.slots.as_slice()),
-                    );
-                    (rendered, their_digests)
-                }
-                None => render(theirs, &mut slots),
-            };
-            services.extend(rendered);
-            digests.merge(their_digests);
-            let read = reader.map(|reader| {
-                reader.join().unwrap_or_else(|_| {
-                    Err(Failure::unattributed(SyncError::Thread(
-                        "the reader of our table panicked",
-                    )))
-                })
-            });
-            Ok::<_, Failure>((services, digests, read))
-        })?;
+        let previous = self.programmed.get(&family);
+        let Rendered {
+            mut services,
+            mut digests,
+            mut slots,
+            read,
+        } = render_all(&mut self.nft, previous, job)?;
         // A chain that lost its slot to a chain of a later service does without it.
         rerender_evicted(&mut slots, &mut services, state, &ctx, &mut digests);
         digests.add_base(&base);
@@ -106,42 +51,7 @@ impl<N: Nftables> NftablesMode<N> {
             self.last_full_sync_from_memory = true;
             return self.diff_sync(family, ctx, base, services, digests);
         }
-        // What memory keeps of the services is indexed on the other core while what the table
-        // holds is worked out and the transactions are built.
-        let index = || {
-            (
-                ElementHolders::of(services.values()),
-                SlotTable::of(services.values().map(|o| o.slots.as_slice())),
-            )
-        };
-        let (built, index) = std::thread::scope(|scope| {
-            let indexer = std::thread::Builder::new()
-                .name("nftables-index".into())
-                .spawn_scoped(scope, index)
-                .ok();
-            let built = self
-                .found(family, &base, &services, &digests, read, trust)
-                .map(|(existing, held_digests, on_trust)| {
-                    let recreate = std::mem::take(&mut self.recreate);
-                    let write_digests = recreate || held_digests.as_ref() != Some(&digests);
-                    let built = plan::full(
-                        family_keyword(family),
-                        &base,
-                        &services,
-                        &existing,
-                        recreate,
-                        write_digests.then_some(&digests),
-                    );
-                    (built, recreate, on_trust)
-                });
-            let index = match indexer {
-                Some(indexer) => indexer.join().map_err(|_| {
-                    Failure::unattributed(SyncError::Thread("the indexer of our services panicked"))
-                }),
-                None => Ok(index()),
-            };
-            (built, index)
-        });
+        let (built, index) = self.plan_full(family, &base, &services, &digests, read, trust);
         let ((transactions, stats, removed), recreate, on_trust) = built?;
         let (holders, slots) = index?;
         for text in &transactions {
@@ -157,20 +67,70 @@ impl<N: Nftables> NftablesMode<N> {
             self.stale_chains.remove(&family);
         }
         self.remember_stale(family, removed.chains);
-        self.programmed.insert(
-            family,
-            FamilyState {
-                ctx,
-                base,
-                holders,
-                slots,
-                services,
-                digests,
-            },
-        );
+        let programmed = FamilyState {
+            ctx,
+            base,
+            holders,
+            slots,
+            services,
+            digests,
+        };
+        self.programmed.insert(family, programmed);
+        self.settle_trust(family, on_trust);
+        Ok(stats)
+    }
+
+    /// The full sync's transactions, from what the table holds (`read`, or memory), built
+    /// while what memory keeps of the services is indexed on the other core.
+    fn plan_full(
+        &mut self,
+        family: IpFamily,
+        base: &Objects,
+        services: &BTreeMap<NamespacedName, Objects>,
+        digests: &Digests,
+        read: Option<Result<ReadBack, Failure>>,
+        trust: bool,
+    ) -> (Result<Planned, Failure>, Result<Index, Failure>) {
+        let index = || {
+            (
+                ElementHolders::of(services.values()),
+                SlotTable::of(services.values().map(|o| o.slots.as_slice())),
+            )
+        };
+        std::thread::scope(|scope| {
+            let indexer = std::thread::Builder::new()
+                .name("nftables-index".into())
+                .spawn_scoped(scope, index)
+                .ok();
+            let built = self
+                .found(family, base, services, digests, read, trust)
+                .map(|(existing, held_digests, on_trust)| {
+                    let recreate = std::mem::take(&mut self.recreate);
+                    let write_digests = recreate || held_digests.as_ref() != Some(digests);
+                    let built = plan::full(
+                        family_keyword(family),
+                        base,
+                        services,
+                        &existing,
+                        recreate,
+                        write_digests.then_some(digests),
+                    );
+                    (built, recreate, on_trust)
+                });
+            let index = match indexer {
+                Some(indexer) => indexer.join().map_err(|_| {
+                    Failure::unattributed(SyncError::Thread("the indexer of our services panicked"))
+                }),
+                None => Ok(index()),
+            };
+            (built, index)
+        })
+    }
+
+    /// After a full sync that took what the table's digests vouch for: another program may
+    /// have changed the table while no daemon watched it, so it is read back in a moment.
+    fn settle_trust(&mut self, family: IpFamily, on_trust: bool) {
         if on_trust {
-            // Another program may have changed the table while no daemon watched it: read it
-            // back in a moment.
             info!(
                 ?family,
                 "Took what our table's digests vouch for as right; reading the table back in a moment"
@@ -182,7 +142,6 @@ impl<N: Nftables> NftablesMode<N> {
             self.unverified.remove(&family);
             self.known.insert(family);
         }
-        Ok(stats)
     }
 
     /// Brings the table from what memory says it holds to `base` and `services` (whose
@@ -233,6 +192,119 @@ impl<N: Nftables> NftablesMode<N> {
         );
         Ok(stats)
     }
+}
+
+/// The transactions of a full sync and their counts, whether the table is made again, and
+/// whether the digests were taken on trust.
+type Planned = ((Vec<String>, Stats, Removed), bool, bool);
+/// What memory keeps of the services besides their objects.
+type Index = (ElementHolders, SlotTable);
+
+/// What a full sync renders, and whether it reads the table meanwhile (`Some(trust)`).
+struct RenderJob<'a> {
+    family: IpFamily,
+    ctx: &'a NftContext,
+    base: &'a Objects,
+    state: &'a ProxyState,
+    quarantine: &'a Quarantine,
+    read: Option<bool>,
+}
+
+/// Every service rendered, the slots they took, their digests, and the table read back.
+struct Rendered {
+    services: BTreeMap<NamespacedName, Objects>,
+    digests: Digests,
+    slots: SlotTable,
+    read: Option<Result<ReadBack, Failure>>,
+}
+
+/// Renders every service of `job`, half of them on another thread with a copy of the slot
+/// table whose grants are then settled with this one's (see `SlotTable::merge`; here, after
+/// the first half, if no thread can be had), while a third thread reads the table when asked.
+/// A quarantined service keeps what the kernel last accepted for it (in `previous`). The
+/// services' digests are summed as they render, on each thread, while their objects are fresh.
+fn render_all<N: Nftables>(
+    nft: &mut N,
+    previous: Option<&FamilyState>,
+    job: RenderJob<'_>,
+) -> Result<Rendered, Failure> {
+    let RenderJob {
+        family,
+        ctx,
+        base,
+        state,
+        quarantine,
+        read,
+    } = job;
+    // The slots programmed, for the render to find taken ones (see `slots`).
+    let mut slots = previous.map(|p| p.slots.clone()).unwrap_or_default();
+    let render = |part: &[(&NamespacedName, &ServicePortMap)], slots: &mut SlotTable| {
+        let mut digests = Digests::default();
+        let rendered = part
+            .iter()
+            .filter_map(|(key, ports)| {
+                let objects = if quarantine.contains(key) {
+                    previous?.services.get(*key)?.clone()
+                } else {
+                    service_objects(ports, state.endpoints.get(*key), ctx, slots)
+                };
+                digests.add(&objects);
+                (!objects.is_empty()).then(|| ((*key).clone(), objects))
+            })
+            .collect::<Vec<_>>();
+        (rendered, digests)
+    };
+    let render = &render;
+    let all: Vec<(&NamespacedName, &ServicePortMap)> = state.services.iter().collect();
+    std::thread::scope(|scope| {
+        let reader = match read {
+            None => None,
+            Some(trust) => Some(
+                std::thread::Builder::new()
+                    .name("nftables-read".into())
+                    .spawn_scoped(scope, move || read_table(nft, family, base, trust))
+                    .map_err(|err| Failure::unattributed(SyncError::Spawn(err)))?,
+            ),
+        };
+        let (mine, theirs) = all.split_at(all.len() / 2);
+        let mut their_slots = slots.clone();
+        let helper = std::thread::Builder::new()
+            .name("nftables-render".into())
+            .spawn_scoped(scope, move || {
+                (render(theirs, &mut their_slots), their_slots)
+            })
+            .ok();
+        let (rendered, mut digests) = render(mine, &mut slots);
+        let mut services: BTreeMap<NamespacedName, Objects> = rendered.into_iter().collect();
+        let (rendered, their_digests) = match helper {
+            Some(helper) => {
+                let ((rendered, their_digests), their_slots) = helper.join().map_err(|_| {
+                    Failure::unattributed(SyncError::Thread("a renderer of services panicked"))
+                })?;
+                slots.merge(
+                    their_slots,
+                    rendered.iter().map(|(_, o)| o.slots.as_slice()),
+                );
+                (rendered, their_digests)
+            }
+            None => render(theirs, &mut slots),
+        };
+        services.extend(rendered);
+        digests.merge(their_digests);
+        let read = reader.map(|reader| {
+            reader.join().unwrap_or_else(|_| {
+                Err(Failure::unattributed(SyncError::Thread(
+                    "the reader of our table panicked",
+                )))
+            })
+        });
+        Ok(Rendered {
+            services,
+            digests,
+            slots,
+            read,
+        })
+    })
 }
 
 /// Renders again the services of `services` whose chains lost their slots while the others

@@ -16,43 +16,11 @@ impl<N: Nftables> NftablesMode<N> {
         let Some(current) = self.programmed.get(&family) else {
             return Err(Failure::unattributed(SyncError::NotSynced));
         };
-        // The changed services' chains keep their slots; a slot one of them frees is taken by
-        // no one before the next sync (its elements go in this transaction). A service whose
-        // chain a changed one evicts from its slot (a smaller hash wins) is rewritten with it,
-        // in the same transaction, whose deletions come before its additions. The slots are
-        // granted in a copy of the table, kept if the transaction is.
-        let mut slots = current.slots.clone();
-        let render = |key: &NamespacedName, slots: &mut SlotTable| {
-            state
-                .services
-                .get(key)
-                .map(|ports| service_objects(ports, state.endpoints.get(key), &current.ctx, slots))
-                .filter(|objects| !objects.is_empty())
-        };
-        let mut rendered: Vec<(NamespacedName, Option<Objects>)> = changes
-            .changed_services
-            .iter()
-            .map(|key| (key.clone(), render(key, &mut slots)))
-            .collect();
-        let mut changing_keys: BTreeSet<&NamespacedName> =
-            changes.changed_services.iter().collect();
-        // The evicted: programmed services, and changed ones rendered before their evictor.
-        let evicted: BTreeSet<&NamespacedName> = slots
-            .take_evicted(current.services.keys().chain(&changes.changed_services))
-            .into_iter()
-            .collect();
-        for key in evicted {
-            let objects = render(key, &mut slots);
-            match rendered.iter_mut().find(|(rendered, _)| rendered == key) {
-                Some(entry) => entry.1 = objects,
-                None => {
-                    changing_keys.insert(key);
-                    rendered.push((key.clone(), objects));
-                }
-            }
-        }
-        // Rendered again, they evict no one (their other chains hold their slots already).
-        slots.take_evicted([]);
+        let Changed {
+            rendered,
+            changing_keys,
+            slots,
+        } = render_changed(current, state, changes);
         let deltas: Vec<Delta<'_>> = rendered
             .iter()
             .map(|(key, new)| Delta {
@@ -85,15 +53,7 @@ impl<N: Nftables> NftablesMode<N> {
         else {
             return Ok(Stats::default());
         };
-        let mut digests = current.digests.clone();
-        for (key, new) in &rendered {
-            if let Some(old) = current.services.get(key) {
-                digests.remove(old);
-            }
-            if let Some(new) = new {
-                digests.add(new);
-            }
-        }
+        let digests = digests_after(current, &rendered);
         with_digests(family, &mut text, &mut stats, &current.digests, &digests);
         let involved: BTreeMap<NamespacedName, Objects> = rendered
             .iter()
@@ -105,24 +65,107 @@ impl<N: Nftables> NftablesMode<N> {
         self.apply(family, &text)
             .map_err(|err| transaction_failure(err, &text, &involved))?;
         self.remember_stale(family, removed.chains);
-        if let Some(current) = self.programmed.get_mut(&family) {
-            current.digests = digests;
-            current.slots = slots;
-            for (key, objects) in rendered {
-                if let Some(old) = current.services.get(&key) {
-                    current.holders.remove(old);
-                    current.slots.release(&old.slots);
-                }
-                if let Some(new) = &objects {
-                    current.holders.add(new);
-                    current.slots.add(&new.slots);
-                }
-                match objects {
-                    Some(objects) => current.services.insert(key, objects),
-                    None => current.services.remove(&key),
-                };
-            }
-        }
+        self.remember_changed(family, rendered, slots, digests);
         Ok(stats)
     }
+
+    /// Memory after a partial sync's transaction was taken.
+    fn remember_changed(
+        &mut self,
+        family: IpFamily,
+        rendered: Vec<(NamespacedName, Option<Objects>)>,
+        slots: SlotTable,
+        digests: Digests,
+    ) {
+        let Some(current) = self.programmed.get_mut(&family) else {
+            return;
+        };
+        current.digests = digests;
+        current.slots = slots;
+        for (key, objects) in rendered {
+            if let Some(old) = current.services.get(&key) {
+                current.holders.remove(old);
+                current.slots.release(&old.slots);
+            }
+            if let Some(new) = &objects {
+                current.holders.add(new);
+                current.slots.add(&new.slots);
+            }
+            match objects {
+                Some(objects) => current.services.insert(key, objects),
+                None => current.services.remove(&key),
+            };
+        }
+    }
+}
+
+/// The services a partial sync renders again, and the slot table they were granted in.
+struct Changed<'a> {
+    /// Each service's new objects (`None`: gone).
+    rendered: Vec<(NamespacedName, Option<Objects>)>,
+    /// The changed services and those evicted from their slots.
+    changing_keys: BTreeSet<&'a NamespacedName>,
+    slots: SlotTable,
+}
+
+/// Renders the changed services again. Their chains keep their slots; a slot one of them frees
+/// is taken by no one before the next sync (its elements go in this transaction). A service
+/// whose chain a changed one evicts from its slot (a smaller hash wins) is rewritten with it,
+/// in the same transaction, whose deletions come before its additions. The slots are granted
+/// in a copy of the table, kept if the transaction is.
+fn render_changed<'a>(
+    current: &'a FamilyState,
+    state: &ProxyState,
+    changes: &'a ChangeSummary,
+) -> Changed<'a> {
+    let mut slots = current.slots.clone();
+    let render = |key: &NamespacedName, slots: &mut SlotTable| {
+        state
+            .services
+            .get(key)
+            .map(|ports| service_objects(ports, state.endpoints.get(key), &current.ctx, slots))
+            .filter(|objects| !objects.is_empty())
+    };
+    let mut rendered: Vec<(NamespacedName, Option<Objects>)> = changes
+        .changed_services
+        .iter()
+        .map(|key| (key.clone(), render(key, &mut slots)))
+        .collect();
+    let mut changing_keys: BTreeSet<&NamespacedName> = changes.changed_services.iter().collect();
+    // The evicted: programmed services, and changed ones rendered before their evictor.
+    let evicted: BTreeSet<&NamespacedName> = slots
+        .take_evicted(current.services.keys().chain(&changes.changed_services))
+        .into_iter()
+        .collect();
+    for key in evicted {
+        let objects = render(key, &mut slots);
+        match rendered.iter_mut().find(|(rendered, _)| rendered == key) {
+            Some(entry) => entry.1 = objects,
+            None => {
+                changing_keys.insert(key);
+                rendered.push((key.clone(), objects));
+            }
+        }
+    }
+    // Rendered again, they evict no one (their other chains hold their slots already).
+    slots.take_evicted([]);
+    Changed {
+        rendered,
+        changing_keys,
+        slots,
+    }
+}
+
+/// The table's digests once the rendered services replace their old objects.
+fn digests_after(current: &FamilyState, rendered: &[(NamespacedName, Option<Objects>)]) -> Digests {
+    let mut digests = current.digests.clone();
+    for (key, new) in rendered {
+        if let Some(old) = current.services.get(key) {
+            digests.remove(old);
+        }
+        if let Some(new) = new {
+            digests.add(new);
+        }
+    }
+    digests
 }
