@@ -21,75 +21,12 @@ impl<I: Iptables> IptablesMode<I> {
         // chains) when memory cannot tell them: at the first full sync (a restart finds an
         // earlier run's chains) and after a failed restore. They are read while the services
         // render.
-        let known: Option<BTreeSet<String>> = match self.programmed.get(&family) {
-            Some(programmed) if self.chains_known.contains(&family) => Some(
-                programmed
-                    .services
-                    .values()
-                    .flat_map(|s| s.chain_names().map(str::to_string))
-                    .chain(
-                        NAT_CHAINS
-                            .iter()
-                            .chain([&KUBE_PROXY_CANARY])
-                            .map(|c| c.to_string()),
-                    )
-                    .collect(),
-            ),
-            _ => None,
-        };
-        let previous = self.programmed.get(&family);
-        let iptables = &mut self.iptables;
-        let (services, existing) = std::thread::scope(|scope| {
-            // Without a thread for the reader, this sync fails (and the next one tries again).
-            let names = known.is_none().then(|| {
-                std::thread::Builder::new()
-                    .name("iptables-read".into())
-                    .spawn_scoped(scope, move || iptables.chain_names(family, "nat"))
-            });
-            let services: BTreeMap<NamespacedName, ServiceRules> = state
-                .services
-                .iter()
-                .filter(|(key, _)| !quarantine.contains(key))
-                .map(|(key, ports)| {
-                    let rules = render_service(ports, state.endpoints.get(key), &ctx);
-                    (key.clone(), rules)
-                })
-                .filter(|(_, rules)| !rules.is_empty())
-                .collect();
-            let existing = match names {
-                Some(Ok(reader)) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
-                Some(Err(err)) => Err(IptablesError::NoThread(err.to_string())),
-                None => Ok(known.unwrap_or_default()),
-            };
-            (services, existing)
-        });
+        let known = self.known_chains(family);
+        let (services, existing) =
+            render_reading_names(&mut self.iptables, family, &ctx, state, quarantine, known);
         let existing = existing.map_err(Failure::unattributed)?;
-        // A quarantined service keeps what the kernel last accepted for it: its rules in the
-        // shared chains are written again from memory, its own chains are left as they are.
-        let held: BTreeMap<NamespacedName, ProgrammedService> = previous
-            .map(|previous| {
-                previous
-                    .services
-                    .iter()
-                    .filter(|(key, _)| {
-                        quarantine.contains(key) && state.services.contains_key(*key)
-                    })
-                    .map(|(key, programmed)| (key.clone(), programmed.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut to_write = services;
-        for (key, programmed) in &held {
-            to_write.insert(
-                key.clone(),
-                ServiceRules {
-                    filter: programmed.filter.to_vec(),
-                    nat: programmed.nat.to_vec(),
-                    ..ServiceRules::default()
-                },
-            );
-        }
-        let services = to_write;
+        let held = held_services(self.programmed.get(&family), state, quarantine);
+        let services = with_held(services, &held);
         let held_chains: BTreeSet<&str> = held.values().flat_map(|s| s.chain_names()).collect();
         let wanted: HashSet<&str, ahash::RandomState> = services
             .values()
@@ -160,4 +97,101 @@ impl<I: Iptables> IptablesMode<I> {
         }
         Ok(stats)
     }
+
+    /// Our nat chains, when memory can tell them.
+    fn known_chains(&self, family: IpFamily) -> Option<BTreeSet<String>> {
+        let programmed = self.programmed.get(&family)?;
+        if !self.chains_known.contains(&family) {
+            return None;
+        }
+        Some(
+            programmed
+                .services
+                .values()
+                .flat_map(|s| s.chain_names().map(str::to_string))
+                .chain(
+                    NAT_CHAINS
+                        .iter()
+                        .chain([&KUBE_PROXY_CANARY])
+                        .map(|c| c.to_string()),
+                )
+                .collect(),
+        )
+    }
+}
+
+/// Every service not quarantined, rendered while nat's chain names are read on another thread
+/// (unless `known`); without a thread for the reader the sync fails, and the next one tries
+/// again.
+fn render_reading_names<I: Iptables>(
+    iptables: &mut I,
+    family: IpFamily,
+    ctx: &RenderContext,
+    state: &ProxyState,
+    quarantine: &Quarantine,
+    known: Option<BTreeSet<String>>,
+) -> (
+    BTreeMap<NamespacedName, ServiceRules>,
+    Result<BTreeSet<String>, IptablesError>,
+) {
+    std::thread::scope(|scope| {
+        let names = known.is_none().then(|| {
+            std::thread::Builder::new()
+                .name("iptables-read".into())
+                .spawn_scoped(scope, move || iptables.chain_names(family, "nat"))
+        });
+        let services: BTreeMap<NamespacedName, ServiceRules> = state
+            .services
+            .iter()
+            .filter(|(key, _)| !quarantine.contains(key))
+            .map(|(key, ports)| {
+                let rules = render_service(ports, state.endpoints.get(key), ctx);
+                (key.clone(), rules)
+            })
+            .filter(|(_, rules)| !rules.is_empty())
+            .collect();
+        let existing = match names {
+            Some(Ok(reader)) => reader.join().unwrap_or(Err(IptablesError::ReaderPanicked)),
+            Some(Err(err)) => Err(IptablesError::NoThread(err.to_string())),
+            None => Ok(known.unwrap_or_default()),
+        };
+        (services, existing)
+    })
+}
+
+/// The quarantined services still in the state, as the kernel last accepted them.
+fn held_services(
+    previous: Option<&FamilyState>,
+    state: &ProxyState,
+    quarantine: &Quarantine,
+) -> BTreeMap<NamespacedName, ProgrammedService> {
+    previous
+        .map(|previous| {
+            previous
+                .services
+                .iter()
+                .filter(|(key, _)| quarantine.contains(key) && state.services.contains_key(*key))
+                .map(|(key, programmed)| (key.clone(), programmed.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `services` and the `held` ones: a quarantined service's rules in the shared chains are
+/// written again from memory, its own chains are left as they are.
+fn with_held(
+    mut services: BTreeMap<NamespacedName, ServiceRules>,
+    held: &BTreeMap<NamespacedName, ProgrammedService>,
+) -> BTreeMap<NamespacedName, ServiceRules> {
+    for (key, programmed) in held {
+        services.insert(
+            key.clone(),
+            ServiceRules {
+                filter: programmed.filter.to_vec(),
+                nat: programmed.nat.to_vec(),
+                ..ServiceRules::default()
+            },
+        );
+    }
+    services
 }
