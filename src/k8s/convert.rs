@@ -7,15 +7,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::rules;
 use crate::model::{
-    EndpointSlice, IpFamily, Names, NamespacedName, NodeInfo, Protocol, ServicePort,
-    ServicePortMap, ServicePortName, SliceEndpoint, SlicePort,
+    EndpointSlice, IpFamily, Names, NamespacedName, NodeInfo, Protocol, SliceEndpoint, SlicePort,
 };
 
 /// Labels that keep a Service or EndpointSlice away from kube-proxy: another proxy owns it, or
@@ -62,202 +61,6 @@ pub fn object_key(meta: &ObjectMeta) -> Result<NamespacedName, ConvertError> {
     Ok(NamespacedName { namespace, name })
 }
 
-/// A Service's ports. Headless, ExternalName and not-yet-allocated services have none.
-pub fn service_ports(service: &Service) -> Result<Converted<ServicePortMap>, ConvertError> {
-    let key = object_key(&service.metadata)?;
-    if key.namespace.is_empty() {
-        return Err(invalid("metadata.namespace is missing"));
-    }
-    check_name(
-        "metadata.namespace",
-        &key.namespace,
-        rules::is_dns1123_label,
-    )?;
-    check_name("metadata.name", &key.name, rules::is_dns1123_label)?;
-    let spec = service
-        .spec
-        .as_ref()
-        .ok_or_else(|| invalid("spec is missing"))?;
-    let mut warnings = Vec::new();
-    let mut map = ServicePortMap::new();
-    let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if service_type == "ExternalName" {
-        return Ok(Converted {
-            value: map,
-            warnings,
-        });
-    }
-
-    let mut cluster_ip_texts: Vec<&str> = spec
-        .cluster_ips
-        .iter()
-        .flatten()
-        .map(String::as_str)
-        .collect();
-    if cluster_ip_texts.is_empty()
-        && let Some(ip) = spec.cluster_ip.as_deref()
-    {
-        cluster_ip_texts.push(ip);
-    }
-    if cluster_ip_texts.contains(&"None") {
-        return Ok(Converted {
-            value: map,
-            warnings,
-        });
-    }
-    let mut cluster_ips = Vec::new();
-    for text in cluster_ip_texts.iter().filter(|t| !t.is_empty()) {
-        let ip = parse_ip(text)
-            .ok_or_else(|| invalid(format!("spec.clusterIPs: {text:?} is not an IP address")))?;
-        cluster_ips.push(ip);
-    }
-    if cluster_ips.is_empty() {
-        return Ok(Converted {
-            value: map,
-            warnings,
-        });
-    }
-
-    let external_ips = parse_list(
-        spec.external_ips.iter().flatten(),
-        "spec.externalIPs",
-        parse_ip,
-        &mut warnings,
-    );
-    let mut load_balancer_ips = Vec::new();
-    let ingress = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
-    for entry in ingress.into_iter().flatten() {
-        // With ipMode Proxy the load balancer sends traffic to the node, not to the VIP.
-        if entry.ip_mode.as_deref() == Some("Proxy") {
-            continue;
-        }
-        if let Some(text) = entry.ip.as_deref() {
-            match parse_ip(text) {
-                Some(ip) => load_balancer_ips.push(ip),
-                None => warnings.push(format!(
-                    "status.loadBalancer.ingress: {text:?} is not an IP address; ignored"
-                )),
-            }
-        }
-    }
-    let asked_ranges = spec
-        .load_balancer_source_ranges
-        .as_deref()
-        .unwrap_or_default();
-    let source_ranges = parse_list(
-        asked_ranges.iter(),
-        "spec.loadBalancerSourceRanges",
-        rules::parse_cidr,
-        &mut warnings,
-    );
-    // Ranges that cannot be read never widen access: with none left, no source is allowed.
-    let source_ranges_closed = !asked_ranges.is_empty() && source_ranges.is_empty();
-    if source_ranges_closed {
-        warnings.push(
-            "spec.loadBalancerSourceRanges: no range could be read; its load-balancer IPs accept no traffic"
-                .to_string(),
-        );
-    }
-
-    let session_affinity_seconds = match spec.session_affinity.as_deref() {
-        Some("ClientIP") => {
-            let timeout = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            match timeout {
-                None => Some(DEFAULT_AFFINITY_SECONDS),
-                Some(t) if (1..=86_400).contains(&t) => Some(t as u32),
-                Some(t) => {
-                    return Err(invalid(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is not between 1 and 86400"
-                    )));
-                }
-            }
-        }
-        None | Some("None") | Some("") => None,
-        Some(other) => {
-            return Err(invalid(format!(
-                "spec.sessionAffinity: {other:?} is not ClientIP or None"
-            )));
-        }
-    };
-    let is_load_balancer = service_type == "LoadBalancer";
-    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let wants_external_local = spec.external_traffic_policy.as_deref() == Some("Local");
-
-    for (index, port) in spec.ports.iter().flatten().enumerate() {
-        let field = format!("spec.ports[{index}]");
-        let port_number = port_u16(port.port).ok_or_else(|| {
-            invalid(format!(
-                "{field}.port: {} is not a port between 1 and 65535",
-                port.port
-            ))
-        })?;
-        let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
-        let protocol = Protocol::from_api(protocol_text).ok_or_else(|| {
-            invalid(format!(
-                "{field}.protocol: {protocol_text:?} is not TCP, UDP or SCTP"
-            ))
-        })?;
-        let port_name = port.name.clone().unwrap_or_default();
-        if !port_name.is_empty() {
-            check_name(
-                &format!("{field}.name"),
-                &port_name,
-                rules::is_iana_service_name,
-            )?;
-        }
-        let node_port = match port.node_port {
-            None | Some(0) => None,
-            Some(p) => Some(
-                port_u16(p)
-                    .ok_or_else(|| invalid(format!("{field}.nodePort: {p} is not a port")))?,
-            ),
-        };
-        let name = ServicePortName {
-            service: key.clone(),
-            port: port_name,
-            protocol,
-        };
-        let mut service_port = ServicePort {
-            name: name.clone(),
-            cluster_ips: cluster_ips.clone(),
-            port: port_number,
-            node_port,
-            external_ips: external_ips.clone(),
-            load_balancer_ips: load_balancer_ips.clone(),
-            load_balancer_source_ranges: source_ranges.clone(),
-            source_ranges_closed,
-            session_affinity_seconds,
-            external_policy_local: false,
-            internal_policy_local,
-            health_check_node_port: None,
-        };
-        service_port.external_policy_local =
-            wants_external_local && service_port.externally_accessible();
-        if is_load_balancer && service_port.external_policy_local {
-            service_port.health_check_node_port = spec.health_check_node_port.and_then(port_u16);
-        }
-        if map.insert(name.clone(), service_port).is_some() {
-            return Err(invalid(format!(
-                "{field}: port {name} ({protocol}) is listed twice"
-            )));
-        }
-    }
-    // Kept for as long as the Service exists: no spare capacity.
-    map.shrink_to_fit();
-    Ok(Converted {
-        value: map,
-        warnings,
-    })
-}
-
 /// An EndpointSlice, or `None` for one kube-proxy ignores (FQDN).
 pub fn endpoint_slice(
     slice: &ApiEndpointSlice,
@@ -298,9 +101,36 @@ pub fn endpoint_slice(
         rules::is_dns1123_label,
     )?;
 
+    let mut ports = slice_ports(slice, &mut warnings);
+    let mut endpoints: Vec<SliceEndpoint> = slice
+        .endpoints
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(index, ep)| slice_endpoint(index, ep, family, &mut warnings))
+        .collect();
+    // Kept for as long as the slice exists: no spare capacity.
+    endpoints.shrink_to_fit();
+    ports.shrink_to_fit();
+    let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
+    Ok(Converted {
+        value: Some(EndpointSlice {
+            trigger_time: trigger_time(slice),
+            name: key,
+            service,
+            family,
+            ports,
+            endpoints,
+        }),
+        warnings,
+    })
+}
+
+/// A slice's ports kube-proxy can program; the others are dropped with a warning (a port
+/// without a number means "all ports", which kube-proxy cannot program, and is dropped quietly).
+fn slice_ports(slice: &ApiEndpointSlice, warnings: &mut Vec<String>) -> Vec<SlicePort> {
     let mut ports = Vec::new();
     for (index, port) in slice.ports.iter().flatten().enumerate() {
-        // A port without a number means "all ports", which kube-proxy cannot program.
         let Some(number) = port.port else { continue };
         let Some(number) = port_u16(number) else {
             warnings.push(format!(
@@ -329,73 +159,66 @@ pub fn endpoint_slice(
         });
     }
 
-    let mut endpoints = Vec::new();
-    for (index, ep) in slice.endpoints.iter().flatten().enumerate() {
-        let Some(text) = ep.addresses.first() else {
-            warnings.push(format!("endpoints[{index}]: no address; ignored"));
-            continue;
-        };
-        let ip = match parse_ip(text) {
-            Some(ip) if IpFamily::of(&ip) == family => ip,
-            _ => {
-                let want = if family == IpFamily::V4 {
-                    "IPv4"
-                } else {
-                    "IPv6"
-                };
-                warnings.push(format!(
-                    "endpoints[{index}].addresses: {text:?} is not an {want} address; ignored"
-                ));
-                continue;
-            }
-        };
-        let conditions = ep.conditions.as_ref();
-        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-        // As upstream: an unset condition is ready and serving, and not terminating.
-        let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
-        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-        let hints = ep.hints.as_ref();
-        let zone_hints: Names = hints
-            .and_then(|h| h.for_zones.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|z| shared(&z.name))
-            .collect();
-        let node_hints: Names = hints
-            .and_then(|h| h.for_nodes.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|n| shared(&n.name))
-            .collect();
-        endpoints.push(SliceEndpoint {
-            ip,
-            ready,
-            serving,
-            terminating,
-            node_name: ep
-                .node_name
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .map(shared),
-            zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(shared),
-            zone_hints,
-            node_hints,
-        });
-    }
-    // Kept for as long as the slice exists: no spare capacity.
-    endpoints.shrink_to_fit();
-    ports.shrink_to_fit();
-    let service = NamespacedName::new(key.namespace.clone(), service_name.clone());
-    Ok(Converted {
-        value: Some(EndpointSlice {
-            trigger_time: trigger_time(slice),
-            name: key,
-            service,
-            family,
-            ports,
-            endpoints,
-        }),
-        warnings,
+    ports
+}
+
+/// Endpoint `index` of a slice of `family`, or `None` (with a warning) when it has no address
+/// of that family.
+fn slice_endpoint(
+    index: usize,
+    ep: &k8s_openapi::api::discovery::v1::Endpoint,
+    family: IpFamily,
+    warnings: &mut Vec<String>,
+) -> Option<SliceEndpoint> {
+    let Some(text) = ep.addresses.first() else {
+        warnings.push(format!("endpoints[{index}]: no address; ignored"));
+        return None;
+    };
+    let ip = match parse_ip(text) {
+        Some(ip) if IpFamily::of(&ip) == family => ip,
+        _ => {
+            let want = if family == IpFamily::V4 {
+                "IPv4"
+            } else {
+                "IPv6"
+            };
+            warnings.push(format!(
+                "endpoints[{index}].addresses: {text:?} is not an {want} address; ignored"
+            ));
+            return None;
+        }
+    };
+    let conditions = ep.conditions.as_ref();
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    // As upstream: an unset condition is ready and serving, and not terminating.
+    let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
+    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+    let hints = ep.hints.as_ref();
+    let zone_hints: Names = hints
+        .and_then(|h| h.for_zones.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|z| shared(&z.name))
+        .collect();
+    let node_hints: Names = hints
+        .and_then(|h| h.for_nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|n| shared(&n.name))
+        .collect();
+    Some(SliceEndpoint {
+        ip,
+        ready,
+        serving,
+        terminating,
+        node_name: ep
+            .node_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(shared),
+        zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(shared),
+        zone_hints,
+        node_hints,
     })
 }
 
@@ -544,6 +367,10 @@ fn shared(name: &str) -> Arc<str> {
 
 /// How many names [`shared`] keeps.
 const SHARED_NAMES: usize = 16_384;
+
+mod service;
+
+pub use service::service_ports;
 
 #[cfg(test)]
 mod tests;

@@ -205,8 +205,10 @@ where
     S: Stream<Item = watcher::Result<Event<Lenient<K::Object>>>> + Send,
 {
     let mut stream = Box::pin(start());
-    let mut listing: BTreeMap<NamespacedName, K::Value> = BTreeMap::new();
-    let mut malformed: BTreeSet<NamespacedName> = BTreeSet::new();
+    let mut relist = Relist {
+        listing: BTreeMap::new(),
+        malformed: BTreeSet::new(),
+    };
     let mut failing = false;
     loop {
         let next = if failing {
@@ -238,46 +240,61 @@ where
         if !matches!(event, Event::Init) && std::mem::take(&mut failing) {
             info!(kind = K::NAME, "Watch of {} is working again", K::NAME);
         }
-        match event {
-            Event::Init => {
-                debug!(kind = K::NAME, "Listing {}", K::NAME);
-                listing.clear();
-                malformed.clear();
-            }
-            Event::InitApply(object) => {
-                let key = key_of(&object);
-                match converted(&kind, &object, &key, &sink) {
-                    Some(value) => {
-                        listing.insert(key, value);
-                    }
-                    None => {
-                        malformed.insert(key);
-                    }
+        on_event(&kind, event, &mut relist, &sink);
+    }
+}
+
+/// A relist in progress: the objects listed so far, and the keys of malformed ones (they keep
+/// their last state).
+struct Relist<V> {
+    listing: BTreeMap<NamespacedName, V>,
+    malformed: BTreeSet<NamespacedName>,
+}
+
+/// One event of a watch: a relist gathered and applied whole once complete, a change applied
+/// at once.
+fn on_event<K: Kind>(
+    kind: &K,
+    event: Event<Lenient<K::Object>>,
+    relist: &mut Relist<K::Value>,
+    sink: &WatchSink,
+) {
+    let Relist { listing, malformed } = relist;
+    match event {
+        Event::Init => {
+            debug!(kind = K::NAME, "Listing {}", K::NAME);
+            listing.clear();
+            malformed.clear();
+        }
+        Event::InitApply(object) => {
+            let key = key_of(&object);
+            match converted(kind, &object, &key, sink) {
+                Some(value) => {
+                    listing.insert(key, value);
+                }
+                None => {
+                    malformed.insert(key);
                 }
             }
-            Event::InitDone => {
-                let count = listing.len();
-                let pending = kind.replace(
-                    &mut sink.tracker(),
-                    std::mem::take(&mut listing),
-                    &malformed,
-                );
-                sink.synced.send_modify(|synced| kind.mark_synced(synced));
-                info!(kind = K::NAME, count, "Listed {}", K::NAME);
+        }
+        Event::InitDone => {
+            let count = listing.len();
+            let pending = kind.replace(&mut sink.tracker(), std::mem::take(listing), malformed);
+            sink.synced.send_modify(|synced| kind.mark_synced(synced));
+            info!(kind = K::NAME, count, "Listed {}", K::NAME);
+            sink.changed(pending);
+        }
+        Event::Apply(object) => {
+            let key = key_of(&object);
+            if let Some(value) = converted(kind, &object, &key, sink) {
+                let pending = kind.apply(&mut sink.tracker(), &key, Some(value));
                 sink.changed(pending);
             }
-            Event::Apply(object) => {
-                let key = key_of(&object);
-                if let Some(value) = converted(&kind, &object, &key, &sink) {
-                    let pending = kind.apply(&mut sink.tracker(), &key, Some(value));
-                    sink.changed(pending);
-                }
-            }
-            Event::Delete(object) => {
-                let key = key_of(&object);
-                let pending = kind.apply(&mut sink.tracker(), &key, None);
-                sink.changed(pending);
-            }
+        }
+        Event::Delete(object) => {
+            let key = key_of(&object);
+            let pending = kind.apply(&mut sink.tracker(), &key, None);
+            sink.changed(pending);
         }
     }
 }

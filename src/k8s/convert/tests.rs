@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
 
 use super::*;
+use crate::model::{ServicePort, ServicePortMap};
 
 const CLUSTER: &str = include_str!("../../../tests/testdata/cluster.yaml");
 
