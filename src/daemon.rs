@@ -3,28 +3,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
-use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
-use crate::config::{KUBERNETES_VERSION, ProxyMode, Settings};
+use crate::config::{KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings};
 use crate::k8s::{self, ClientError, Synced, WatchSink};
-use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
+use crate::model::{ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
-use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::dry_run::DryRunProxier;
-use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::modes::{self, SetupError};
-use crate::runner::{self, Intervals, SyncRequester, Syncer};
+use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::{
     ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
-    capacity_for_open_files, health_check_ports, serve_health, serve_metrics,
+    capacity_for_open_files, serve_health, serve_metrics,
 };
-use crate::sync_failures::{FailureLog, Verdict};
-use crate::sys::conntrack::NetlinkConntrack;
+use crate::sync_failures::FailureLog;
 use crate::sys::host::net::{LocalAddresses, ProcSysctl, SystemAddresses};
 use crate::sys::nfacct::NetlinkNfacct;
 
@@ -101,118 +96,44 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
     let config = &settings.config;
-    info!(version = env!("CARGO_PKG_VERSION"), node = %settings.node_name, "Starting kube-proxy-rs");
-    if !settings.unknown_fields.is_empty() {
-        warn!(
-            fields = %settings.unknown_fields.join(","),
-            "Using lenient decoding as strict decoding failed: unknown fields in the configuration file were ignored"
-        );
-    }
-    if !settings.ignored_flags.is_empty() {
-        warn!(flags = %settings.ignored_flags.join(","), "Flags ignored because --config was given");
-    }
+    log_start(&settings);
     let open_files = node_setup::raise_open_files_limit();
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     if config.mode.is_empty() {
         info!("Using iptables proxy");
     }
-    let (min_sync, sync_period) = match mode {
-        ProxyMode::Nftables => (
-            config.nftables.min_sync_period.0,
-            config.nftables.sync_period.0,
-        ),
-        ProxyMode::Iptables => (
-            config.iptables.min_sync_period.0,
-            config.iptables.sync_period.0,
-        ),
-        ProxyMode::Ipvs => (config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
-    };
-    let intervals = sync_intervals(min_sync, sync_period);
+    let (min_sync, sync_period) = sync_periods(config, mode);
     let requester = SyncRequester::default();
-    let (mode, proxier): (ProxyMode, Box<dyn Proxier>) = if options.dry_run {
-        info!(
-            mode = mode.as_str(),
-            "Dry run: nothing is programmed; logging what each sync would program"
-        );
-        (mode, Box::new(DryRunProxier::new(mode)))
-    } else {
-        let wake = requester.clone();
-        modes::setup(
-            mode,
-            config,
-            options.ipvs_fallback,
-            Arc::new(move || wake.request()),
-        )?
-    };
-    if !options.dry_run {
-        // As upstream, before the first sync: the process's OOM priority and conntrack settings.
-        if let Some(value) = config.oom_score_adj {
-            node_setup::apply_oom_score_adj(value);
-        }
-        node_setup::apply_conntrack(config, &mut ProcSysctl::default());
-    }
+    let (mode, proxier) = proxier_for(mode, config, options, &requester)?;
     let health = Arc::new(ProxyHealth::new(sync_period));
-    let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
-    let hard_fail = config.bind_address_hard_fail;
-    if let Err(err) = metrics.feature_gates(&config.feature_gates) {
-        warn!(error = %err, "Cannot export the feature gates");
-    }
-    if !options.dry_run && mode == ProxyMode::Iptables {
-        let exported = NetlinkNfacct::open()
-            .map_err(|err| err.to_string())
-            .and_then(|reader| {
-                metrics
-                    .count_nfacct(Box::new(reader))
-                    .map_err(|err| err.to_string())
-            });
-        if let Err(err) = exported {
-            warn!(error = %err, "Cannot export the nfacct counters");
-        }
-    }
+    let metrics = metrics_for(config, options, mode)?;
     let connections = connection_table(open_files, &metrics);
-    if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
-        serve_health(listener, &connections, health.clone(), metrics.clone());
-    }
-    if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
-        serve_metrics(
-            listener,
-            &connections,
-            metrics.clone(),
-            health.clone(),
-            proxier.mode().as_str(),
-        );
-    }
+    start_servers(config, &connections, &health, &metrics, proxier.mode()).await?;
 
-    let observer: k8s::RequestObserver = {
-        let metrics = metrics.clone();
-        Arc::new(move |record: &k8s::RequestRecord| metrics.api_request(record))
-    };
     let client = k8s::build_client(
         settings.kubeconfig.as_deref(),
         settings.master.as_deref(),
-        Some(observer),
+        Some(request_observer(&metrics)),
     )
     .await?;
     let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
-    let on_change = {
-        let (requester, health, metrics) = (requester.clone(), health.clone(), metrics.clone());
-        Arc::new(move || {
-            health.queued();
-            metrics.queued();
-            requester.request();
-        })
-    };
-    let on_invalid = {
-        let metrics = metrics.clone();
-        Arc::new(move |kind: &'static str, what: k8s::InvalidInput| {
-            metrics.invalid_input(kind, what.as_str())
-        })
-    };
     let sink = WatchSink {
         tracker: tracker.clone(),
-        on_change,
-        on_invalid,
+        on_change: {
+            let (requester, health, metrics) = (requester.clone(), health.clone(), metrics.clone());
+            Arc::new(move || {
+                health.queued();
+                metrics.queued();
+                requester.request();
+            })
+        },
+        on_invalid: {
+            let metrics = metrics.clone();
+            Arc::new(move |kind: &'static str, what: k8s::InvalidInput| {
+                metrics.invalid_input(kind, what.as_str())
+            })
+        },
         synced: synced_tx,
     };
     // Only nftables mode uses the ServiceCIDRs (the drop rule for unallocated ClusterIPs).
@@ -230,8 +151,7 @@ pub async fn run(
     }
     info!("Caches are synced");
 
-    // Syncs block on iptables-restore and netlink; they get a thread of their own.
-    let mut sync_loop = SyncLoop {
+    let sync_loop = SyncLoop {
         tracker,
         state: ProxyState::default(),
         proxier,
@@ -247,6 +167,136 @@ pub async fn run(
         leftovers_removed: options.dry_run,
         failures: FailureLog::default(),
     };
+    let intervals = sync_intervals(min_sync, sync_period);
+    run_syncs(
+        sync_loop, intervals, requester, shutdown, &settings, options,
+    )
+    .await
+}
+
+/// The start's first lines: the version, and what of the configuration was ignored.
+fn log_start(settings: &Settings) {
+    info!(version = env!("CARGO_PKG_VERSION"), node = %settings.node_name, "Starting kube-proxy-rs");
+    if !settings.unknown_fields.is_empty() {
+        warn!(
+            fields = %settings.unknown_fields.join(","),
+            "Using lenient decoding as strict decoding failed: unknown fields in the configuration file were ignored"
+        );
+    }
+    if !settings.ignored_flags.is_empty() {
+        warn!(flags = %settings.ignored_flags.join(","), "Flags ignored because --config was given");
+    }
+}
+
+/// The mode's (minSyncPeriod, syncPeriod).
+fn sync_periods(config: &KubeProxyConfiguration, mode: ProxyMode) -> (Duration, Duration) {
+    match mode {
+        ProxyMode::Nftables => (
+            config.nftables.min_sync_period.0,
+            config.nftables.sync_period.0,
+        ),
+        ProxyMode::Iptables => (
+            config.iptables.min_sync_period.0,
+            config.iptables.sync_period.0,
+        ),
+        ProxyMode::Ipvs => (config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
+    }
+}
+
+/// The proxier of `mode` (of the mode it fell back to), or a dry run's; then, as upstream
+/// before the first sync, the process's OOM priority and the conntrack settings.
+fn proxier_for(
+    mode: ProxyMode,
+    config: &KubeProxyConfiguration,
+    options: RunOptions,
+    requester: &SyncRequester,
+) -> Result<(ProxyMode, Box<dyn Proxier>), DaemonError> {
+    if options.dry_run {
+        info!(
+            mode = mode.as_str(),
+            "Dry run: nothing is programmed; logging what each sync would program"
+        );
+        return Ok((mode, Box::new(DryRunProxier::new(mode))));
+    }
+    let wake = requester.clone();
+    let chosen = modes::setup(
+        mode,
+        config,
+        options.ipvs_fallback,
+        Arc::new(move || wake.request()),
+    )?;
+    if let Some(value) = config.oom_score_adj {
+        node_setup::apply_oom_score_adj(value);
+    }
+    node_setup::apply_conntrack(config, &mut ProcSysctl::default());
+    Ok(chosen)
+}
+
+/// The metrics, with the feature gates and (iptables mode) the kernel's nfacct counters.
+fn metrics_for(
+    config: &KubeProxyConfiguration,
+    options: RunOptions,
+    mode: ProxyMode,
+) -> Result<Arc<Metrics>, DaemonError> {
+    let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
+    if let Err(err) = metrics.feature_gates(&config.feature_gates) {
+        warn!(error = %err, "Cannot export the feature gates");
+    }
+    if !options.dry_run && mode == ProxyMode::Iptables {
+        let exported = NetlinkNfacct::open()
+            .map_err(|err| err.to_string())
+            .and_then(|reader| {
+                metrics
+                    .count_nfacct(Box::new(reader))
+                    .map_err(|err| err.to_string())
+            });
+        if let Err(err) = exported {
+            warn!(error = %err, "Cannot export the nfacct counters");
+        }
+    }
+    Ok(metrics)
+}
+
+/// The health and metrics servers, on their configured addresses.
+async fn start_servers(
+    config: &KubeProxyConfiguration,
+    connections: &ConnectionTable,
+    health: &Arc<ProxyHealth>,
+    metrics: &Arc<Metrics>,
+    mode: ProxyMode,
+) -> Result<(), DaemonError> {
+    let hard_fail = config.bind_address_hard_fail;
+    if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
+        serve_health(listener, connections, health.clone(), metrics.clone());
+    }
+    if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
+        serve_metrics(
+            listener,
+            connections,
+            metrics.clone(),
+            health.clone(),
+            mode.as_str(),
+        );
+    }
+    Ok(())
+}
+
+/// Counts the API client's requests in the metrics.
+fn request_observer(metrics: &Arc<Metrics>) -> k8s::RequestObserver {
+    let metrics = metrics.clone();
+    Arc::new(move |record: &k8s::RequestRecord| metrics.api_request(record))
+}
+
+/// Syncs on a thread of their own (they block on iptables-restore and netlink) until
+/// `shutdown`, or until the config file changes when the daemon is to exit then.
+async fn run_syncs(
+    mut sync_loop: SyncLoop,
+    intervals: Intervals,
+    requester: SyncRequester,
+    shutdown: watch::Receiver<bool>,
+    settings: &Settings,
+    options: RunOptions,
+) -> Result<(), DaemonError> {
     let runtime = tokio::runtime::Handle::current();
     let sync_thread = tokio::task::spawn_blocking(move || {
         runtime.block_on(runner::run(intervals, requester, shutdown, &mut sync_loop));
@@ -270,17 +320,6 @@ pub async fn run(
     }
     info!("Shutting down; the programmed rules stay in place");
     Ok(())
-}
-
-/// The UDP conntrack cleaner, on a ctnetlink socket in this namespace.
-fn open_conntrack() -> Option<UdpConntrackCleaner> {
-    match NetlinkConntrack::open() {
-        Ok(conntrack) => Some(UdpConntrackCleaner::new(Box::new(conntrack))),
-        Err(err) => {
-            warn!(error = %err, "Cannot open conntrack netlink; stale UDP flows will not be cleaned up");
-            None
-        }
-    }
 }
 
 /// How often the --config file is read to see whether it changed.
@@ -372,166 +411,9 @@ fn sync_intervals(min_sync: Duration, sync: Duration) -> Intervals {
     }
 }
 
-/// One sync: take the pending changes, apply them to the state, hand both to the proxier.
-struct SyncLoop {
-    tracker: Arc<Mutex<ChangeTracker>>,
-    state: ProxyState,
-    proxier: Box<dyn Proxier>,
-    health: Arc<ProxyHealth>,
-    metrics: Arc<Metrics>,
-    service_health: Option<ServiceHealthServers>,
-    /// UDP conntrack cleanup; `None` in a dry run (or when ctnetlink cannot be opened).
-    conntrack: Option<UdpConntrackCleaner>,
-    node_port_addresses: Vec<String>,
-    node_name: String,
-    /// Whether the other mode's state has been removed (once, after the first successful sync).
-    leftovers_removed: bool,
-    /// Failed syncs since the last successful one, for the log.
-    failures: FailureLog,
-}
+mod sync_loop;
 
-impl SyncLoop {
-    /// After the first successful sync in this mode, removes what the other mode left behind:
-    /// traffic is already served by the new rules when the old ones go.
-    fn remove_other_mode(&mut self) {
-        if self.leftovers_removed {
-            return;
-        }
-        self.leftovers_removed = true;
-        let mode = self.proxier.mode();
-        info!(
-            mode = mode.as_str(),
-            "Removing the other proxy mode's leftovers"
-        );
-        let local = SystemAddresses.addresses();
-        for other in Leftovers::of_modes_other_than(mode) {
-            for family in cleanup::cleanup(*other, &local) {
-                self.metrics.nftables_cleanup_failures(family);
-            }
-        }
-    }
-
-    /// Deletes the UDP flows a successful sync left pointing at endpoints that no longer serve.
-    /// A failure is logged and does not fail the sync: the rules are right, and the cleaner
-    /// checks every service next time.
-    fn clean_udp_conntrack(&mut self, summary: &ChangeSummary, full: bool) {
-        let Some(cleaner) = self.conntrack.as_mut() else {
-            return;
-        };
-        match cleaner.after_sync(&self.state, summary, full, || SystemAddresses.addresses()) {
-            Ok(report) => {
-                for family in report {
-                    self.metrics.conntrack_reconciled(
-                        family.family,
-                        family.elapsed,
-                        family.deleted,
-                    );
-                    if family.deleted > 0 {
-                        info!(
-                            ip_family = family.family.name(),
-                            entries = family.deleted,
-                            "Deleted stale UDP conntrack entries"
-                        );
-                    }
-                }
-            }
-            Err(err) => warn!(error = %err, "Failed to clean up stale UDP conntrack entries"),
-        }
-    }
-
-    /// Opens and closes the per-service health-check servers after a successful sync.
-    fn sync_service_health(&mut self) {
-        if self.service_health.is_none() {
-            return;
-        }
-        let wanted = health_check_ports(&self.state, &self.node_name);
-        if wanted.is_empty()
-            && self
-                .service_health
-                .as_ref()
-                .is_some_and(|s| s.ports().is_empty())
-        {
-            return;
-        }
-        let node_ip = self.state.node.addresses.first().copied();
-        let addresses = selected_node_port_ips(&self.node_port_addresses, node_ip, || {
-            SystemAddresses.addresses()
-        })
-        .unwrap_or_default();
-        if let Some(servers) = self.service_health.as_mut() {
-            servers.set_addresses(addresses);
-            servers.sync(wanted);
-        }
-    }
-}
-
-impl Syncer for SyncLoop {
-    fn sync(&mut self) -> BoxFuture<'_, Result<(), ()>> {
-        Box::pin(async move {
-            let changes = self
-                .tracker
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take_changes();
-            self.metrics
-                .pending(changes.services.len(), changes.endpoints.len());
-            let summary = self.state.apply(changes);
-            let started = Instant::now();
-            match self.proxier.sync(&self.state, &summary) {
-                Ok(report) => {
-                    self.health.updated();
-                    if let Verdict::Recovered { failures } = self.failures.succeeded() {
-                        info!(failures, "Synced proxy rules again after failed attempts");
-                    }
-                    self.metrics.synced(
-                        &self.state.node.families(),
-                        &report,
-                        started.elapsed(),
-                        (summary.service_changes, summary.endpoint_changes),
-                        &summary.trigger_times,
-                    );
-                    self.clean_udp_conntrack(&summary, report.full);
-                    self.sync_service_health();
-                    self.remove_other_mode();
-                    debug!(
-                        mode = self.proxier.mode().as_str(),
-                        full = report.full,
-                        services = self.state.services.len(),
-                        service_ports = report.service_ports,
-                        services_written = report.services_written,
-                        restore_lines = report.restore_lines,
-                        service_changes = summary.service_changes,
-                        endpoint_changes = summary.endpoint_changes,
-                        elapsed = ?started.elapsed(),
-                        "Synced proxy rules"
-                    );
-                    Ok(())
-                }
-                Err(err) => {
-                    // After a success the next sync writes changes only (a failed one makes
-                    // the next full), as upstream counts partial restore failures.
-                    let partial = self.failures.is_clear();
-                    self.metrics
-                        .failed(&self.state.node.families(), self.proxier.mode(), partial);
-                    // Nothing is applied until a sync succeeds: past the health timeout the
-                    // node reports unhealthy, even when no new change is waiting.
-                    self.health.queued();
-                    let reason = err.to_string();
-                    if let Verdict::Log { repeats, since } =
-                        self.failures.failed(&reason, Instant::now())
-                    {
-                        if repeats == 1 {
-                            error!(error = %reason, "Failed to sync proxy rules; retrying");
-                        } else {
-                            error!(error = %reason, repeats, since = ?Duration::from_secs(since.as_secs()), "Failed to sync proxy rules again; retrying");
-                        }
-                    }
-                    Err(())
-                }
-            }
-        })
-    }
-}
+use sync_loop::{SyncLoop, open_conntrack};
 
 #[cfg(test)]
 mod tests {
