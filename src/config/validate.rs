@@ -55,13 +55,38 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         );
     }
 
+    check_mode_settings(config, mode, &mut fail);
+
+    if config.config_sync_period.is_zero() {
+        fail(
+            "configSyncPeriod",
+            &config.config_sync_period,
+            "must be greater than 0",
+        );
+    }
+    check_addresses(config, &mut fail);
+
+    check_limits(config, &mut fail);
+    check_detect_local(config, &mut fail);
+    check_logging_and_client(config, &mut fail);
+    errors
+}
+
+type Fail<'a> = dyn FnMut(&str, &dyn fmt::Display, &str) + 'a;
+
+/// The proxy modes' sections: iptables' whatever the mode, and the configured mode's.
+fn check_mode_settings(
+    config: &KubeProxyConfiguration,
+    mode: Option<ProxyMode>,
+    fail: &mut Fail<'_>,
+) {
     let ipt = &config.iptables;
-    check_masquerade_bit("iptables.masqueradeBit", ipt.masquerade_bit, &mut fail);
-    check_periods("iptables", ipt.sync_period, ipt.min_sync_period, &mut fail);
+    check_masquerade_bit("iptables.masqueradeBit", ipt.masquerade_bit, fail);
+    check_periods("iptables", ipt.sync_period, ipt.min_sync_period, fail);
 
     if mode == Some(ProxyMode::Ipvs) {
         let ipvs = &config.ipvs;
-        check_periods("ipvs", ipvs.sync_period, ipvs.min_sync_period, &mut fail);
+        check_periods("ipvs", ipvs.sync_period, ipvs.min_sync_period, fail);
         if !ipvs.scheduler.is_empty() && !IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
             fail(
                 "ipvs.scheduler",
@@ -81,17 +106,13 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     }
     if mode == Some(ProxyMode::Nftables) {
         let nft = &config.nftables;
-        check_masquerade_bit("nftables.masqueradeBit", nft.masquerade_bit, &mut fail);
-        check_periods("nftables", nft.sync_period, nft.min_sync_period, &mut fail);
+        check_masquerade_bit("nftables.masqueradeBit", nft.masquerade_bit, fail);
+        check_periods("nftables", nft.sync_period, nft.min_sync_period, fail);
     }
+}
 
-    if config.config_sync_period.is_zero() {
-        fail(
-            "configSyncPeriod",
-            &config.config_sync_period,
-            "must be greater than 0",
-        );
-    }
+/// The servers' addresses, the cluster CIDR and the NodePort addresses.
+fn check_addresses(config: &KubeProxyConfiguration, fail: &mut Fail<'_>) {
     if config.bind_address.parse::<IpAddr>().is_err() {
         fail("bindAddress", &config.bind_address, "must be an IP address");
     }
@@ -111,9 +132,12 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             ),
         }
     }
-    check_cluster_cidr(&config.cluster_cidr, &mut fail);
-    check_node_port_addresses(&config.node_port_addresses, &mut fail);
+    check_cluster_cidr(&config.cluster_cidr, fail);
+    check_node_port_addresses(&config.node_port_addresses, fail);
+}
 
+/// The OOM score and the conntrack sizes.
+fn check_limits(config: &KubeProxyConfiguration, fail: &mut Fail<'_>) {
     if let Some(adj) = config
         .oom_score_adj
         .filter(|adj| !(-1000..=1000).contains(adj))
@@ -129,7 +153,10 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             fail(field, &v, "must be greater than or equal to 0");
         }
     }
+}
 
+/// How traffic from this node's pods is told apart.
+fn check_detect_local(config: &KubeProxyConfiguration, fail: &mut Fail<'_>) {
     match config.detect_local() {
         None => fail(
             "detectLocalMode",
@@ -156,6 +183,10 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         }
         Some(_) => {}
     }
+}
+
+/// The log format and the API client's rate.
+fn check_logging_and_client(config: &KubeProxyConfiguration, fail: &mut Fail<'_>) {
     if !matches!(config.logging.format.as_str(), "text" | "json") {
         fail(
             "logging.format",
@@ -177,10 +208,7 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             "must be greater than or equal to 0",
         );
     }
-    errors
 }
-
-type Fail<'a> = dyn FnMut(&str, &dyn fmt::Display, &str) + 'a;
 
 fn check_masquerade_bit(field: &str, bit: Option<i32>, fail: &mut Fail<'_>) {
     if let Some(bit) = bit.filter(|bit| !(0..=31).contains(bit)) {

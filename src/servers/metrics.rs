@@ -8,6 +8,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use self::register::*;
 use super::http::ConnectionMetrics;
 use crate::config::ProxyMode;
 use crate::model::IpFamily;
@@ -51,136 +52,6 @@ pub struct Metrics {
     rest_duration: HistogramVec,
     tasks: IntGauge,
     connections: ConnectionMetrics,
-}
-
-/// How long syncs take: 1 ms doubling to 16 s, as upstream.
-fn sync_buckets() -> Vec<f64> {
-    prometheus::exponential_buckets(0.001, 2.0, 15).unwrap_or_default()
-}
-
-/// Network programming latency, as upstream's buckets: 0, a quarter and a half second, every
-/// second to 59, every 5 s to 115, every 30 s to 300.
-fn programming_buckets() -> Vec<f64> {
-    let mut buckets = vec![0.0, 0.25, 0.5];
-    buckets.extend((1..=59).map(f64::from));
-    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
-    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
-    buckets
-}
-
-/// client-go's request latency buckets.
-fn request_buckets() -> Vec<f64> {
-    vec![
-        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
-    ]
-}
-
-fn registered<M: prometheus::core::Collector + Clone + 'static>(
-    registry: &Registry,
-    metric: M,
-) -> prometheus::Result<M> {
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
-}
-
-/// A histogram per `ip_family`.
-fn family_histogram(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    buckets: Vec<f64>,
-) -> prometheus::Result<HistogramVec> {
-    let opts = HistogramOpts::new(name, help).buckets(buckets);
-    registered(registry, HistogramVec::new(opts, &["ip_family"])?)
-}
-
-fn family_counter(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-) -> prometheus::Result<IntCounterVec> {
-    counter_vec(registry, name, help, &["ip_family"])
-}
-
-fn family_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<GaugeVec> {
-    registered(
-        registry,
-        GaugeVec::new(Opts::new(name, help), &["ip_family"])?,
-    )
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-    registered(registry, IntCounter::new(name, help)?)
-}
-
-fn int_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
-    registered(registry, IntGauge::new(name, help)?)
-}
-
-/// A gauge per `label` and `ip_family`.
-fn gauge_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    label: &str,
-) -> prometheus::Result<GaugeVec> {
-    registered(
-        registry,
-        GaugeVec::new(Opts::new(name, help), &[label, "ip_family"])?,
-    )
-}
-
-fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
-    registered(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
-}
-
-/// `kubernetes_build_info`: the Kubernetes release this program stands in for, and ours.
-fn build_info(registry: &Registry) -> prometheus::Result<()> {
-    let info = registered(
-        registry,
-        GaugeVec::new(
-            Opts::new(
-                "kubernetes_build_info",
-                "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
-            ),
-            &[
-                "major",
-                "minor",
-                "git_version",
-                "git_commit",
-                "git_tree_state",
-                "build_date",
-                "go_version",
-                "compiler",
-                "platform",
-            ],
-        )?,
-    )?;
-    let platform = format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH);
-    info.with_label_values(&[
-        "1",
-        "35",
-        crate::config::KUBERNETES_VERSION,
-        "",
-        "",
-        "",
-        "",
-        concat!("rustc (kube-proxy-rs ", env!("CARGO_PKG_VERSION"), ")"),
-        &platform,
-    ])
-    .set(1.0);
-    Ok(())
-}
-
-fn unix_seconds(time: SystemTime) -> f64 {
-    time.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl Metrics {
@@ -618,78 +489,7 @@ impl Metrics {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod register;
 
-    #[test]
-    fn syncs_move_the_counters() {
-        let metrics = Metrics::new().unwrap();
-        metrics.queued();
-        metrics.pending(1, 3);
-        let both = [IpFamily::V4, IpFamily::V6];
-        let report = SyncReport {
-            full: true,
-            rules: vec![
-                (IpFamily::V4, "nat", 42),
-                (IpFamily::V4, "filter", 7),
-                (IpFamily::V6, "nat", 5),
-            ],
-            rules_written: vec![(IpFamily::V6, "filter", 3)],
-            no_local_endpoints: vec![(IpFamily::V4, (1, 2))],
-            ..SyncReport::default()
-        };
-        let trigger = SystemTime::now() - Duration::from_secs(2);
-        metrics.synced(
-            &both,
-            &report,
-            Duration::from_millis(30),
-            (1, 3),
-            &[trigger],
-        );
-        metrics.failed(&both[..1], ProxyMode::Iptables, true);
-        metrics.failed(&both[..1], ProxyMode::Nftables, false);
-        metrics.nftables_cleanup_failures(IpFamily::V6);
-        metrics.health_answered(false, 200);
-        metrics.health_answered(true, 503);
-        metrics.api_request(&crate::k8s::RequestRecord {
-            method: "GET".into(),
-            host: "10.0.0.1:6443".into(),
-            code: "200".into(),
-            duration: Duration::from_millis(3),
-        });
-        let text = metrics.encode();
-        for want in [
-            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
-            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1",
-            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1",
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} ",
-            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"} ",
-            "kubeproxy_sync_proxy_rules_service_changes_total 1",
-            "kubeproxy_sync_proxy_rules_endpoint_changes_total 3",
-            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
-            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 42",
-            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv6\",table=\"nat\"} 5",
-            "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv6\",table=\"filter\"} 3",
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1",
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv6\"} 0",
-            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 1",
-            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv4\"} 0",
-            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv6\"} 1",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 2",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv6\",traffic_policy=\"external\"} 0",
-            "kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv4\",le=\"2\"} 0",
-            "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"} 1",
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"} 1",
-            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
-            "kubeproxy_proxy_livez_total{code=\"503\"} 1",
-            "rest_client_requests_total{code=\"200\",host=\"10.0.0.1:6443\",method=\"GET\"} 1",
-            "rest_client_request_duration_seconds_bucket{host=\"10.0.0.1:6443\",verb=\"GET\",le=\"0.005\"} 1",
-            "process_resident_memory_bytes ",
-            "process_cpu_seconds_total ",
-            "kubernetes_build_info{",
-        ] {
-            assert!(text.contains(want), "{want} missing from:\n{text}");
-        }
-    }
-}
+#[cfg(test)]
+mod tests;
