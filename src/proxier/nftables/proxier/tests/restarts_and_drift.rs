@@ -1,0 +1,313 @@
+//! Drift another program causes, repaired from memory, and restarts that read the table back.
+
+use super::*;
+
+/// A proxier told of the kernel's change events (a fake, fed by [`report_drift`]), synced once
+/// with `state`.
+fn synced_with_events(
+    state: &ProxyState,
+) -> (
+    NftablesProxier<FakeNftables>,
+    crate::sys::nf_tables::events::FakeEvents,
+) {
+    let events = crate::sys::nf_tables::events::FakeEvents::default();
+    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
+    p.sync(state, &ChangeSummary::default()).unwrap();
+    (p, events)
+}
+
+/// Reports that another program changed these objects of our IPv4 table (a set as `@name`).
+fn report_drift(events: &crate::sys::nf_tables::events::FakeEvents, names: &[&str]) {
+    *events.pending.lock().unwrap() = crate::sys::nf_tables::events::Drift {
+        chains: names
+            .iter()
+            .map(|name| (V4, TABLE.to_string(), name.to_string()))
+            .collect(),
+        lost: false,
+    };
+}
+
+#[test]
+fn what_another_program_changes_is_rewritten_from_memory() {
+    let state = state();
+    let (mut p, events) = synced_with_events(&state);
+    let chain = programmed(&p)
+        .chains
+        .keys()
+        .find(|c| c.starts_with("service-") && c.contains("ns4/svc4"))
+        .unwrap()
+        .clone();
+    p.nft
+        .apply(&format!(
+            "flush chain ip kube-proxy {chain}\nflush map ip kube-proxy service-ips\n\
+             add chain ip kube-proxy intruder\n"
+        ))
+        .unwrap();
+    report_drift(&events, &[&chain, "@service-ips", "intruder"]);
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.repaired_chains, 2);
+    let text = &p.last_transactions.last().unwrap().1;
+    assert_eq!(
+        text.matches("flush chain").count(),
+        1,
+        "only what changed: {text}"
+    );
+    assert!(!text.contains("intruder"), "{text}");
+    // The unknown chain makes the next sync full, which flushes it, and then deletes it.
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_table(&mut p, &state);
+}
+
+#[test]
+fn what_another_program_changes_is_rewritten_by_a_full_sync_from_memory_and_the_digests_too() {
+    let state = state();
+    let (mut p, events) = synced_with_events(&state);
+    // The table's digest chain emptied: rewritten from memory by the next partial sync.
+    p.nft
+        .apply(&format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n"))
+        .unwrap();
+    report_drift(&events, &[DIGEST_CHAIN]);
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.repaired_chains, 1);
+    assert_table(&mut p, &state);
+    // A chain changed just before a full sync that works from memory (the hourly one with
+    // change events, which writes only what differs from memory): rewritten all the same.
+    let chain = programmed(&p)
+        .chains
+        .keys()
+        .find(|c| c.starts_with("service-") && c.contains("ns1/svc1"))
+        .unwrap()
+        .clone();
+    p.nft
+        .apply(&format!("flush chain ip kube-proxy {chain}\n"))
+        .unwrap();
+    report_drift(&events, &[&chain]);
+    p.force_full_sync();
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_eq!(report.repaired_chains, 1);
+    assert_table(&mut p, &state);
+}
+
+#[test]
+fn with_change_events_a_full_sync_writes_only_what_differs() {
+    use crate::sys::nf_tables::events::FakeEvents;
+    let mut state = state();
+    let mut p =
+        proxier(FakeNftables::default()).with_change_events(Box::new(FakeEvents::default()));
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.force_full_sync();
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert!(p.last_transactions.is_empty(), "{:?}", p.last_transactions);
+    // The node's addresses change (NodePorts move): the base's set and nothing else is rewritten.
+    state.node.addresses = vec!["192.168.0.3".parse().unwrap()];
+    p.sync(
+        &state,
+        &ChangeSummary {
+            node_changed: true,
+            ..ChangeSummary::default()
+        },
+    )
+    .unwrap();
+    let text = &without_digest_chain(&p.last_transactions[0].1);
+    assert!(!text.contains("add rule"), "{text}");
+    assert!(text.contains("192.168.0.3"), "{text}");
+    assert_table(&mut p, &state);
+}
+
+#[test]
+fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
+    let mut state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut kernel = first.nft.clone();
+    kernel.transactions.clear();
+
+    let rewritten = |nft: &FakeNftables| -> BTreeSet<String> {
+        nft.transactions
+            .concat()
+            .lines()
+            .filter(|l| l.starts_with("add rule") && l.contains('/'))
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(str::to_string)
+            .collect()
+    };
+
+    // Nothing changed while no daemon ran: the table's digests say everything is right, and
+    // nothing else is read or written.
+    let mut second = restarted_on(&kernel);
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(second.nft.chains_read, [DIGEST_CHAIN]);
+    assert_eq!(second.nft.element_reads, 0);
+    assert_eq!(second.nft.transactions, Vec::<String>::new());
+    assert_table(&mut second, &state);
+    // The sync after it reads the whole table back (another program may have changed it while
+    // no daemon watched): every chain's rule count and comments (a chain whose every rule has a
+    // comment of upstream's carries no digest: its comments are compared), every set's
+    // elements. It finds everything right and writes nothing.
+    let report = second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_eq!(second.nft.element_reads, 1);
+    let undigested: BTreeSet<String> = programmed(&first)
+        .chains
+        .iter()
+        .filter(|(name, chain)| name.contains('/') && digest_of(chain).is_none())
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert!(!undigested.is_empty());
+    let read: BTreeSet<&String> = second.nft.chains_read.iter().collect();
+    assert!(
+        programmed(&first).chains.keys().all(|c| read.contains(c)),
+        "every chain read: {read:?}"
+    );
+    assert_eq!(second.nft.transactions, Vec::<String>::new());
+    // ... and then syncs from memory again.
+    let reads = (second.nft.name_reads, second.nft.element_reads);
+    second.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!((second.nft.name_reads, second.nft.element_reads), reads);
+
+    // svc4 gained an endpoint and someone inserted a rule into svc1's chain.
+    let svc4 = NamespacedName::new("ns4", "svc4");
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
+    let svc1_chain = programmed(&first)
+        .chains
+        .keys()
+        .find(|c| c.starts_with("service-") && c.contains("ns1/svc1"))
+        .unwrap()
+        .clone();
+    kernel
+        .apply(&format!("add rule ip kube-proxy {svc1_chain} drop\n"))
+        .unwrap();
+    // ... and emptied a base chain, and swapped another's one rule for another.
+    kernel
+        .apply(
+            "flush chain ip kube-proxy masquerading\n\
+             flush chain ip kube-proxy nat-output\nadd rule ip kube-proxy nat-output drop\n",
+        )
+        .unwrap();
+    let mut third = restarted_on(&kernel);
+    third.sync(&state, &ChangeSummary::default()).unwrap();
+    // The restart reads back only the sets whose digests differ (svc4's slot's endpoint map
+    // and the hairpin set) and writes their differing elements and the new digests.
+    let mut sets_read = third.nft.sets_read.clone();
+    sets_read.sort();
+    assert_eq!(sets_read, ["endpoints-tcp-13", "hairpin-connections"]);
+    let written = without_digest_chain(&third.nft.transactions.concat());
+    assert!(
+        written.contains(
+            "add element ip kube-proxy hairpin-connections { 10.180.0.9 . 10.180.0.9 . tcp . 80 }"
+        ),
+        "{written}"
+    );
+    assert!(
+        written.lines().all(|l| l.contains(" element ")),
+        "{written}"
+    );
+    // The inserted rule and the changed base chains are found by the sync after it, which
+    // rewrites those chains (the base with its declarations) and nothing of another service.
+    third.nft.transactions.clear();
+    third.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(rewritten(&third.nft), BTreeSet::from([svc1_chain]));
+    let written = third.nft.transactions.concat();
+    for base_chain in ["masquerading", "nat-output"] {
+        assert!(
+            written.contains(&format!("add rule ip kube-proxy {base_chain} ")),
+            "{written}"
+        );
+    }
+    assert_table(&mut third, &state);
+}
+
+#[test]
+fn a_change_right_after_a_restart_waits_for_no_read_back() {
+    let mut state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut restarted = restarted_on(&first.nft);
+    restarted.verify_delay = Duration::from_secs(3600);
+    restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(restarted.nft.chains_read, [DIGEST_CHAIN]);
+
+    // svc4 gains an endpoint before the read-back is due: a partial sync writes it from
+    // memory, and reads nothing.
+    let svc4 = NamespacedName::new("ns4", "svc4");
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
+    let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
+    let report = restarted.sync(&state, &changed(&[&svc4])).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        (restarted.nft.name_reads, restarted.nft.element_reads),
+        reads
+    );
+    assert_eq!(restarted.nft.chains_read, [DIGEST_CHAIN]);
+    assert!(
+        restarted
+            .nft
+            .transactions
+            .concat()
+            .contains("10.180.0.9 . 10.180.0.9 . tcp . 80"),
+        "{:?}",
+        restarted.nft.transactions
+    );
+    assert_table(&mut restarted, &state);
+
+    // Once it is due, the next sync reads the table back, finds it right and writes nothing.
+    restarted.unverified.insert(V4, Instant::now());
+    restarted.nft.transactions.clear();
+    let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(report.full);
+    assert_eq!(restarted.nft.element_reads, reads.1 + 1);
+    assert_eq!(restarted.nft.transactions, Vec::<String>::new());
+}
+
+#[test]
+fn a_restart_whose_every_digest_differs_reads_everything_once() {
+    // As after an upgrade whose digests are computed otherwise: the table's digest chain holds
+    // a value for every part, and every one differs from ours.
+    let state = state();
+    let mut first = proxier(FakeNftables::default());
+    first.sync(&state, &ChangeSummary::default()).unwrap();
+    let mut kernel = first.nft.clone();
+    let table = programmed(&first);
+    let held = table.chains[DIGEST_CHAIN].rules.iter();
+    let held = Digests::parse(held.filter_map(|rule| comment_of(rule))).unwrap();
+    let other = held.each_value_other();
+    let mut text = format!("flush chain ip kube-proxy {DIGEST_CHAIN}\n");
+    for rule in other.rules() {
+        text.push_str(&format!("add rule ip kube-proxy {DIGEST_CHAIN} {rule}\n"));
+    }
+    kernel.apply(&text).unwrap();
+
+    // The restart reads every chain and set back and finds them right: it writes no element
+    // and no service's chain; the base, whose declarations the digests no longer vouch for,
+    // is declared and written again, and the digests.
+    let mut restarted = restarted_on(&kernel);
+    restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(restarted.nft.element_reads, 1);
+    let read: BTreeSet<&String> = restarted.nft.chains_read.iter().collect();
+    assert!(
+        programmed(&first).chains.keys().all(|c| read.contains(c)),
+        "every chain read: {read:?}"
+    );
+    let written = restarted.nft.transactions.concat();
+    assert!(written.contains(DIGEST_CHAIN), "{written}");
+    let services_written: Vec<&str> = written
+        .lines()
+        .filter(|line| {
+            let object = line.split(' ').nth(4).unwrap_or_default();
+            line.contains(" element ") || object.contains('/')
+        })
+        .collect();
+    assert_eq!(services_written, Vec::<&str>::new());
+    assert_table(&mut restarted, &state);
+    // Nothing was taken on the digests' word: the table is not read back again.
+    let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
+    let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!report.full);
+    assert_eq!(
+        (restarted.nft.name_reads, restarted.nft.element_reads),
+        reads
+    );
+}
