@@ -2,6 +2,11 @@
 //! it names belongs to one service, that service goes into quarantine: it is skipped (its last
 //! rules that the kernel accepted stay) with a warning naming it, and the rest is programmed in
 //! the same sync. It gets another try when it changes, and at each hourly full sync.
+//!
+//! That is for modes whose input goes to the kernel in transactions, where one refused line
+//! fails the whole of one. A mode that applies objects one at a time (IPVS: each virtual server,
+//! real server and address is its own netlink request) loses only the refused object, so it
+//! keeps [`Refusals`] instead: nothing to skip or re-run, only the object to report.
 
 use std::collections::BTreeMap;
 
@@ -63,6 +68,36 @@ impl Quarantine {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
+    }
+}
+
+/// Objects the kernel refused one by one (by what names them: a virtual server's key, an
+/// address, a set entry), with why: each is logged once and counted among the skipped until an
+/// operation on it succeeds.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    subjects: BTreeMap<String, String>,
+}
+
+impl Refusals {
+    /// Records that `subject` was refused; true the first time (when to log it).
+    pub fn refused(&mut self, subject: String, reason: String) -> bool {
+        self.subjects.insert(subject, reason).is_none()
+    }
+
+    /// `subject` was taken: no longer refused.
+    pub fn accepted(&mut self, subject: &str) {
+        self.subjects.remove(subject);
+    }
+
+    /// How many objects stand refused.
+    pub fn len(&self) -> usize {
+        self.subjects.len()
+    }
+
+    /// Whether none does.
+    pub fn is_empty(&self) -> bool {
+        self.subjects.is_empty()
     }
 }
 
@@ -142,6 +177,18 @@ mod tests {
             ..ChangeSummary::default()
         });
         assert!(quarantine.is_empty());
+    }
+
+    #[test]
+    fn a_refused_object_is_logged_once_and_counted_until_taken() {
+        let mut refusals = Refusals::default();
+        assert!(refusals.refused("TCP/10.96.0.1:80".into(), "EINVAL".into()));
+        assert!(!refusals.refused("TCP/10.96.0.1:80".into(), "EINVAL".into()));
+        assert!(refusals.refused("10.96.0.2".into(), "EEXIST".into()));
+        assert_eq!(refusals.len(), 2);
+        refusals.accepted("TCP/10.96.0.1:80");
+        refusals.accepted("10.96.0.2");
+        assert!(refusals.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::settings::IpvsSettings;
 use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, ProxyState};
 use crate::proxier::driver::{Mode, SyncDriver, Written};
-use crate::proxier::quarantine::{self, Failure, Quarantine};
+use crate::proxier::quarantine::{self, Failure, Quarantine, Refusals};
 use crate::proxier::xtables::{JumpRule, missing_jumps};
 use crate::proxier::{SyncError, SyncReport};
 use crate::sys::host::link::Links;
@@ -111,8 +111,9 @@ pub struct IpvsMode {
     applied: Option<Applied>,
     /// Per family, the context and per-service fragments of the last render.
     aggregates: BTreeMap<IpFamily, (IpvsContext, Aggregate)>,
-    /// Virtual servers, addresses and set entries the kernel refused, with why.
-    refused: BTreeMap<String, String>,
+    /// Virtual servers, addresses and set entries the kernel refused, with why (applied one by
+    /// one, a refused object costs only itself: no quarantine).
+    refused: Refusals,
     /// The sync under way, from `begin` to `end`.
     current: Option<Current>,
 }
@@ -206,7 +207,7 @@ impl IpvsProxier {
             initialized: false,
             applied: None,
             aggregates: BTreeMap::new(),
-            refused: BTreeMap::new(),
+            refused: Refusals::default(),
             current: None,
         }))
     }

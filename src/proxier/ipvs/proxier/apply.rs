@@ -58,15 +58,11 @@ impl IpvsMode {
             match result {
                 Ok(()) => {
                     debug!(operation = ?op, "IPVS");
-                    self.refused.remove(&subject);
+                    self.refused.accepted(&subject);
                     applied.push(op.clone());
                 }
                 Err(err) => {
-                    if self
-                        .refused
-                        .insert(subject.clone(), err.to_string())
-                        .is_none()
-                    {
+                    if self.refused.refused(subject.clone(), err.to_string()) {
                         warn!(subject = %subject, operation = ?op, error = %err, "The kernel refused an IPVS change; skipping it, the rest is programmed");
                     }
                 }
@@ -96,11 +92,7 @@ impl IpvsMode {
                 return Err(err.into());
             };
             let entry = lines.remove(line - 1).to_string();
-            if self
-                .refused
-                .insert(entry.clone(), err.to_string())
-                .is_none()
-            {
+            if self.refused.refused(entry.clone(), err.to_string()) {
                 warn!(entry = %entry, error = %err, "The kernel refused an ipset entry; skipping it, the rest is programmed");
             }
         }
