@@ -17,9 +17,16 @@ use tokio::net::TcpStream;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+mod discovery;
+mod list;
+mod watch;
+
 use crate::Shared;
 use crate::selector::{Selector, field_of, label_of};
 use crate::store::{EventType, ObjectKey, Resource, Store, StoredEvent, WriteError};
+use discovery::{GROUPS, group, resource_list};
+use list::{list, selectors};
+use watch::watch;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -57,58 +64,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         .query()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
-    let line = match request.uri().query() {
-        Some(q) => format!("{} {path}?{q}", request.method()),
-        None => format!("{} {path}", request.method()),
-    };
-    shared
-        .requests
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(line);
-
-    let mut stalled = shared.stalled.subscribe();
-    while *stalled.borrow_and_update() {
-        if stalled.changed().await.is_err() {
-            break;
-        }
-    }
-    let is_list = request.method() == hyper::Method::GET
-        && !request
-            .uri()
-            .query()
-            .is_some_and(|q| q.contains("watch=true") || q.contains("watch=1"));
-    let list_failure = if is_list {
-        shared
-            .list_failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
-    } else {
-        None
-    };
-    let failure = list_failure.or_else(|| {
-        shared
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
-    });
-    if let Some(code) = failure {
-        let reason = if code == 429 {
-            "TooManyRequests"
-        } else {
-            "InternalError"
-        };
-        let mut response = status(code, reason, "injected failure");
-        if code == 429 {
-            response
-                .headers_mut()
-                .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
-        }
+    record(&shared, &request);
+    wait_while_stalled(&shared).await;
+    if let Some(response) = injected_failure(&shared, &request) {
         return response;
     }
-
     let Some(target) = route(&path) else {
         return status(
             404,
@@ -204,6 +164,68 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
     }
 }
 
+/// Logs the request's method, path and query for the tests to read.
+fn record(shared: &Shared, request: &Request<Incoming>) {
+    let path = request.uri().path();
+    let line = match request.uri().query() {
+        Some(q) => format!("{} {path}?{q}", request.method()),
+        None => format!("{} {path}", request.method()),
+    };
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(line);
+}
+
+/// Holds the request while the tests have the server stalled.
+async fn wait_while_stalled(shared: &Shared) {
+    let mut stalled = shared.stalled.subscribe();
+    while *stalled.borrow_and_update() {
+        if stalled.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The next failure the tests queued for this kind of request (lists have their own queue),
+/// as the response it makes.
+fn injected_failure(shared: &Shared, request: &Request<Incoming>) -> Option<Response<Body>> {
+    let is_list = request.method() == hyper::Method::GET
+        && !request
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("watch=true") || q.contains("watch=1"));
+    let list_failure = if is_list {
+        shared
+            .list_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    } else {
+        None
+    };
+    let code = list_failure.or_else(|| {
+        shared
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    })?;
+    let reason = if code == 429 {
+        "TooManyRequests"
+    } else {
+        "InternalError"
+    };
+    let mut response = status(code, reason, "injected failure");
+    if code == 429 {
+        response
+            .headers_mut()
+            .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+    }
+    Some(response)
+}
+
 fn route(path: &str) -> Option<Target> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (api_version, rest): (&'static str, &[&str]) = match segments.as_slice() {
@@ -253,276 +275,6 @@ fn route(path: &str) -> Option<Target> {
         }
         _ => None,
     }
-}
-
-struct Selectors {
-    labels: Selector,
-    fields: Selector,
-}
-
-impl Selectors {
-    fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.fields.is_empty()
-    }
-
-    fn matches(&self, object: &Value) -> bool {
-        self.labels.matches(|k| label_of(object, k)) && self.fields.matches(|k| field_of(object, k))
-    }
-}
-
-fn selectors(query: &HashMap<String, String>) -> Result<Selectors, String> {
-    let parse = |name: &str| Selector::parse(query.get(name).map(String::as_str).unwrap_or(""));
-    Ok(Selectors {
-        labels: parse("labelSelector")?,
-        fields: parse("fieldSelector")?,
-    })
-}
-
-fn in_namespace(object: &Value, namespace: Option<&str>) -> bool {
-    namespace.is_none_or(|ns| object["metadata"]["namespace"].as_str() == Some(ns))
-}
-
-fn list(
-    shared: &Shared,
-    resource: Resource,
-    namespace: Option<&str>,
-    selectors: &Selectors,
-    query: &HashMap<String, String>,
-) -> Response<Body> {
-    let store = shared.store();
-    let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let (list_version, after) = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(token) => match parse_continue(token) {
-            Some((version, _)) if version < store.compacted => {
-                return status(
-                    410,
-                    "Expired",
-                    "The provided continue parameter is too old to display a consistent list result.",
-                );
-            }
-            Some((version, key)) => (version, Some(key)),
-            None => return status(400, "BadRequest", "invalid continue token"),
-        },
-        None => (store.resource_version, None),
-    };
-    let mut matching = store
-        .list_after(resource, after.as_ref())
-        .filter(|(_, object)| in_namespace(object, namespace) && selectors.matches(object));
-    let page = if limit > 0 { limit } else { usize::MAX };
-    let items: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(page).collect();
-    // As upstream: `remainingItemCount` only for lists without selectors (counting the rest of
-    // a selection would read it all for every page).
-    let remaining = selectors.is_empty().then(|| matching.by_ref().count());
-    let more = remaining.map_or_else(|| matching.next().is_some(), |count| count > 0);
-    let mut metadata = json!({"resourceVersion": list_version.to_string()});
-    if more && let Some((last, _)) = items.last() {
-        metadata["continue"] = json!(format!("{list_version}/{}/{}", last.0, last.1));
-        if let Some(count) = remaining {
-            metadata["remainingItemCount"] = json!(count);
-        }
-    }
-    // Written from the stored objects as they are (no copy of them first).
-    let page = ListPage {
-        kind: format!("{}List", resource.kind()),
-        api_version: resource.api_version(),
-        metadata,
-        items: items.into_iter().map(|(_, object)| object).collect(),
-    };
-    match serde_json::to_vec(&page) {
-        Ok(body) => bytes_response(200, body),
-        Err(_) => status(500, "InternalError", "a list page could not be written"),
-    }
-}
-
-/// One page of a list, as the API server writes it.
-#[derive(serde::Serialize)]
-struct ListPage<'a> {
-    kind: String,
-    #[serde(rename = "apiVersion")]
-    api_version: &'a str,
-    metadata: Value,
-    items: Vec<&'a Value>,
-}
-
-fn parse_continue(token: &str) -> Option<(u64, ObjectKey)> {
-    let mut parts = token.splitn(3, '/');
-    let version = parts.next()?.parse().ok()?;
-    Some((
-        version,
-        (parts.next()?.to_string(), parts.next()?.to_string()),
-    ))
-}
-
-/// The watch event a stream with these filters shows for a stored event, if any. A label change
-/// that moves an object into or out of the selection shows as ADDED or DELETED, as upstream.
-fn visible(
-    event: &StoredEvent,
-    resource: Resource,
-    namespace: Option<&str>,
-    selectors: &Selectors,
-) -> Option<Value> {
-    if event.resource != resource || !in_namespace(&event.object, namespace) {
-        return None;
-    }
-    let now = selectors.matches(&event.object);
-    let before = event.old.as_ref().is_some_and(|old| selectors.matches(old));
-    let shown = match (event.event_type, before, now) {
-        (EventType::Added, _, true) => EventType::Added,
-        (EventType::Modified, true, true) => EventType::Modified,
-        (EventType::Modified, false, true) => EventType::Added,
-        (EventType::Modified, true, false) => EventType::Deleted,
-        (EventType::Deleted, true, _) => EventType::Deleted,
-        _ => return None,
-    };
-    Some(json!({"type": shown.as_str(), "object": event.object}))
-}
-
-fn bookmark(resource: Resource, version: u64, initial_events_end: bool) -> Value {
-    let mut metadata = json!({"resourceVersion": version.to_string()});
-    if initial_events_end {
-        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-    }
-    json!({"type": "BOOKMARK", "object": {"kind": resource.kind(), "apiVersion": resource.api_version(), "metadata": metadata}})
-}
-
-fn line(value: &Value) -> Bytes {
-    let mut text = value.to_string();
-    text.push('\n');
-    Bytes::from(text)
-}
-
-fn watch(
-    shared: &Arc<Shared>,
-    resource: Resource,
-    namespace: Option<String>,
-    selectors: Selectors,
-    query: &HashMap<String, String>,
-) -> Response<Body> {
-    let from = query
-        .get("resourceVersion")
-        .filter(|v| !v.is_empty() && *v != "0")
-        .and_then(|v| v.parse::<u64>().ok());
-    let bookmarks = query
-        .get("allowWatchBookmarks")
-        .is_some_and(|v| v == "true");
-    let initial_events_end = query.get("sendInitialEvents").is_some_and(|v| v == "true");
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse().ok())
-        .map(Duration::from_secs);
-    let mut epoch = shared.watch_epoch.subscribe();
-    epoch.mark_unchanged();
-
-    let (mut lines, mut last_version, mut live) = {
-        let store = shared.store();
-        let live = shared.events.subscribe();
-        let mut lines = Vec::new();
-        match from {
-            Some(version) if !initial_events_end => match store.events_since(version) {
-                Some(events) => {
-                    for event in &events {
-                        lines.extend(visible(event, resource, namespace.as_deref(), &selectors));
-                    }
-                    let last = events.last().map_or(version, |e| e.resource_version);
-                    (lines, last, live)
-                }
-                None => {
-                    let gone = gone_event(version, store.compacted);
-                    return stream_response(
-                        futures::stream::iter([Ok(Frame::data(line(&gone)))]).boxed(),
-                    );
-                }
-            },
-            _ => {
-                initial_objects(
-                    &store,
-                    resource,
-                    namespace.as_deref(),
-                    &selectors,
-                    &mut lines,
-                );
-                if initial_events_end {
-                    lines.push(bookmark(resource, store.resource_version, true));
-                }
-                (lines, store.resource_version, live)
-            }
-        }
-    };
-
-    let (tx, rx) = mpsc::channel::<Bytes>(256);
-    let bookmark_interval = shared.bookmark_interval;
-    tokio::spawn(async move {
-        for value in lines.drain(..) {
-            if tx.send(line(&value)).await.is_err() {
-                return;
-            }
-        }
-        let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(24 * 3600)));
-        tokio::pin!(deadline);
-        let mut ticks = tokio::time::interval_at(
-            tokio::time::Instant::now() + bookmark_interval,
-            bookmark_interval,
-        );
-        loop {
-            // Biased: once watches are closed, no later event may slip out on this stream.
-            let out = tokio::select! {
-                biased;
-                _ = epoch.changed() => return,
-                _ = &mut deadline => return,
-                _ = tx.closed() => return,
-                _ = ticks.tick(), if bookmarks => bookmark(resource, last_version, false),
-                received = live.recv() => match received {
-                    Ok(event) if event.resource_version <= last_version => continue,
-                    Ok(event) => {
-                        last_version = event.resource_version;
-                        match visible(&event, resource, namespace.as_deref(), &selectors) {
-                            Some(value) => value,
-                            None => continue,
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let _ = tx.send(line(&gone_event(last_version, last_version))).await;
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-            };
-            if tx.send(line(&out)).await.is_err() {
-                return;
-            }
-        }
-    });
-    let frames = ReceiverStream::new(rx).map(|bytes| Ok(Frame::data(bytes)));
-    stream_response(frames.boxed())
-}
-
-fn initial_objects(
-    store: &Store,
-    resource: Resource,
-    namespace: Option<&str>,
-    selectors: &Selectors,
-    lines: &mut Vec<Value>,
-) {
-    for (_, object) in store.list(resource) {
-        if in_namespace(object, namespace) && selectors.matches(object) {
-            lines.push(json!({"type": "ADDED", "object": object}));
-        }
-    }
-}
-
-fn gone_event(version: u64, compacted: u64) -> Value {
-    json!({"type": "ERROR", "object": status_body(410, "Expired", &format!("too old resource version: {version} ({compacted})"))})
-}
-
-fn stream_response(
-    frames: futures::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>,
-) -> Response<Body> {
-    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
-    response.headers_mut().insert(
-        "content-type",
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 async fn read_json(request: Request<Incoming>) -> Result<Value, Response<Body>> {
@@ -599,30 +351,4 @@ fn bytes_response(code: u16, body: Vec<u8>) -> Response<Body> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     response
-}
-
-/// The API groups served besides the core group.
-const GROUPS: [&str; 2] = ["discovery.k8s.io", "networking.k8s.io"];
-
-fn group(name: &str) -> Value {
-    let version = format!("{name}/v1");
-    json!({
-        "kind": "APIGroup", "apiVersion": "v1", "name": name,
-        "versions": [{"groupVersion": version, "version": "v1"}],
-        "preferredVersion": {"groupVersion": version, "version": "v1"}
-    })
-}
-
-fn resource_list(api_version: &str) -> Value {
-    let resources: Vec<Value> = Resource::ALL
-        .into_iter()
-        .filter(|r| r.api_version() == api_version)
-        .map(|r| {
-            json!({
-                "name": r.plural(), "singularName": r.kind().to_lowercase(), "namespaced": r.namespaced(),
-                "kind": r.kind(), "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]
-            })
-        })
-        .collect();
-    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": api_version, "resources": resources})
 }
