@@ -115,3 +115,4 @@ pub mod flood;
 pub mod netns;
 pub mod rules;
 pub mod scale;
+pub mod vm;
