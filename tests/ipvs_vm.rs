@@ -10,8 +10,8 @@ use std::process::Command;
 use kube_proxy_rs::model::Protocol;
 use kube_proxy_rs::proxier::ipvs::{IpvsUnsupported, check_support};
 use kube_proxy_rs::sys::host::link::Links;
-use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
 use kube_proxy_rs::sys::ipvs::IpvsClient;
+use kube_proxy_rs::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST, FLAG_PERSISTENT};
 use support::netns::Netns;
 use support::vm::{in_vm, rs, run_in_vm, text, vs};
 
@@ -501,4 +501,3 @@ fn ipvs_messages_match_the_kernel_capture() {
         );
     }
 }
-

@@ -389,3 +389,71 @@ fn long_element_lists_reach_the_kernel_whole() {
     let chain = ns.output(&["nft", "list", "chain", "ip6", "t", "c"]);
     assert_eq!(chain.matches(" . 80").count(), 3_000);
 }
+
+/// Every rule of the corpus and the draws' table, read back from the kernel chain by chain,
+/// decodes into the expressions we sent for it, as `decode_rule` reads our own messages (and
+/// the unit test `every_expression_of_ours_reads_back_as_written` shows that reading our
+/// messages gives back the expressions they were made from). The kernel's additions (a
+/// bitwise's operation, the flags and range maxima it keeps) are read past; counters are left
+/// out; no expression stays undecoded.
+#[test]
+fn rules_read_back_decode_into_what_we_sent() {
+    use std::collections::BTreeMap;
+
+    use kube_proxy_rs::sys::nf_tables::expr::{Expr, decode_rule};
+    use kube_proxy_rs::sys::nf_tables::read::chain_rules;
+    use kube_proxy_rs::sys::nf_tables::wire::{NFT_MSG_NEWRULE, NFTA_RULE_CHAIN};
+    use kube_proxy_rs::sys::nf_tables::write::compile;
+
+    require_netns();
+    let normal = |mut rule: Vec<Expr>| {
+        for expr in &mut rule {
+            if let Expr::Bitwise { boolean_op, .. } = expr {
+                *boolean_op = true;
+            }
+        }
+        rule
+    };
+    for (family, ip) in [(IpFamily::V4, "ip"), (IpFamily::V6, "ip6")] {
+        for step in [format!("corpus-{ip}.nft"), format!("draws-{ip}.nft")] {
+            let ns = Netns::new("nl-read");
+            let mut sent: BTreeMap<String, Vec<Vec<Expr>>> = BTreeMap::new();
+            let text = read(&step);
+            apply_netlink(&ns, &text).unwrap_or_else(|err| panic!("{step}: {err}"));
+            for message in compile(&text).expect("compiles").messages {
+                if message.kind != NFT_MSG_NEWRULE {
+                    continue;
+                }
+                let chain = kube_proxy_rs::sys::nf_tables::read::attributes(&message.attributes)
+                    .find(|(kind, _)| *kind == NFTA_RULE_CHAIN)
+                    .map(|(_, name)| {
+                        String::from_utf8_lossy(name.split(|b| *b == 0).next().unwrap())
+                            .into_owned()
+                    })
+                    .expect("a rule's chain");
+                sent.entry(chain)
+                    .or_default()
+                    .push(normal(decode_rule(&message.attributes)));
+            }
+            let chains: Vec<&str> = sent.keys().map(String::as_str).collect();
+            let chains_owned: Vec<String> = chains.iter().map(|c| c.to_string()).collect();
+            let read = ns.run(move || {
+                let names: Vec<&str> = chains_owned.iter().map(String::as_str).collect();
+                chain_rules(family, "kube-proxy", &names).expect("read rules")
+            });
+            let mut rules = 0;
+            for (chain, read) in chains.iter().zip(read) {
+                let read: Vec<Vec<Expr>> = read.into_iter().map(normal).collect();
+                assert_eq!(read, sent[*chain], "{ip} chain {chain}");
+                assert!(
+                    read.iter()
+                        .flatten()
+                        .all(|e| !matches!(e, Expr::Other { .. })),
+                    "{ip} chain {chain}: an expression read back undecoded: {read:?}"
+                );
+                rules += read.len();
+            }
+            assert!(rules > 0, "{step}: no rule read back");
+        }
+    }
+}

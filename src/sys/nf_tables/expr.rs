@@ -266,3 +266,6 @@ impl ExprRef<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,6 +4,7 @@
 //! how stale chains of ours are found on a node whose tables hold hundreds of thousands of rules:
 //! `iptables-nft-save` would read (and, at that size, crash on) every rule.
 
+use super::expr::{Expr, decode_rule};
 use std::collections::{BTreeMap, BTreeSet};
 
 use netlink_packet_core::{
@@ -213,6 +214,18 @@ pub fn rule_comments(
     Ok(chains.into_iter().map(str::to_string).zip(found).collect())
 }
 
+/// The expressions of each rule of each of `chains` in `table` of `family` (in that order), as
+/// the kernel holds them, counters left out: one dump per chain, never the whole table.
+pub fn chain_rules(
+    family: IpFamily,
+    table: &str,
+    chains: &[&str],
+) -> Result<Vec<Vec<Vec<Expr>>>, NetlinkError> {
+    rules_per_chain(family, table, chains, |rules: &mut Vec<_>, rule| {
+        rules.push(decode_rule(rule));
+    })
+}
+
 /// Folds the rules of each of `chains` in `table` of `family` into a `T` per chain (in the
 /// order of `chains`), each chain's rules in their order: `fold` gets each rule's attributes
 /// (NFTA_RULE_*). A chain that does not exist gets nothing folded in. Each chain is dumped on
@@ -365,7 +378,7 @@ impl NetlinkDeserializable for RawMessage {
 
 /// The attributes in `value` (a message's, or a nested attribute's), as (type, value); the
 /// type keeps no flag bits. A malformed tail ends the list.
-pub(crate) fn attributes(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub fn attributes(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     let mut rest = value;
     std::iter::from_fn(move || {
         let length = usize::from(u16::from_ne_bytes([*rest.first()?, *rest.get(1)?]));

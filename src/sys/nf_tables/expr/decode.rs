@@ -4,7 +4,7 @@
 //! xtables extension's own struct. Counters are left out: their values are the kernel's, not the
 //! rule's.
 
-use super::{Data, Expr, ExprRef, Verdict};
+use super::{Data, Expr, ExprRef, SetRef, Verdict};
 use crate::sys::nf_tables::read::attributes;
 use crate::sys::nf_tables::wire::{
     NFTA_DATA_VALUE, NFTA_DATA_VERDICT, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_RULE_EXPRESSIONS,
@@ -60,6 +60,10 @@ fn known_expression<'a>(name: &'a [u8], data: &'a [u8]) -> Option<ExprRef<'a>> {
             key: fields.u32(2),
             dreg: fields.u32(1),
         }),
+        b"meta" if fields.only(&[2, 3]) => Some(Expr::MetaSet {
+            key: fields.u32(2),
+            sreg: fields.u32(3),
+        }),
         b"payload" if fields.only(&[1, 2, 3, 4]) => Some(Expr::Payload {
             dreg: fields.u32(1),
             base: fields.u32(2),
@@ -71,14 +75,15 @@ fn known_expression<'a>(name: &'a [u8], data: &'a [u8]) -> Option<ExprRef<'a>> {
             op: fields.u32(2),
             data: fields.data_value(3),
         }),
-        // Only the boolean operation (0) is iptables-nft's.
-        b"bitwise" if fields.only(&[1, 2, 3, 4, 5, 6]) && fields.u32(6) == 0 => {
+        // Only the boolean operation (0): the kernel always dumps it; nft sends it for mark
+        // arithmetic only.
+        b"bitwise" if fields.only(&[1, 2, 3, 4, 5, 6]) && fields.flag(6) == 0 => {
             Some(Expr::Bitwise {
                 sreg: fields.u32(1),
                 dreg: fields.u32(2),
                 mask: fields.data_value(4),
                 xor: fields.data_value(5),
-                boolean_op: true,
+                boolean_op: fields.has(6),
             })
         }
         b"range" if fields.only(&[1, 2, 3, 4]) => Some(Expr::Range {
@@ -88,6 +93,10 @@ fn known_expression<'a>(name: &'a [u8], data: &'a [u8]) -> Option<ExprRef<'a>> {
             to: fields.data_value(4),
         }),
         b"immediate" if fields.u32(1) == REG_VERDICT => fields.verdict(2),
+        b"immediate" if fields.only(&[1, 2]) => Some(Expr::Immediate {
+            dreg: fields.u32(1),
+            data: Data::Value(fields.data_value(2)),
+        }),
         b"match" if fields.only(&[1, 2, 3]) => Some(Expr::Match {
             name: text(until_nul(fields.raw(1)))?,
             revision: fields.u32(2),
@@ -97,6 +106,74 @@ fn known_expression<'a>(name: &'a [u8], data: &'a [u8]) -> Option<ExprRef<'a>> {
             name: text(until_nul(fields.raw(1)))?,
             revision: fields.u32(2),
             info: fields.raw(3),
+        }),
+        _ => nftables_expression(name, &fields),
+    }
+}
+
+/// The expressions only nftables mode's rules hold (iptables-nft writes none of them), as
+/// the kernel dumps them: it adds attributes of its own (a lookup's and a dynset's flags, a
+/// NAT's flags and range maxima), and keeps no trace of the difference between a DNAT to
+/// immediate registers and one to a map's, so both read back as [`Expr::DnatRange`].
+fn nftables_expression<'a>(name: &'a [u8], fields: &Fields<'a>) -> Option<ExprRef<'a>> {
+    const NUMGEN_RANDOM: u32 = 1;
+    const BYTEORDER_HTON: u32 = 1;
+    const NAT_DNAT: u32 = 1;
+    const REJECT_ICMP_UNREACH: u32 = 0;
+    const FIB_ADDRESS_TYPE: u32 = 3;
+    const DYNSET_UPDATE: u32 = 1;
+    const LOOKUP_INVERTED: u32 = 1;
+    match name {
+        b"ct" if fields.only(&[1, 2]) => Some(Expr::Ct {
+            key: fields.u32(2),
+            dreg: fields.u32(1),
+        }),
+        b"lookup" if fields.has(1) && fields.has(2) => Some(Expr::Lookup {
+            sreg: fields.u32(2),
+            dreg: fields.has(3).then(|| fields.u32(3)),
+            set: SetRef {
+                name: text(until_nul(fields.raw(1)))?,
+                id: None,
+            },
+            inverted: fields.flag(5) & LOOKUP_INVERTED != 0,
+        }),
+        b"numgen" if fields.u32(3) == NUMGEN_RANDOM => Some(Expr::Numgen {
+            dreg: fields.u32(1),
+            modulus: fields.u32(2),
+            offset: fields.flag(4),
+        }),
+        b"byteorder"
+            if fields.u32(3) == BYTEORDER_HTON
+                && fields.u32(1) == fields.u32(2)
+                && (fields.u32(4), fields.u32(5)) == (4, 4) =>
+        {
+            Some(Expr::HostToNetwork32 { reg: fields.u32(1) })
+        }
+        b"nat" if fields.u32(1) == NAT_DNAT && fields.has(3) && fields.has(5) => {
+            Some(Expr::DnatRange {
+                family: u8::try_from(fields.u32(2)).ok()?,
+                addr: fields.u32(3),
+                port: fields.u32(5),
+            })
+        }
+        b"masq" => Some(Expr::Masq {
+            flags: fields.flag(1),
+        }),
+        b"reject" if fields.u32(1) == REJECT_ICMP_UNREACH => Some(Expr::Reject {
+            code: *fields.raw(2).first()?,
+        }),
+        b"fib" if fields.u32(2) == FIB_ADDRESS_TYPE && matches!(fields.u32(3), 1 | 2) => {
+            Some(Expr::FibAddressType {
+                dreg: fields.u32(1),
+                source: fields.u32(3) == 1,
+            })
+        }
+        b"dynset" if fields.u32(3) == DYNSET_UPDATE => Some(Expr::DynsetUpdate {
+            sreg: fields.u32(4),
+            set: SetRef {
+                name: text(until_nul(fields.raw(1)))?,
+                id: None,
+            },
         }),
         _ => None,
     }
@@ -149,6 +226,11 @@ impl<'a> Fields<'a> {
             .get(usize::from(kind))
             .copied()
             .unwrap_or_default()
+    }
+
+    /// A number the kernel leaves out when it is zero (flags, an offset).
+    fn flag(&self, kind: u16) -> u32 {
+        if self.has(kind) { self.u32(kind) } else { 0 }
     }
 
     fn u32(&self, kind: u16) -> u32 {

@@ -28,8 +28,8 @@ pub use save::save_text;
 
 use crate::model::IpFamily;
 use crate::sys::netlink::NetlinkError;
-use crate::sys::nf_tables::expr::{Expr, decode_rule, rule_expressions};
-use crate::sys::nf_tables::read::rules_per_chain;
+use crate::sys::nf_tables::expr::{Expr, rule_expressions};
+use crate::sys::nf_tables::read::{chain_rules, rules_per_chain};
 
 /// A rule reduced to a number: equal rules (in one process) have equal fingerprints.
 pub type RuleFingerprint = u64;
@@ -85,8 +85,6 @@ pub fn chain_expressions(
     table: &str,
     chain: &str,
 ) -> Result<Vec<Vec<Expr>>, NetlinkError> {
-    let read = rules_per_chain(family, table, &[chain], |rules: &mut Vec<_>, rule| {
-        rules.push(decode_rule(rule));
-    })?;
+    let read = chain_rules(family, table, &[chain])?;
     Ok(read.into_iter().next().unwrap_or_default())
 }
