@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod explain;
 pub mod k8s;
 pub mod logging;
 pub mod model;

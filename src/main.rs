@@ -22,6 +22,10 @@ const EXIT_BAD_CONFIG: u8 = 64;
 const EXIT_BAD_FLAGS: u8 = 1;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("explain") {
+        return explain(&args[1..]);
+    }
     let flags = match Flags::parse_from(std::env::args().skip(1)) {
         Ok(flags) => flags,
         Err(err) => {
@@ -126,6 +130,27 @@ fn print_config(
         }
         Err(err) => {
             eprintln!("kube-proxy-rs: cannot write {}: {err}", path.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `explain`: one packet's path through what this node programmed, read from the kernel.
+fn explain(args: &[String]) -> ExitCode {
+    let request = match kube_proxy_rs::explain::parse_args(args) {
+        Ok(request) => request,
+        Err(err) => {
+            eprintln!("kube-proxy-rs explain: {err}");
+            return ExitCode::from(EXIT_BAD_FLAGS);
+        }
+    };
+    match kube_proxy_rs::explain::run(&request) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("kube-proxy-rs explain: {err}");
             ExitCode::FAILURE
         }
     }

@@ -6,6 +6,7 @@ pub mod conntrack;
 pub mod context;
 pub mod driver;
 pub mod dry_run;
+pub mod explanation;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod iptables;

@@ -1,10 +1,12 @@
 //! The one place that knows every mode: a mode's proxier as the daemon runs it, the sysctls
-//! `--init-only` sets for it, and its text for `kube-proxy-rs render`, by [`ProxyMode`].
+//! `--init-only` sets for it, its text for `kube-proxy-rs render` and its reader for
+//! `kube-proxy-rs explain`, by [`ProxyMode`].
 
 use std::sync::Arc;
 
 use tracing::warn;
 
+use super::explanation::{ExplainError, Explanation, Flow};
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
@@ -73,5 +75,32 @@ pub fn preview(
         ProxyMode::Iptables => iptables::preview::preview(config, state),
         ProxyMode::Ipvs => Ok(ipvs::preview::preview(config, state)),
         ProxyMode::Nftables => nftables::preview::preview(config, state),
+    }
+}
+
+/// One packet's path through what `mode` programmed in this network namespace, read from the
+/// kernel (`kube-proxy-rs explain`).
+pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError> {
+    match mode {
+        ProxyMode::Nftables => nftables::explain::explain(flow),
+        ProxyMode::Iptables | ProxyMode::Ipvs => Err(ExplainError::Unsupported(format!(
+            "explain reads nftables mode only so far; {} mode is not explained yet",
+            mode.as_str()
+        ))),
+    }
+}
+
+/// The mode whose objects this network namespace holds: nftables mode's table, else
+/// iptables mode's (IPVS mode's need a kernel with IPVS, read by its own reader).
+pub fn detect() -> ProxyMode {
+    use crate::model::IpFamily;
+    use crate::sys::nf_tables::read::table_exists;
+    let nftables = [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .any(|family| table_exists(family, nftables::render::TABLE).unwrap_or(false));
+    if nftables {
+        ProxyMode::Nftables
+    } else {
+        ProxyMode::Iptables
     }
 }

@@ -105,7 +105,7 @@ impl Netns {
         )
     }
 
-    fn raw_output(&self, args: &[&str]) -> Output {
+    pub fn raw_output(&self, args: &[&str]) -> Output {
         Command::new("ip")
             .args(["netns", "exec", &self.name])
             .args(args)

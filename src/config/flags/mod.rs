@@ -355,7 +355,8 @@ pub fn usage() -> String {
     let mut text = String::from(
         "kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.\n\n\
          Usage:\n  kube-proxy-rs [flags]\n  kube-proxy-rs render [flags] FILE...   print what this node would program\n  \
-         kube-proxy-rs print-config [flags]     print the configuration in force\n\nFlags:\n",
+         kube-proxy-rs print-config [flags]     print the configuration in force\n  \
+         kube-proxy-rs explain --to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS] [--mode MODE] [--config FILE] [-o text|json]\n                                         one packet's path through what this node programmed\n\nFlags:\n",
     );
     for spec in table::UPSTREAM.iter().chain(table::OURS) {
         if matches!(spec.role, Role::Deprecated(_)) {

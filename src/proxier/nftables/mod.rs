@@ -10,6 +10,7 @@
 pub mod cleanup;
 mod digests;
 mod elements;
+pub mod explain;
 mod holders;
 pub mod names;
 pub mod plan;

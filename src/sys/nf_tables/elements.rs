@@ -12,7 +12,7 @@ use crate::model::IpFamily;
 use crate::sys::netlink::{Connection, NetlinkError};
 
 use super::wire::{
-    NFT_MSG_GETSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE as DATA_VALUE,
+    Attributes, NFT_MSG_GETSETELEM, NFT_MSG_NEWSETELEM, NFTA_DATA_VALUE as DATA_VALUE,
     NFTA_DATA_VERDICT as DATA_VERDICT, NFTA_SET_ELEM_DATA as ELEM_DATA,
     NFTA_SET_ELEM_FLAGS as ELEM_FLAGS, NFTA_SET_ELEM_KEY as ELEM_KEY,
     NFTA_SET_ELEM_LIST_ELEMENTS as LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET as LIST_SET,
@@ -304,6 +304,47 @@ pub fn set_elements(
         decode(reply, table, set, layout, &mut elements).map_err(undecodable)?;
     }
     Ok(elements.into_iter().collect())
+}
+
+/// The element of `set` (laid out as `layout`) whose key is `key` (its bytes as the kernel holds
+/// them), as text, or `None` when the set holds none: one request for one element.
+pub fn element(
+    connection: &mut Connection,
+    family: IpFamily,
+    table: &str,
+    set: &str,
+    layout: &KeyLayout,
+    key: &[u8],
+) -> Result<Option<(String, String)>, ElementsError> {
+    let mut request = RawMessage::request(
+        NFT_MSG_GETSETELEM,
+        family,
+        &[(LIST_TABLE, table), (LIST_SET, set)],
+    );
+    let mut list = Attributes::new();
+    list.nested(LIST_ELEMENTS, |elements| {
+        elements.nested(1, |element| {
+            element.nested(ELEM_KEY, |k| {
+                k.raw(DATA_VALUE, key);
+            });
+        });
+    });
+    request.payload.extend(list.into_bytes());
+    let replies = match connection.request(request, false) {
+        Ok(replies) => replies,
+        Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(None),
+        Err(err) => return Err(err.into()),
+    };
+    let mut elements = Vec::new();
+    for reply in &replies {
+        decode(reply, table, set, layout, &mut elements).map_err(|what| {
+            ElementsError::Undecodable {
+                set: set.to_string(),
+                what,
+            }
+        })?;
+    }
+    Ok(elements.into_iter().next())
 }
 
 #[cfg(test)]

@@ -1,0 +1,518 @@
+//! One packet through our `kube-proxy` table, read from the kernel with targeted reads only:
+//! the map elements its destination is a key of (one request each), the rules of the chains it
+//! is sent to (one dump per chain), and the endpoint map a policy chain draws from. Never the
+//! whole table.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use netlink_sys::protocols::NETLINK_NETFILTER;
+
+use super::render::{
+    CLUSTER_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_IPS,
+    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+};
+use crate::model::IpFamily;
+use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
+use crate::sys::host::net::{LocalAddresses, SystemAddresses};
+use crate::sys::netlink::Connection;
+use crate::sys::nf_tables::elements::{KeyLayout, element, set_elements};
+use crate::sys::nf_tables::expr::{Data, Expr};
+use crate::sys::nf_tables::read::{chain_rules, table_exists};
+use crate::sys::nf_tables::wire::{NFT_GOTO, NFT_JUMP};
+use crate::sys::nf_tables::write::KeyType;
+
+/// How many chains a packet may be sent through before the reader gives up (ours send it
+/// through at most three: firewall or external, then a policy chain).
+const MAX_CHAINS: usize = 6;
+
+/// Explains `flow` from what the kernel holds in our table of its family.
+pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
+    let family = IpFamily::of(&flow.destination.ip());
+    let present = table_exists(family, TABLE).map_err(read_error("our table"))?;
+    if !present {
+        return Err(ExplainError::NothingProgrammed(format!(
+            "no table {} {TABLE}: nftables mode programs nothing in this network namespace",
+            family_word(family)
+        )));
+    }
+    let mut reader = Reader {
+        connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
+        family,
+        flow,
+        explanation: Explanation {
+            mode: "nftables",
+            flow: flow.clone(),
+            service: None,
+            steps: Vec::new(),
+            outcome: Outcome::Untouched {
+                reason: String::new(),
+            },
+            reads: Vec::new(),
+        },
+    };
+    reader.explanation.outcome = reader.dispatch()?;
+    Ok(reader.explanation)
+}
+
+fn family_word(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
+    move |err| ExplainError::Read {
+        what: what.to_string(),
+        reason: err.to_string(),
+    }
+}
+
+struct Reader<'a> {
+    connection: Connection,
+    family: IpFamily,
+    flow: &'a Flow,
+    explanation: Explanation,
+}
+
+impl Reader<'_> {
+    /// The element of `set` whose key is `key`, as `(key text, rest of its text)`.
+    fn element(
+        &mut self,
+        set: &str,
+        layout: &[KeyType],
+        key: &[u8],
+    ) -> Result<Option<String>, ExplainError> {
+        let layout = KeyLayout::Keys(layout.to_vec());
+        let found = element(&mut self.connection, self.family, TABLE, set, &layout, key)
+            .map_err(read_error(set))?;
+        self.explanation
+            .reads
+            .push(format!("one element of @{set}"));
+        Ok(found.map(|(_, rest)| rest))
+    }
+
+    fn address_type(&self) -> KeyType {
+        match self.family {
+            IpFamily::V4 => KeyType::Ipv4,
+            IpFamily::V6 => KeyType::Ipv6,
+        }
+    }
+
+    /// The key `address . protocol . port` as the kernel holds it (each part padded to four).
+    fn service_key(&self) -> Vec<u8> {
+        let mut key = address_bytes(self.flow.destination.ip());
+        key.extend(self.protocol_and_port());
+        key
+    }
+
+    fn protocol_and_port(&self) -> Vec<u8> {
+        let port = self.flow.destination.port().to_be_bytes();
+        vec![protocol_number(self.flow), 0, 0, 0, port[0], port[1], 0, 0]
+    }
+
+    /// The service maps in upstream's order: ClusterIPs, external and load-balancer IPs, then
+    /// ClusterIPs with other ports, then NodePorts.
+    fn dispatch(&mut self) -> Result<Outcome, ExplainError> {
+        let (address, proto, port) = (self.address_type(), KeyType::Protocol, KeyType::Port);
+        let key = self.service_key();
+        if let Some(rest) = self.element(SERVICE_IPS, &[address, proto, port], &key)? {
+            self.step(format!("@{SERVICE_IPS}: {}{rest}", self.key_text()));
+            return self.follow_verdict(&rest);
+        }
+        if let Some(rest) = self.element(NO_ENDPOINT_SERVICES, &[address, proto, port], &key)? {
+            self.step(format!(
+                "@{NO_ENDPOINT_SERVICES}: {}{rest}",
+                self.key_text()
+            ));
+            return Ok(self.refusal(&rest));
+        }
+        let ip = address_bytes(self.flow.destination.ip());
+        if self.element(CLUSTER_IPS, &[address], &ip)?.is_some() {
+            self.step(format!(
+                "@{CLUSTER_IPS}: {} is a ClusterIP",
+                self.flow.destination.ip()
+            ));
+            return Ok(Outcome::Reject {
+                reason: format!(
+                    "no port {}/{} of that Service (cluster-ips-check rejects it)",
+                    self.flow.destination.port(),
+                    self.flow.protocol.lower()
+                ),
+            });
+        }
+        self.node_port()
+    }
+
+    /// A NodePort, when the destination is an address NodePorts are served on.
+    fn node_port(&mut self) -> Result<Outcome, ExplainError> {
+        let destination = self.flow.destination.ip();
+        let listed = self
+            .element(
+                NODEPORT_IPS,
+                &[self.address_type()],
+                &address_bytes(destination),
+            )?
+            .is_some();
+        let local = SystemAddresses.addresses().contains(&destination);
+        if !(listed || (local && !destination.is_loopback())) {
+            return Ok(Outcome::Untouched {
+                reason: format!(
+                    "{destination} is no ClusterIP, external or load-balancer IP of a Service, and no NodePort address of this node"
+                ),
+            });
+        }
+        let key = self.protocol_and_port();
+        let layout = [KeyType::Protocol, KeyType::Port];
+        if let Some(rest) = self.element(SERVICE_NODEPORTS, &layout, &key)? {
+            self.step(format!(
+                "@{SERVICE_NODEPORTS}: {}{rest}",
+                self.node_port_text()
+            ));
+            return self.follow_verdict(&rest);
+        }
+        if let Some(rest) = self.element(NO_ENDPOINT_NODEPORTS, &layout, &key)? {
+            self.step(format!(
+                "@{NO_ENDPOINT_NODEPORTS}: {}{rest}",
+                self.node_port_text()
+            ));
+            return Ok(self.refusal(&rest));
+        }
+        Ok(Outcome::Untouched {
+            reason: format!("no Service has NodePort {}", self.node_port_text()),
+        })
+    }
+
+    fn key_text(&self) -> String {
+        format!(
+            "{} . {} . {}",
+            self.flow.destination.ip(),
+            self.flow.protocol.lower(),
+            self.flow.destination.port()
+        )
+    }
+
+    fn node_port_text(&self) -> String {
+        format!(
+            "{} . {}",
+            self.flow.protocol.lower(),
+            self.flow.destination.port()
+        )
+    }
+
+    fn step(&mut self, text: String) {
+        self.explanation.steps.push(text);
+    }
+
+    /// An element of a no-endpoint map: ` comment "ns/svc:port" : goto reject-chain | drop`.
+    fn refusal(&mut self, rest: &str) -> Outcome {
+        if let Some(service) = comment_of(rest) {
+            self.explanation.service = Some(service.to_string());
+        }
+        if rest.ends_with(&format!("goto {REJECT_CHAIN}")) {
+            Outcome::Reject {
+                reason: "the Service has no endpoints".into(),
+            }
+        } else {
+            Outcome::Drop {
+                reason: "the Service has endpoints, but none this traffic may use (traffic policy Local without local endpoints)".into(),
+            }
+        }
+    }
+
+    /// Follows ` : goto CHAIN` into the chain.
+    fn follow_verdict(&mut self, rest: &str) -> Result<Outcome, ExplainError> {
+        let Some(chain) = rest
+            .rsplit_once("goto ")
+            .map(|(_, chain)| chain.trim().to_string())
+        else {
+            return Ok(Outcome::Untouched {
+                reason: format!("the element's verdict{rest} sends it nowhere this reader knows"),
+            });
+        };
+        self.explanation.service = service_of_chain(&chain);
+        self.chain(chain, 0)
+    }
+
+    /// The rules of `chain`, in order, until one sends the packet on for sure.
+    fn chain(&mut self, chain: String, depth: usize) -> Result<Outcome, ExplainError> {
+        if depth == MAX_CHAINS {
+            return Ok(Outcome::Untouched {
+                reason: format!("more than {MAX_CHAINS} chains deep at {chain}"),
+            });
+        }
+        let rules = chain_rules(self.family, TABLE, &[chain.as_str()])
+            .map_err(read_error(&chain))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        self.explanation
+            .reads
+            .push(format!("the {} rules of chain {chain}", rules.len()));
+        for rule in &rules {
+            if let Some(outcome) = self.rule(&chain, rule, depth)? {
+                return Ok(outcome);
+            }
+        }
+        Ok(Outcome::Untouched {
+            reason: format!("chain {chain} ends without sending it anywhere"),
+        })
+    }
+
+    /// What one rule does with the packet: `Some` when the packet leaves the chain for sure.
+    fn rule(
+        &mut self,
+        chain: &str,
+        rule: &[Expr],
+        depth: usize,
+    ) -> Result<Option<Outcome>, ExplainError> {
+        let conditional = is_conditional(rule);
+        let when = condition_text(rule);
+        if let Some(map) = endpoint_map(rule) {
+            return self.draws(chain, map).map(Some);
+        }
+        if rule.iter().any(|e| matches!(e, Expr::Numgen { .. })) {
+            self.step(format!(
+                "{chain}: picks an endpoint at random from a map this reader does not read yet"
+            ));
+            return Ok(Some(Outcome::Untouched {
+                reason: "endpoints in an anonymous map or behind session affinity (not read yet)"
+                    .into(),
+            }));
+        }
+        if rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })) {
+            self.step(format!("{chain}: marked for masquerade{when}"));
+            return Ok(None);
+        }
+        if matches!(rule.last(), Some(Expr::Immediate { data: Data::Verdict(v), .. }) if v.code == 0)
+        {
+            self.step(format!("{chain}: dropped{when}"));
+            return Ok((!conditional).then(|| Outcome::Drop {
+                reason: format!("chain {chain} drops it"),
+            }));
+        }
+        let Some((code, target)) = verdict_of(rule) else {
+            return Ok(None);
+        };
+        if target == MARK_FOR_MASQUERADE {
+            self.step(format!("{chain}: marked for masquerade{when}"));
+            return Ok(None);
+        }
+        let verb = if code == NFT_GOTO {
+            "goes to"
+        } else {
+            "jumps to"
+        };
+        self.step(format!("{chain}: {verb} {target}{when}"));
+        if conditional {
+            return Ok(None);
+        }
+        self.chain(target, depth + 1).map(Some)
+    }
+
+    /// The endpoints of a policy chain's slot in an endpoint map: each share of the slot's
+    /// draws, with its part of them.
+    fn draws(&mut self, chain: &str, map: MapDraw) -> Result<Outcome, ExplainError> {
+        let shares = set_elements(
+            &mut self.connection,
+            self.family,
+            TABLE,
+            &map.set,
+            &KeyLayout::Draws,
+        )
+        .map_err(read_error(&map.set))?;
+        self.explanation
+            .reads
+            .push(format!("the elements of @{}", map.set));
+        let mut candidates: BTreeMap<SocketAddr, u64> = BTreeMap::new();
+        let (first_draw, end) = (
+            u64::from(map.offset),
+            u64::from(map.offset) + u64::from(map.modulus),
+        );
+        for (range, data) in &shares {
+            let Some((first, last)) = draw_range(range) else {
+                continue;
+            };
+            if first < first_draw || last >= end {
+                continue;
+            }
+            if let Some(endpoint) = destination(data) {
+                *candidates.entry(endpoint).or_default() += last - first + 1;
+            }
+        }
+        self.step(format!(
+            "{chain}: DNAT to an endpoint drawn from @{} (draws {first_draw}-{})",
+            map.set,
+            end - 1
+        ));
+        if candidates.is_empty() {
+            return Ok(Outcome::Untouched {
+                reason: format!(
+                    "@{} holds no endpoint for the draws of chain {chain}",
+                    map.set
+                ),
+            });
+        }
+        let modulus = f64::from(map.modulus);
+        Ok(Outcome::Dnat {
+            candidates: candidates
+                .into_iter()
+                .map(|(endpoint, draws)| Candidate {
+                    endpoint,
+                    probability: draws as f64 / modulus,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// A policy chain's DNAT through a numgen draw looked up in a named endpoint map.
+struct MapDraw {
+    set: String,
+    modulus: u32,
+    offset: u32,
+}
+
+fn endpoint_map(rule: &[Expr]) -> Option<MapDraw> {
+    let (modulus, offset) = rule.iter().find_map(|e| match e {
+        Expr::Numgen {
+            modulus, offset, ..
+        } => Some((*modulus, *offset)),
+        _ => None,
+    })?;
+    let set = rule.iter().find_map(|e| match e {
+        Expr::Lookup { set, .. } if !set.name.starts_with("__") => Some(set.name.clone()),
+        _ => None,
+    })?;
+    rule.iter()
+        .any(|e| matches!(e, Expr::DnatRange { .. } | Expr::Dnat { .. }))
+        .then_some(MapDraw {
+            set,
+            modulus,
+            offset,
+        })
+}
+
+/// The rule's verdict with a chain: (code, chain).
+fn verdict_of(rule: &[Expr]) -> Option<(i32, String)> {
+    match rule.last()? {
+        Expr::Immediate {
+            data: Data::Verdict(verdict),
+            ..
+        } if verdict.code == NFT_GOTO || verdict.code == NFT_JUMP => {
+            Some((verdict.code, verdict.chain.clone()?))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the rule matches only some packets (it compares or looks something up before its
+/// verdict).
+fn is_conditional(rule: &[Expr]) -> bool {
+    rule.iter().any(|e| {
+        matches!(
+            e,
+            Expr::Cmp { .. } | Expr::Lookup { dreg: None, .. } | Expr::Range { .. }
+        )
+    })
+}
+
+/// What the rule's match says, in words, for the kinds our rules use.
+fn condition_text(rule: &[Expr]) -> String {
+    if rule
+        .iter()
+        .any(|e| matches!(e, Expr::FibAddressType { source: true, .. }))
+    {
+        " when it comes from this node".into()
+    } else if rule.iter().any(|e| {
+        matches!(
+            e,
+            Expr::Lookup {
+                dreg: None,
+                inverted: true,
+                ..
+            }
+        )
+    }) {
+        " when its source is not in the allowed ranges".into()
+    } else if is_conditional(rule) {
+        " when it matches the rule's source or destination match (not evaluated yet)".into()
+    } else {
+        String::new()
+    }
+}
+
+/// `ns/svc:port` from a chain name `PREFIX-HASH-ns/svc/proto/port`.
+fn service_of_chain(chain: &str) -> Option<String> {
+    let base = chain.splitn(3, '-').nth(2)?;
+    let mut parts = base.split('/');
+    let (namespace, name, _proto, port) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    Some(format!("{namespace}/{name}:{port}"))
+}
+
+/// The `ns/svc:port` a no-endpoint element's comment names.
+fn comment_of(rest: &str) -> Option<&str> {
+    rest.split_once("comment \"")?
+        .1
+        .split_once('"')
+        .map(|(c, _)| c)
+}
+
+/// `FIRST-LAST` of a draws map's element.
+fn draw_range(range: &str) -> Option<(u64, u64)> {
+    let (first, last) = range.split_once('-')?;
+    Some((first.parse().ok()?, last.parse().ok()?))
+}
+
+/// ` : ADDRESS . PORT` of a draws map's element.
+fn destination(data: &str) -> Option<SocketAddr> {
+    let (address, port) = data.trim_start_matches(" : ").split_once(" . ")?;
+    Some(SocketAddr::new(address.parse().ok()?, port.parse().ok()?))
+}
+
+fn address_bytes(address: IpAddr) -> Vec<u8> {
+    match address {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+fn protocol_number(flow: &Flow) -> u8 {
+    match flow.protocol {
+        crate::model::Protocol::Tcp => 6,
+        crate::model::Protocol::Udp => 17,
+        crate::model::Protocol::Sctp => 132,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_texts_read_as_written() {
+        assert_eq!(
+            service_of_chain("service-ULMVA6XW-ns1/svc1/tcp/p80").as_deref(),
+            Some("ns1/svc1:p80")
+        );
+        assert_eq!(service_of_chain("services"), None);
+        assert_eq!(
+            comment_of(" comment \"ns/svc:http\" : drop"),
+            Some("ns/svc:http")
+        );
+        assert_eq!(
+            draw_range("2140094464-2140099924"),
+            Some((2_140_094_464, 2_140_099_924))
+        );
+        assert_eq!(
+            destination(" : 10.244.1.11 . 8080"),
+            Some("10.244.1.11:8080".parse().unwrap())
+        );
+        assert_eq!(
+            destination(" : fd00::1 . 80"),
+            Some("[fd00::1]:80".parse().unwrap())
+        );
+    }
+}

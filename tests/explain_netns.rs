@@ -1,0 +1,180 @@
+//! `kube-proxy-rs explain` against real packets (root; in namespaces): the real daemon programs
+//! nftables mode, `explain` reads the kernel, and connections from the client land only on
+//! the endpoints it names, in shares that match its probabilities (within five standard
+//! deviations), or are refused where it says they are rejected.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use support::cluster::{BIN, Cluster, NODE_IP, PODS, addr, seed};
+use support::netns::{require_netns, tcp_request};
+
+const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
+
+/// `explain`'s JSON answer for `to`, run in the node's namespace.
+fn explain(cluster: &Cluster, to: &str) -> Value {
+    let output = cluster
+        .node
+        .raw_output(&[BIN, "explain", "--to", to, "-o", "json"]);
+    assert!(
+        output.status.success(),
+        "explain {to}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("explain's JSON")
+}
+
+/// Endpoint -> probability, from an answer that DNATs.
+fn candidates(answer: &Value) -> BTreeMap<String, f64> {
+    assert_eq!(answer["verdict"], "dnat", "{answer:#}");
+    answer["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .map(|c| {
+            (
+                c["endpoint"].as_str().unwrap().to_string(),
+                c["probability"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The pod answering at `endpoint` (`IP:8080`).
+fn pod_at(endpoint: &str) -> &'static str {
+    PODS.iter()
+        .find(|(_, ip, _)| endpoint == format!("{ip}:8080"))
+        .map(|(name, _, _)| *name)
+        .unwrap_or_else(|| panic!("{endpoint} is no pod's"))
+}
+
+/// `n` requests from the client to `to`: how many each pod answered.
+fn spread(cluster: &Cluster, to: &str, n: usize) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for _ in 0..n {
+        let answer = tcp_request(&cluster.client, addr(to)).expect("an answer");
+        let pod = answer.split(' ').next().unwrap_or_default().to_string();
+        *counts.entry(pod).or_default() += 1;
+    }
+    counts
+}
+
+/// Each named pod's share of `n` within five standard deviations of its probability, and no
+/// other pod answering.
+fn assert_matches(predicted: &BTreeMap<String, f64>, counts: &BTreeMap<String, usize>, n: usize) {
+    let named: BTreeMap<&str, f64> = predicted.iter().map(|(e, p)| (pod_at(e), *p)).collect();
+    for (pod, count) in counts {
+        assert!(
+            named.contains_key(pod.as_str()),
+            "{pod} answered but explain did not name it: {predicted:?}"
+        );
+        let p = named[pod.as_str()];
+        let (mean, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+        assert!(
+            (*count as f64 - mean).abs() <= 5.0 * sd + 1.0,
+            "{pod}: {count} of {n} answers, {mean:.0} expected: {counts:?} against {predicted:?}"
+        );
+    }
+    let total: f64 = predicted.values().sum();
+    assert!((total - 1.0).abs() < 1e-9, "probabilities sum to {total}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_where_packets_go_in_nftables_mode() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+
+    // A ClusterIP with four endpoints: a quarter each, and the connections agree.
+    let web = explain(&cluster, "10.96.0.10:80/tcp");
+    assert_eq!(web["service"], "default/web:http", "{web:#}");
+    let predicted = candidates(&web);
+    assert_eq!(predicted.len(), 4, "{web:#}");
+    let n = 400;
+    assert_matches(&predicted, &spread(&cluster, "10.96.0.10:80", n), n);
+    let text = cluster
+        .node
+        .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
+    eprintln!("{text}");
+    for line in [
+        "service:  default/web:http",
+        "verdict:  DNAT to one of 4:",
+        " 25.00%",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+
+    // A NodePort with externalTrafficPolicy Local: only this node's two pods.
+    let local = explain(&cluster, &format!("{NODE_IP}:30081/tcp"));
+    assert_eq!(local["service"], "default/local:http", "{local:#}");
+    let predicted = candidates(&local);
+    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
+    assert_matches(
+        &predicted,
+        &spread(&cluster, &format!("{NODE_IP}:30081"), n),
+        n,
+    );
+
+    // No endpoints, and a port the Service does not have: rejected, and refused (from the
+    // node, as the nftables mode test checks it).
+    for (to, why) in [
+        ("10.96.0.13:80/tcp", "no endpoints"),
+        ("10.96.0.10:81/tcp", "no port 81/tcp"),
+    ] {
+        let answer = explain(&cluster, to);
+        assert_eq!(answer["verdict"], "reject", "{answer:#}");
+        assert!(
+            answer["reason"].as_str().unwrap().contains(why),
+            "{answer:#}"
+        );
+        let address = to.trim_end_matches("/tcp");
+        assert_eq!(
+            tcp_request(&cluster.node, addr(address)),
+            Err(std::io::ErrorKind::ConnectionRefused),
+            "{to}"
+        );
+    }
+    // An address no Service has: left alone.
+    assert_eq!(
+        explain(&cluster, "10.96.9.9:80/tcp")["verdict"],
+        "untouched"
+    );
+    daemon.stop().await;
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    for (args, says) in [
+        (vec!["explain"], "--to"),
+        (vec!["explain", "--to", "10.96.0.10"], "not ADDRESS:PORT"),
+        (
+            vec!["explain", "--to", "10.96.0.10:80/icmp"],
+            "not tcp, udp or sctp",
+        ),
+        (
+            vec!["explain", "--to", "10.96.0.10:80", "--from", "fd00::1"],
+            "IP family",
+        ),
+        (
+            vec!["explain", "--to", "10.96.0.10:80", "-o", "yaml"],
+            "text or json",
+        ),
+        (
+            vec!["explain", "--to", "10.96.0.10:80", "--mode", "ebpf"],
+            "iptables, ipvs or nftables",
+        ),
+    ] {
+        let output = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
