@@ -7,8 +7,10 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-use support::cluster::{BIN, Cluster, NODE_IP, PODS, addr, seed};
+use serde_json::{Value, json};
+use support::cluster::{
+    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, seed, service, slice, slice6,
+};
 use support::netns::{require_netns, tcp_request};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
@@ -42,19 +44,25 @@ fn candidates(answer: &Value) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// The pod answering at `endpoint` (`IP:8080`).
+/// The pod answering at `endpoint` (`IP:8080` or `[IPv6]:8080`).
 fn pod_at(endpoint: &str) -> &'static str {
     PODS.iter()
-        .find(|(_, ip, _)| endpoint == format!("{ip}:8080"))
+        .find(|(_, ip, _)| {
+            endpoint == format!("{ip}:8080") || endpoint == format!("[{}]:8080", pod_ip6(ip))
+        })
         .map(|(name, _, _)| *name)
         .unwrap_or_else(|| panic!("{endpoint} is no pod's"))
 }
 
 /// `n` requests from the client to `to`: how many each pod answered.
 fn spread(cluster: &Cluster, to: &str, n: usize) -> BTreeMap<String, usize> {
+    spread_from(&cluster.client, to, n)
+}
+
+fn spread_from(from: &support::netns::Netns, to: &str, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for _ in 0..n {
-        let answer = tcp_request(&cluster.client, addr(to)).expect("an answer");
+        let answer = tcp_request(from, addr(to)).expect("an answer");
         let pod = answer.split(' ').next().unwrap_or_default().to_string();
         *counts.entry(pod).or_default() += 1;
     }
@@ -120,6 +128,24 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
         n,
     );
 
+    // ClientIP affinity: a new client goes to any of the four; one client keeps to one.
+    let sticky = explain(&cluster, "10.96.0.11:80/tcp");
+    let predicted = candidates(&sticky);
+    assert_eq!(predicted.len(), 4, "{sticky:#}");
+    assert!(
+        sticky["steps"]
+            .to_string()
+            .contains("endpoint chains at random"),
+        "{sticky:#}"
+    );
+    let counts = spread(&cluster, "10.96.0.11:80", 20);
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert!(
+        counts.keys().all(|pod| pods.contains(&pod.as_str())),
+        "{counts:?}"
+    );
+
     // No endpoints, and a port the Service does not have: rejected, and refused (from the
     // node, as the nftables mode test checks it).
     for (to, why) in [
@@ -144,6 +170,55 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
         explain(&cluster, "10.96.9.9:80/tcp")["verdict"],
         "untouched"
     );
+    daemon.stop().await;
+}
+
+/// IPv6, and a LoadBalancer IP with source ranges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
+    require_netns();
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let mut web = service(
+        "web",
+        "10.96.0.10",
+        ports.clone(),
+        json!({"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")]}),
+    );
+    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
+    web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
+    cluster.api.apply(web).unwrap();
+    let pods = ["pod-a1", "pod-b2"];
+    cluster
+        .api
+        .apply(slice("web", slice_ports.clone(), &pods))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice6("web", slice_ports, &pods))
+        .unwrap();
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+
+    let v6 = explain(&cluster, "[fd00:10:96::10]:80/tcp");
+    let predicted = candidates(&v6);
+    let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(named, ["pod-a1", "pod-b2"], "{v6:#}");
+    let n = 200;
+    assert_matches(
+        &predicted,
+        &spread_from(&cluster.node, "[fd00:10:96::10]:80", n),
+        n,
+    );
+
+    let lb = explain(&cluster, "192.168.200.1:80/tcp");
+    assert_eq!(lb["service"], "default/web:http", "{lb:#}");
+    assert!(lb["steps"].to_string().contains("@firewall-ips"), "{lb:#}");
+    let predicted = candidates(&lb);
+    assert_matches(&predicted, &spread(&cluster, "192.168.200.1:80", n), n);
     daemon.stop().await;
 }
 

@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::render::{
-    CLUSTER_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_IPS,
-    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+    CLUSTER_IPS, FIREWALL_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
 };
 use crate::model::IpFamily;
 use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
@@ -19,7 +19,7 @@ use crate::sys::netlink::Connection;
 use crate::sys::nf_tables::elements::{KeyLayout, element, set_elements};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::read::{chain_rules, table_exists};
-use crate::sys::nf_tables::wire::{NFT_GOTO, NFT_JUMP};
+use crate::sys::nf_tables::wire::{NFT_GOTO, NFT_JUMP, REG_VERDICT};
 use crate::sys::nf_tables::write::KeyType;
 
 /// How many chains a packet may be sent through before the reader gives up (ours send it
@@ -117,6 +117,12 @@ impl Reader<'_> {
     fn dispatch(&mut self) -> Result<Outcome, ExplainError> {
         let (address, proto, port) = (self.address_type(), KeyType::Protocol, KeyType::Port);
         let key = self.service_key();
+        if let Some(rest) = self.element(FIREWALL_IPS, &[address, proto, port], &key)? {
+            self.step(format!(
+                "@{FIREWALL_IPS}: {}{rest}: a source outside the Service's loadBalancerSourceRanges is dropped there (the ranges are not read yet)",
+                self.key_text()
+            ));
+        }
         if let Some(rest) = self.element(SERVICE_IPS, &[address, proto, port], &key)? {
             self.step(format!("@{SERVICE_IPS}: {}{rest}", self.key_text()));
             return self.follow_verdict(&rest);
@@ -269,17 +275,8 @@ impl Reader<'_> {
     ) -> Result<Option<Outcome>, ExplainError> {
         let conditional = is_conditional(rule);
         let when = condition_text(rule);
-        if let Some(map) = endpoint_map(rule) {
-            return self.draws(chain, map).map(Some);
-        }
-        if rule.iter().any(|e| matches!(e, Expr::Numgen { .. })) {
-            self.step(format!(
-                "{chain}: picks an endpoint at random from a map this reader does not read yet"
-            ));
-            return Ok(Some(Outcome::Untouched {
-                reason: "endpoints in an anonymous map or behind session affinity (not read yet)"
-                    .into(),
-            }));
+        if let Some(pick) = random_pick(rule) {
+            return self.pick(chain, pick).map(Some);
         }
         if rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })) {
             self.step(format!("{chain}: marked for masquerade{when}"));
@@ -311,9 +308,81 @@ impl Reader<'_> {
         self.chain(target, depth + 1).map(Some)
     }
 
+    /// Where a random pick sends the packet: a slot of a named endpoint map, an anonymous map
+    /// of endpoints, or (with session affinity) an anonymous verdict map of endpoint chains.
+    fn pick(&mut self, chain: &str, pick: RandomPick) -> Result<Outcome, ExplainError> {
+        match pick.kind {
+            PickKind::Slot => self.draws(chain, pick),
+            PickKind::Endpoints => {
+                let endpoints = self.indexed(&pick.set)?;
+                self.step(format!(
+                    "{chain}: DNAT to one of {} endpoints at random (numgen mod {})",
+                    endpoints.len(),
+                    pick.modulus
+                ));
+                let endpoints = endpoints
+                    .iter()
+                    .filter_map(|data| destination(data))
+                    .collect();
+                Ok(evenly(endpoints))
+            }
+            PickKind::Chains => self.affinity(chain, pick),
+        }
+    }
+
+    /// The data of an anonymous map indexed by a numgen draw, in index order.
+    fn indexed(&mut self, set: &str) -> Result<Vec<String>, ExplainError> {
+        let elements = set_elements(
+            &mut self.connection,
+            self.family,
+            TABLE,
+            set,
+            &KeyLayout::Indices,
+        )
+        .map_err(read_error(set))?;
+        self.explanation
+            .reads
+            .push(format!("the elements of {set}"));
+        let mut indexed: Vec<(u32, String)> = elements
+            .into_iter()
+            .filter_map(|(index, data)| Some((index.parse().ok()?, data)))
+            .collect();
+        indexed.sort();
+        Ok(indexed
+            .into_iter()
+            .map(|(_, data)| data.trim_start_matches(" : ").to_string())
+            .collect())
+    }
+
+    /// Session affinity: a new client goes to one endpoint chain at random, each of which
+    /// DNATs to its endpoint; a client seen lately goes back to its own (earlier rules).
+    fn affinity(&mut self, chain: &str, pick: RandomPick) -> Result<Outcome, ExplainError> {
+        let targets = self.indexed(&pick.set)?;
+        self.step(format!(
+            "{chain}: a new client goes to one of {} endpoint chains at random",
+            targets.len()
+        ));
+        let mut endpoints = Vec::new();
+        for target in &targets {
+            let Some(target) = target.strip_prefix("goto ") else {
+                continue;
+            };
+            let rules = chain_rules(self.family, TABLE, &[target])
+                .map_err(read_error(target))?
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            self.explanation
+                .reads
+                .push(format!("the {} rules of chain {target}", rules.len()));
+            endpoints.extend(rules.iter().find_map(|rule| dnat_target(rule)));
+        }
+        Ok(evenly(endpoints))
+    }
+
     /// The endpoints of a policy chain's slot in an endpoint map: each share of the slot's
     /// draws, with its part of them.
-    fn draws(&mut self, chain: &str, map: MapDraw) -> Result<Outcome, ExplainError> {
+    fn draws(&mut self, chain: &str, map: RandomPick) -> Result<Outcome, ExplainError> {
         let shares = set_elements(
             &mut self.connection,
             self.family,
@@ -367,31 +436,89 @@ impl Reader<'_> {
     }
 }
 
-/// A policy chain's DNAT through a numgen draw looked up in a named endpoint map.
-struct MapDraw {
+/// A rule that picks at random: a numgen draw looked up in a map.
+struct RandomPick {
     set: String,
+    kind: PickKind,
     modulus: u32,
     offset: u32,
 }
 
-fn endpoint_map(rule: &[Expr]) -> Option<MapDraw> {
+enum PickKind {
+    /// A policy chain's slot in a named endpoint map (intervals of draws).
+    Slot,
+    /// An anonymous map of endpoints (more than a slot holds, or a slot another chain holds).
+    Endpoints,
+    /// An anonymous verdict map of endpoint chains (session affinity).
+    Chains,
+}
+
+fn random_pick(rule: &[Expr]) -> Option<RandomPick> {
     let (modulus, offset) = rule.iter().find_map(|e| match e {
         Expr::Numgen {
             modulus, offset, ..
         } => Some((*modulus, *offset)),
         _ => None,
     })?;
-    let set = rule.iter().find_map(|e| match e {
-        Expr::Lookup { set, .. } if !set.name.starts_with("__") => Some(set.name.clone()),
+    let (set, verdicts) = rule.iter().find_map(|e| match e {
+        Expr::Lookup { set, dreg, .. } => Some((set.name.clone(), *dreg == Some(REG_VERDICT))),
         _ => None,
     })?;
-    rule.iter()
+    let kind = match (set.starts_with("__"), verdicts) {
+        (_, true) => PickKind::Chains,
+        (true, false) => PickKind::Endpoints,
+        (false, false) => PickKind::Slot,
+    };
+    Some(RandomPick {
+        set,
+        kind,
+        modulus,
+        offset,
+    })
+}
+
+/// An endpoint chain's DNAT target: the address and port it loads before its `dnat`.
+fn dnat_target(rule: &[Expr]) -> Option<SocketAddr> {
+    if !rule
+        .iter()
         .any(|e| matches!(e, Expr::DnatRange { .. } | Expr::Dnat { .. }))
-        .then_some(MapDraw {
-            set,
-            modulus,
-            offset,
-        })
+    {
+        return None;
+    }
+    let mut values = rule.iter().filter_map(|e| match e {
+        Expr::Immediate {
+            data: Data::Value(bytes),
+            ..
+        } => Some(bytes.as_slice()),
+        _ => None,
+    });
+    let (address, port) = (values.next()?, values.next()?);
+    let address: IpAddr = match address.len() {
+        4 => <[u8; 4]>::try_from(address).ok()?.into(),
+        16 => <[u8; 16]>::try_from(address).ok()?.into(),
+        _ => return None,
+    };
+    let port = u16::from_be_bytes(port.get(..2)?.try_into().ok()?);
+    Some(SocketAddr::new(address, port))
+}
+
+/// Each of `endpoints` with an equal chance.
+fn evenly(endpoints: Vec<SocketAddr>) -> Outcome {
+    if endpoints.is_empty() {
+        return Outcome::Untouched {
+            reason: "the random pick names no endpoint this reader can read".into(),
+        };
+    }
+    let probability = 1.0 / endpoints.len() as f64;
+    Outcome::Dnat {
+        candidates: endpoints
+            .into_iter()
+            .map(|endpoint| Candidate {
+                endpoint,
+                probability,
+            })
+            .collect(),
+    }
 }
 
 /// The rule's verdict with a chain: (code, chain).
@@ -490,6 +617,65 @@ fn protocol_number(flow: &Flow) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_picks_are_told_apart_by_their_map() {
+        use crate::sys::nf_tables::expr::SetRef;
+        let pick = |set: &str, dreg| {
+            let rule = [
+                Expr::Numgen {
+                    dreg: 1,
+                    modulus: 3,
+                    offset: 0,
+                },
+                Expr::Lookup {
+                    sreg: 1,
+                    dreg: Some(dreg),
+                    set: SetRef {
+                        name: set.into(),
+                        id: None,
+                    },
+                    inverted: false,
+                },
+            ];
+            random_pick(&rule).map(|pick| pick.kind)
+        };
+        assert!(matches!(pick("endpoints-tcp-3", 1), Some(PickKind::Slot)));
+        assert!(matches!(pick("__mapABC", 1), Some(PickKind::Endpoints)));
+        assert!(matches!(
+            pick("__mapABC", REG_VERDICT),
+            Some(PickKind::Chains)
+        ));
+        assert!(random_pick(&[]).is_none());
+    }
+
+    #[test]
+    fn an_endpoint_chains_dnat_names_its_endpoint() {
+        let rule = [
+            Expr::Immediate {
+                dreg: 1,
+                data: Data::Value(vec![10, 244, 1, 11]),
+            },
+            Expr::Immediate {
+                dreg: 2,
+                data: Data::Value(8080u16.to_be_bytes().to_vec()),
+            },
+            Expr::DnatRange {
+                family: 2,
+                addr: 1,
+                port: 2,
+            },
+        ];
+        assert_eq!(
+            dnat_target(&rule),
+            Some("10.244.1.11:8080".parse().unwrap())
+        );
+        assert_eq!(dnat_target(&rule[..2]), None);
+        let Outcome::Dnat { candidates } = evenly(vec!["10.0.0.1:1".parse().unwrap(); 4]) else {
+            panic!("a DNAT");
+        };
+        assert_eq!(candidates[0].probability, 0.25);
+    }
 
     #[test]
     fn names_and_texts_read_as_written() {

@@ -59,6 +59,9 @@ pub enum KeyLayout {
     /// `typeof numgen random mod N : ip daddr . PROTO dport ; flags interval`: intervals of draws
     /// (`0-32767`) to an address and a port (` : 10.0.0.1 . 80`).
     Draws,
+    /// A rule's anonymous map that a `numgen` result indexes: keys 0, 1, ... (host order) to a
+    /// verdict (` : goto chain`) or an address and a port (` : 10.0.0.1 . 80`).
+    Indices,
 }
 
 impl KeyLayout {
@@ -88,8 +91,12 @@ impl KeyLayout {
     /// A key's text, as this program writes it (draws are read as intervals instead, see
     /// [`set_elements`]).
     pub fn key_text(&self, bytes: &[u8]) -> Option<String> {
-        let KeyLayout::Keys(components) = self else {
-            return None;
+        let components = match self {
+            KeyLayout::Keys(components) => components,
+            KeyLayout::Indices => {
+                return Some(u32::from_ne_bytes(bytes.try_into().ok()?).to_string());
+            }
+            KeyLayout::Draws => return None,
         };
         let concatenated = components.len() > 1;
         let mut text = String::with_capacity(48);
@@ -170,7 +177,15 @@ pub(crate) fn decode(
                     key = Some(layout.key_text(bytes).ok_or("a key of another layout")?);
                 }
                 ELEM_DATA => {
-                    verdict = Some(self::verdict(value).ok_or("data that is not a verdict")?)
+                    let destination = || {
+                        let destination = destination_text(data_value(value)?)?;
+                        Some(destination.trim_start_matches(" : ").to_string())
+                    };
+                    let data = match layout {
+                        KeyLayout::Indices => self::verdict(value).or_else(destination),
+                        _ => self::verdict(value),
+                    };
+                    verdict = Some(data.ok_or("data that is neither a verdict nor a destination")?)
                 }
                 ELEM_FLAGS if value.iter().any(|b| *b != 0) => {
                     return Err("an interval or catch-all element".into());
