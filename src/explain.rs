@@ -101,6 +101,19 @@ pub fn text(explanation: &Explanation) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "flow:     {}", explanation.flow);
     let _ = writeln!(out, "mode:     {}", explanation.mode);
+    for (index, entry) in explanation.conntrack.iter().enumerate() {
+        let label = if index == 0 { "tracked:" } else { "" };
+        let gone = if entry.gone {
+            "  (a gone endpoint: this connection's packets still go there)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{label:<10}{} -> {}{gone}",
+            entry.source, entry.endpoint
+        );
+    }
     if let Some(service) = &explanation.service {
         let _ = writeln!(out, "service:  {service}");
     }

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 use support::cluster::{
-    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, seed, service, slice, slice6,
+    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, seed, service, slice, slice6, web_ports,
 };
-use support::netns::{require_netns, tcp_request};
+use support::netns::{require_netns, tcp_connect, tcp_request};
+use support::{WAIT, eventually};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
 
@@ -62,7 +63,8 @@ fn spread(cluster: &Cluster, to: &str, n: usize) -> BTreeMap<String, usize> {
 fn spread_from(from: &support::netns::Netns, to: &str, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for _ in 0..n {
-        let answer = tcp_request(from, addr(to)).expect("an answer");
+        let answer = tcp_request(from, addr(to))
+            .unwrap_or_else(|err| panic!("{to}: {err:?} after {counts:?}"));
         let pod = answer.split(' ').next().unwrap_or_default().to_string();
         *counts.entry(pod).or_default() += 1;
     }
@@ -146,6 +148,40 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
         "{counts:?}"
     );
 
+    // A connection held open to an endpoint that then goes: conntrack keeps it, and explain
+    // names it as going to a gone endpoint.
+    let (held, greeting) = tcp_connect(&cluster.client, addr("10.96.0.10:80"));
+    let pod = greeting.split(' ').next().unwrap_or_default().to_string();
+    let remaining: Vec<&str> = PODS
+        .iter()
+        .map(|(name, _, _)| *name)
+        .filter(|name| *name != pod)
+        .collect();
+    cluster
+        .api
+        .apply(slice("web", web_ports().1, &remaining))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || candidates(&explain(&cluster, "10.96.0.10:80/tcp"))
+            .len()
+            == 3)
+        .await,
+        "the endpoint went"
+    );
+    let web = explain(&cluster, "10.96.0.10:80/tcp");
+    let tracked = web["conntrack"].as_array().expect("conntrack entries");
+    assert!(
+        tracked.iter().any(
+            |entry| pod_at(entry["endpoint"].as_str().unwrap()) == pod && entry["gone"] == true
+        ),
+        "{pod}'s connection: {web:#}"
+    );
+    let text = cluster
+        .node
+        .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
+    assert!(text.contains("a gone endpoint"), "{text}");
+    drop(held);
+
     // No endpoints, and a port the Service does not have: rejected, and refused (from the
     // node, as the nftables mode test checks it).
     for (to, why) in [
@@ -203,6 +239,16 @@ async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
     let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
     daemon.wait_for("\"Synced proxy rules\"").await;
 
+    // The pods' IPv6 side answers a moment after the daemon's first sync.
+    assert!(
+        eventually(WAIT, || tcp_request(
+            &cluster.node,
+            addr("[fd00:10:96::10]:80")
+        )
+        .is_ok())
+        .await,
+        "IPv6 reachable"
+    );
     let v6 = explain(&cluster, "[fd00:10:96::10]:80/tcp");
     let predicted = candidates(&v6);
     let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();

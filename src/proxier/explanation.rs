@@ -88,11 +88,24 @@ pub enum Outcome {
     Untouched { reason: String },
 }
 
+/// A connection conntrack already tracks for the flow: its packets follow the entry, not the
+/// rules, until it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Tracked {
+    pub source: SocketAddr,
+    /// Where its packets go (after DNAT, the endpoint; else the destination itself).
+    pub endpoint: SocketAddr,
+    /// The endpoint is no longer one the rules send new connections to.
+    pub gone: bool,
+}
+
 /// One packet's path as a mode programmed it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Explanation {
     pub mode: &'static str,
     pub flow: Flow,
+    /// Connections conntrack already tracks for this flow (of `flow.source`, when given).
+    pub conntrack: Vec<Tracked>,
     /// The Service port it matches (`ns/name:port`), if any.
     pub service: Option<String>,
     /// What it meets, in order: each a short line naming the object of ours.
@@ -115,4 +128,35 @@ pub enum ExplainError {
     /// The mode is not explained yet.
     #[error("{0}")]
     Unsupported(String),
+}
+
+/// The connections conntrack tracks for `flow`, each marked when its endpoint is no longer
+/// among those `outcome` names, read with one dump the kernel filters on the destination.
+pub fn tracked(flow: &Flow, outcome: &Outcome) -> Result<Vec<Tracked>, ExplainError> {
+    use crate::sys::conntrack::NetlinkConntrack;
+    let read = |err: crate::sys::conntrack::ConntrackError| ExplainError::Read {
+        what: "conntrack".into(),
+        reason: err.to_string(),
+    };
+    let protocol = match flow.protocol {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
+    };
+    let flows = NetlinkConntrack::open()
+        .and_then(|mut conntrack| conntrack.flows_to(protocol, flow.destination))
+        .map_err(read)?;
+    let current = |endpoint: &SocketAddr| match outcome {
+        Outcome::Dnat { candidates } => candidates.iter().any(|c| c.endpoint == *endpoint),
+        _ => false,
+    };
+    Ok(flows
+        .into_iter()
+        .filter(|f| flow.source.is_none_or(|source| f.source.ip() == source))
+        .map(|f| Tracked {
+            source: f.source,
+            endpoint: f.reply_source,
+            gone: f.reply_source != flow.destination && !current(&f.reply_source),
+        })
+        .collect())
 }

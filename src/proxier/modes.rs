@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use super::explanation::{ExplainError, Explanation, Flow};
+use super::explanation::{ExplainError, Explanation, Flow, tracked};
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
@@ -80,14 +80,22 @@ pub fn preview(
 
 /// One packet's path through what `mode` programmed in this network namespace, read from the
 /// kernel (`kube-proxy-rs explain`).
+/// Connections conntrack already tracks for the flow come with it.
 pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError> {
-    match mode {
-        ProxyMode::Nftables => nftables::explain::explain(flow),
-        ProxyMode::Iptables | ProxyMode::Ipvs => Err(ExplainError::Unsupported(format!(
-            "explain reads nftables mode only so far; {} mode is not explained yet",
-            mode.as_str()
-        ))),
-    }
+    let mut explanation = match mode {
+        ProxyMode::Nftables => nftables::explain::explain(flow)?,
+        ProxyMode::Iptables | ProxyMode::Ipvs => {
+            return Err(ExplainError::Unsupported(format!(
+                "explain reads nftables mode only so far; {} mode is not explained yet",
+                mode.as_str()
+            )));
+        }
+    };
+    explanation.conntrack = tracked(flow, &explanation.outcome)?;
+    explanation
+        .reads
+        .push("the conntrack entries to this destination".into());
+    Ok(explanation)
 }
 
 /// The mode whose objects this network namespace holds: nftables mode's table, else

@@ -1,9 +1,9 @@
 //! The kernel's UDP conntrack entries over ctnetlink: list them, delete some. No `conntrack`
 //! process: one dump per family and batched deletes on one NETLINK_NETFILTER socket.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
-use netlink_packet_core::{DefaultNla, Nla};
+use netlink_packet_core::{DefaultNla, NetlinkDeserializable, NetlinkHeader, Nla};
 use netlink_packet_netfilter::conntrack::{
     ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple,
 };
@@ -13,6 +13,7 @@ use netlink_packet_netfilter::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::netlink::{Connection, NetlinkError};
+use super::nf_tables::read::RawMessage;
 use crate::model::IpFamily;
 
 /// How many delete requests go to the kernel in one send.
@@ -61,6 +62,118 @@ impl NetlinkConntrack {
             connection: Connection::open(NETLINK_NETFILTER)?,
         })
     }
+}
+
+/// CTA_FILTER, and in it CTA_FILTER_ORIG_FLAGS: which fields of the original tuple a dump
+/// matches (kernel 5.8 and later).
+const CTA_TUPLE_ORIG: u16 = 1;
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const CTA_FILTER: u16 = 25;
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+const CTA_FILTER_IP_DST: u32 = 1 << 1;
+const CTA_FILTER_PROTO_NUM: u32 = 1 << 3;
+const CTA_FILTER_PROTO_DST_PORT: u32 = 1 << 5;
+const NLA_F_NESTED: u16 = 0x8000;
+
+/// A flow of any protocol as conntrack tracks it: where the client sent it, and where the
+/// replies come from (after DNAT, the endpoint that serves it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TrackedFlow {
+    pub source: SocketAddr,
+    pub destination: SocketAddr,
+    pub reply_source: SocketAddr,
+}
+
+impl NetlinkConntrack {
+    /// The flows of IP protocol `protocol` to `destination`: one dump that the kernel filters
+    /// on the original tuple's destination address, protocol and port, so only those entries
+    /// cross the socket, never the whole table.
+    pub fn flows_to(
+        &mut self,
+        protocol: u8,
+        destination: SocketAddr,
+    ) -> Result<Vec<TrackedFlow>, ConntrackError> {
+        // CTA_TUPLE_ORIG { CTA_TUPLE_IP { CTA_IP_V4_DST | CTA_IP_V6_DST }, CTA_TUPLE_PROTO {
+        // CTA_PROTO_NUM, CTA_PROTO_DST_PORT } } and CTA_FILTER { CTA_FILTER_ORIG_FLAGS }.
+        let address = match destination.ip() {
+            IpAddr::V4(v4) => attribute(2, &v4.octets()),
+            IpAddr::V6(v6) => attribute(4, &v6.octets()),
+        };
+        let proto = [
+            attribute(1, &[protocol]),
+            attribute(3, &destination.port().to_be_bytes()),
+        ]
+        .concat();
+        let tuple = [
+            attribute(1 | NLA_F_NESTED, &address),
+            attribute(2 | NLA_F_NESTED, &proto),
+        ]
+        .concat();
+        let flags = CTA_FILTER_IP_DST | CTA_FILTER_PROTO_NUM | CTA_FILTER_PROTO_DST_PORT;
+        let filter = attribute(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
+        // Sent as raw bytes: the kernel parses CTA_FILTER strictly, as nested, and the netlink
+        // crate's attributes drop the nested flag.
+        let family = match destination.ip() {
+            IpAddr::V4(_) => NFPROTO_IPV4,
+            IpAddr::V6(_) => NFPROTO_IPV6,
+        };
+        let payload = [
+            vec![family, 0, 0, 0],
+            attribute(CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple),
+            attribute(CTA_FILTER | NLA_F_NESTED, &filter),
+        ]
+        .concat();
+        let request = RawMessage {
+            message_type: NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_GET,
+            payload,
+        };
+        let replies = self.connection.request(request, true)?;
+        Ok(replies
+            .iter()
+            .filter_map(|reply| {
+                let mut header = NetlinkHeader::default();
+                header.message_type = reply.message_type;
+                NetfilterMessage::deserialize(&header, &reply.payload).ok()
+            })
+            .filter_map(|message| decode_flow(&message))
+            .filter(|flow| flow.destination == destination)
+            .collect())
+    }
+}
+
+/// One netlink attribute: length, type, value, padded to four bytes.
+fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+    let length = 4 + value.len();
+    let mut out = Vec::with_capacity(length.div_ceil(4) * 4);
+    out.extend((length as u16).to_ne_bytes());
+    out.extend(kind.to_ne_bytes());
+    out.extend_from_slice(value);
+    out.resize(length.div_ceil(4) * 4, 0);
+    out
+}
+
+/// Any flow a dump entry describes, by its tuples' addresses and ports.
+fn decode_flow(message: &NetfilterMessage) -> Option<TrackedFlow> {
+    let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)) = &message.inner else {
+        return None;
+    };
+    let (mut orig, mut reply) = (None, None);
+    for attribute in attributes {
+        match attribute {
+            ConntrackAttribute::CtaTupleOrig(tuple) => orig = Endpoints::of(tuple),
+            ConntrackAttribute::CtaTupleReply(tuple) => reply = Endpoints::of(tuple),
+            _ => {}
+        }
+    }
+    let (orig, reply) = (orig?, reply?);
+    Some(TrackedFlow {
+        source: SocketAddr::new(orig.src, orig.src_port),
+        destination: SocketAddr::new(orig.dst, orig.dst_port),
+        reply_source: SocketAddr::new(reply.src, reply.src_port),
+    })
 }
 
 fn header(family: IpFamily) -> NetfilterHeader {

@@ -43,6 +43,7 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
         explanation: Explanation {
             mode: "nftables",
             flow: flow.clone(),
+            conntrack: Vec::new(),
             service: None,
             steps: Vec::new(),
             outcome: Outcome::Untouched {
