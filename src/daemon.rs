@@ -1,6 +1,6 @@
 //! Wiring: the client, the watches, the change tracker, the runner and the proxier.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -15,6 +15,7 @@ use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::dry_run::DryRunProxier;
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
+use crate::servers::debug::DebugView;
 use crate::servers::{
     ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
     capacity_for_open_files, serve_health, serve_metrics,
@@ -108,7 +109,20 @@ pub async fn run(
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = metrics_for(config, options, mode)?;
     let connections = connection_table(open_files, &metrics);
-    start_servers(config, &connections, &health, &metrics, proxier.mode()).await?;
+    let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
+    let state = Arc::new(RwLock::new(ProxyState::default()));
+    let debug = Arc::new(DebugView::new(
+        state.clone(),
+        tracker.clone(),
+        settings.node_name.clone(),
+    ));
+    let servers = Servers {
+        connections: &connections,
+        health: &health,
+        metrics: &metrics,
+        debug,
+    };
+    start_servers(config, servers, proxier.mode()).await?;
 
     let client = k8s::build_client(
         settings.kubeconfig.as_deref(),
@@ -116,7 +130,6 @@ pub async fn run(
         Some(request_observer(&metrics)),
     )
     .await?;
-    let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let sink = WatchSink {
         tracker: tracker.clone(),
@@ -153,7 +166,7 @@ pub async fn run(
 
     let sync_loop = SyncLoop {
         tracker,
-        state: ProxyState::default(),
+        state,
         proxier,
         health,
         metrics,
@@ -257,14 +270,26 @@ fn metrics_for(
     Ok(metrics)
 }
 
+/// What the health and metrics servers serve from.
+struct Servers<'a> {
+    connections: &'a ConnectionTable,
+    health: &'a Arc<ProxyHealth>,
+    metrics: &'a Arc<Metrics>,
+    debug: Arc<DebugView>,
+}
+
 /// The health and metrics servers, on their configured addresses.
 async fn start_servers(
     config: &KubeProxyConfiguration,
-    connections: &ConnectionTable,
-    health: &Arc<ProxyHealth>,
-    metrics: &Arc<Metrics>,
+    servers: Servers<'_>,
     mode: ProxyMode,
 ) -> Result<(), DaemonError> {
+    let Servers {
+        connections,
+        health,
+        metrics,
+        debug,
+    } = servers;
     let hard_fail = config.bind_address_hard_fail;
     if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
         serve_health(listener, connections, health.clone(), metrics.clone());
@@ -276,6 +301,7 @@ async fn start_servers(
             metrics.clone(),
             health.clone(),
             mode.as_str(),
+            Some(debug),
         );
     }
     Ok(())

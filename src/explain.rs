@@ -1,14 +1,19 @@
 //! `kube-proxy-rs explain --to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS] [--mode MODE]
-//! [--config FILE] [-o text|json]`: what this node does with one packet, read from the kernel
-//! of the network namespace it runs in (on a node: `kubectl -n kube-system exec
-//! ds/kube-proxy -- kube-proxy-rs explain ...`).
+//! [--config FILE] [--metrics ADDRESS] [-o text|json]`: what this node does with one packet,
+//! read from the kernel of the network namespace it runs in (on a node: `kubectl -n
+//! kube-system exec ds/kube-proxy -- kube-proxy-rs explain ...`), compared with what the
+//! running daemon wants (its debug endpoint on the metrics address).
 
 use std::fmt::Write as _;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
-use crate::proxier::explanation::{Explanation, Flow, Outcome};
+use crate::proxier::explanation::{Comparison, Explanation, Flow, Outcome, Wanted, compare};
 use crate::proxier::modes;
+use crate::servers::debug::SERVICES_PATH;
 
 /// How the answer is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,12 +28,18 @@ pub struct Request {
     pub flow: Flow,
     pub mode: Option<ProxyMode>,
     pub output: Output,
+    /// The daemon's metrics address, where its debug endpoint answers.
+    pub metrics: String,
 }
+
+/// The metrics address when neither `--metrics` nor the config names one (upstream's default).
+const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 
 /// `explain`'s arguments (those after the word `explain`).
 pub fn parse_args(args: &[String]) -> Result<Request, String> {
     let (mut to, mut from, mut mode, mut config, mut output) =
         (None, None, None, None, Output::Text);
+    let mut metrics = None;
     let mut words = args.iter();
     while let Some(word) = words.next() {
         let (name, inline) = match word.split_once('=') {
@@ -46,6 +57,7 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
             "--from" => from = Some(value()?),
             "--mode" => mode = Some(value()?),
             "--config" => config = Some(value()?),
+            "--metrics" => metrics = Some(value()?),
             "-o" | "--output" => {
                 output = match value()?.as_str() {
                     "text" => Output::Text,
@@ -58,12 +70,30 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
     }
     let to = to.ok_or("--to ADDRESS:PORT[/PROTOCOL] is needed")?;
     let flow = Flow::parse(&to, from.as_deref())?;
-    let mode = match (mode, config) {
-        (Some(mode), _) => Some(parse_mode(&mode, "--mode")?),
-        (None, Some(path)) => config_mode(Path::new(&path))?,
-        (None, None) => None,
+    let from_config = match &config {
+        Some(path) => Some(read_config_file(Path::new(path)).map_err(|err| err.to_string())?),
+        None => None,
     };
-    Ok(Request { flow, mode, output })
+    let mode = match (mode, &from_config) {
+        (Some(mode), _) => Some(parse_mode(&mode, "--mode")?),
+        (None, Some(decoded)) if !decoded.config.mode.is_empty() => {
+            Some(parse_mode(&decoded.config.mode, "mode")?)
+        }
+        _ => None,
+    };
+    let metrics = metrics
+        .or_else(|| {
+            from_config
+                .map(|decoded| decoded.config.metrics_bind_address)
+                .filter(|address| !address.is_empty())
+        })
+        .unwrap_or_else(|| DEFAULT_METRICS.into());
+    Ok(Request {
+        flow,
+        mode,
+        output,
+        metrics,
+    })
 }
 
 fn parse_mode(text: &str, field: &str) -> Result<ProxyMode, String> {
@@ -75,25 +105,57 @@ fn parse_mode(text: &str, field: &str) -> Result<ProxyMode, String> {
     }
 }
 
-/// The mode a config file names (`None`: it names none, so the kernel decides).
-fn config_mode(path: &Path) -> Result<Option<ProxyMode>, String> {
-    let decoded = read_config_file(path).map_err(|err| err.to_string())?;
-    if decoded.config.mode.is_empty() {
-        return Ok(None);
-    }
-    parse_mode(&decoded.config.mode, "mode").map(Some)
-}
-
 /// Answers `request` from the kernel: the text to print, or why there is none.
 pub fn run(request: &Request) -> Result<String, String> {
     let mode = request.mode.unwrap_or_else(modes::detect);
-    let explanation = modes::explain(mode, &request.flow).map_err(|err| err.to_string())?;
+    let mut explanation = modes::explain(mode, &request.flow).map_err(|err| err.to_string())?;
+    if let Some(service) = explanation.service.clone() {
+        explanation.daemon = Some(match ask_daemon(&request.metrics, &service) {
+            Ok(wanted) => compare(&explanation, &wanted),
+            Err(why) => Comparison::Unknown { why },
+        });
+    }
     Ok(match request.output {
         Output::Json => {
             serde_json::to_string_pretty(&explanation).map_err(|err| err.to_string())? + "\n"
         }
         Output::Text => text(&explanation),
     })
+}
+
+/// What the daemon at `metrics` wants for `service` (`ns/name:port`): one GET of its debug
+/// endpoint. A metrics address on every interface is asked on loopback.
+fn ask_daemon(metrics: &str, service: &str) -> Result<Wanted, String> {
+    let mut address: SocketAddr = metrics
+        .parse()
+        .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let name = service.rsplit_once(':').map_or(service, |(name, _)| name);
+    let unanswered = |err: std::io::Error| format!("the daemon did not answer at {address}: {err}");
+    let limit = Duration::from_secs(2);
+    let mut stream = TcpStream::connect_timeout(&address, limit).map_err(unanswered)?;
+    stream.set_read_timeout(Some(limit)).map_err(unanswered)?;
+    write!(
+        stream,
+        "GET {SERVICES_PATH}{name} HTTP/1.0\r\nHost: {address}\r\n\r\n"
+    )
+    .map_err(unanswered)?;
+    let mut response = String::new();
+    stream
+        .take(1 << 20)
+        .read_to_string(&mut response)
+        .map_err(unanswered)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        let status = head.lines().next().unwrap_or_default();
+        return Err(format!("the daemon knows no Service {name} ({status})"));
+    }
+    serde_json::from_str(body).map_err(|err| format!("the daemon's answer: {err}"))
 }
 
 /// For a person: the flow and the Service first, then the steps, then where it goes.
@@ -143,6 +205,50 @@ pub fn text(explanation: &Explanation) -> String {
             let _ = writeln!(out, "verdict:  not changed by kube-proxy: {reason}");
         }
     }
+    daemon_text(explanation.daemon.as_ref(), &mut out);
     let _ = writeln!(out, "read:     {}", explanation.reads.join("; "));
     out
+}
+
+/// How the kernel's answer compares with the daemon's.
+fn daemon_text(comparison: Option<&Comparison>, out: &mut String) {
+    let list = |v: &[SocketAddr]| {
+        v.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match comparison {
+        Some(Comparison::Agrees) => {
+            let _ = writeln!(
+                out,
+                "daemon:   agrees: the kernel sends it where the daemon wants"
+            );
+        }
+        Some(Comparison::Differs {
+            missing,
+            extra,
+            why,
+        }) => {
+            let _ = writeln!(out, "daemon:   differs: {why}");
+            if !missing.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "          the daemon wants, the kernel lacks: {}",
+                    list(missing)
+                );
+            }
+            if !extra.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "          the kernel holds, the daemon does not want: {}",
+                    list(extra)
+                );
+            }
+        }
+        Some(Comparison::Unknown { why }) => {
+            let _ = writeln!(out, "daemon:   not compared: {why}");
+        }
+        None => {}
+    }
 }

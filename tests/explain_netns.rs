@@ -102,6 +102,7 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
     // A ClusterIP with four endpoints: a quarter each, and the connections agree.
     let web = explain(&cluster, "10.96.0.10:80/tcp");
     assert_eq!(web["service"], "default/web:http", "{web:#}");
+    assert_eq!(web["daemon"]["comparison"], "agrees", "{web:#}");
     let predicted = candidates(&web);
     assert_eq!(predicted.len(), 4, "{web:#}");
     let n = 400;
@@ -266,6 +267,47 @@ async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
     let predicted = candidates(&lb);
     assert_matches(&predicted, &spread(&cluster, "192.168.200.1:80", n), n);
     daemon.stop().await;
+}
+
+/// A change the daemon has not synced yet (minSyncPeriod holds it back): explain says the
+/// kernel is behind the daemon, and names the endpoint the daemon wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_what_the_daemon_has_not_synced_yet() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let config = "nftables:\n  syncPeriod: 1h\n  minSyncPeriod: 1h\n";
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", config));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    cluster
+        .api
+        .apply(slice("web", web_ports().1, &["pod-a1", "pod-a2", "pod-b1"]))
+        .unwrap();
+    let behind = |answer: &Value| answer["daemon"]["comparison"] == "differs";
+    assert!(
+        eventually(WAIT, || behind(&explain(&cluster, "10.96.0.10:80/tcp"))).await,
+        "the daemon knows the change: {:#}",
+        explain(&cluster, "10.96.0.10:80/tcp")
+    );
+
+    let web = explain(&cluster, "10.96.0.10:80/tcp");
+    assert_eq!(
+        web["daemon"]["extra"],
+        json!(["10.244.2.22:8080"]),
+        "{web:#}"
+    );
+    assert!(
+        web["daemon"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("wait for a sync"),
+        "{web:#}"
+    );
+    // Without a daemon answering, the kernel's answer stands alone.
+    daemon.stop().await;
+    let alone = explain(&cluster, "10.96.0.10:80/tcp");
+    assert_eq!(alone["daemon"]["comparison"], "unknown", "{alone:#}");
+    assert_eq!(candidates(&alone).len(), 4, "{alone:#}");
 }
 
 #[test]

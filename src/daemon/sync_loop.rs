@@ -2,7 +2,7 @@
 //! both to the proxier; after a success it cleans stale UDP flows, reconciles the per-service
 //! health-check servers and removes the other mode's leftovers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -34,7 +34,8 @@ pub(super) fn open_conntrack() -> Option<UdpConntrackCleaner> {
 /// One sync: take the pending changes, apply them to the state, hand both to the proxier.
 pub(super) struct SyncLoop {
     pub(super) tracker: Arc<Mutex<ChangeTracker>>,
-    pub(super) state: ProxyState,
+    /// Shared with the metrics server's debug endpoint, which reads one Service of it.
+    pub(super) state: SharedState,
     pub(super) proxier: Box<dyn Proxier>,
     pub(super) health: Arc<ProxyHealth>,
     pub(super) metrics: Arc<Metrics>,
@@ -77,7 +78,8 @@ impl SyncLoop {
         let Some(cleaner) = self.conntrack.as_mut() else {
             return;
         };
-        match cleaner.after_sync(&self.state, summary, full, || SystemAddresses.addresses()) {
+        let state = read(&self.state);
+        match cleaner.after_sync(&state, summary, full, || SystemAddresses.addresses()) {
             Ok(report) => {
                 for family in report {
                     self.metrics.conntrack_reconciled(
@@ -103,7 +105,8 @@ impl SyncLoop {
         if self.service_health.is_none() {
             return;
         }
-        let wanted = health_check_ports(&self.state, &self.node_name);
+        let state = read(&self.state);
+        let wanted = health_check_ports(&state, &self.node_name);
         if wanted.is_empty()
             && self
                 .service_health
@@ -112,7 +115,8 @@ impl SyncLoop {
         {
             return;
         }
-        let node_ip = self.state.node.addresses.first().copied();
+        let node_ip = state.node.addresses.first().copied();
+        drop(state);
         let addresses = selected_node_port_ips(&self.node_port_addresses, node_ip, || {
             SystemAddresses.addresses()
         })
@@ -131,8 +135,12 @@ impl SyncLoop {
         if let Verdict::Recovered { failures } = self.failures.succeeded() {
             info!(failures, "Synced proxy rules again after failed attempts");
         }
+        let (families, services) = {
+            let state = read(&self.state);
+            (state.node.families(), state.services.len())
+        };
         self.metrics.synced(
-            &self.state.node.families(),
+            &families,
             report,
             started.elapsed(),
             (summary.service_changes, summary.endpoint_changes),
@@ -144,7 +152,7 @@ impl SyncLoop {
         debug!(
             mode = self.proxier.mode().as_str(),
             full = report.full,
-            services = self.state.services.len(),
+            services,
             service_ports = report.service_ports,
             services_written = report.services_written,
             restore_lines = report.restore_lines,
@@ -160,8 +168,11 @@ impl SyncLoop {
         // After a success the next sync writes changes only (a failed one makes the next
         // full), as upstream counts partial restore failures.
         let partial = self.failures.is_clear();
-        self.metrics
-            .failed(&self.state.node.families(), self.proxier.mode(), partial);
+        self.metrics.failed(
+            &read(&self.state).node.families(),
+            self.proxier.mode(),
+            partial,
+        );
         // Nothing is applied until a sync succeeds: past the health timeout the node reports
         // unhealthy, even when no new change is waiting.
         self.health.queued();
@@ -186,9 +197,11 @@ impl Syncer for SyncLoop {
                 .take_changes();
             self.metrics
                 .pending(changes.services.len(), changes.endpoints.len());
-            let summary = self.state.apply(changes);
+            let summary = write(&self.state).apply(changes);
             let started = Instant::now();
-            match self.proxier.sync(&self.state, &summary) {
+            let shared = self.state.clone();
+            let result = self.proxier.sync(&read(&shared), &summary);
+            match result {
                 Ok(report) => {
                     self.succeeded(&report, &summary, started);
                     Ok(())
@@ -200,4 +213,19 @@ impl Syncer for SyncLoop {
             }
         })
     }
+}
+
+/// The state the sync loop keeps, shared.
+pub(super) type SharedState = Arc<RwLock<ProxyState>>;
+
+fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, ProxyState> {
+    state
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, ProxyState> {
+    state
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -51,6 +51,11 @@ impl<V: PartialEq + Clone> PendingChanges<V> {
         true
     }
 
+    /// The pending change of `key`, if it has one.
+    pub fn get(&self, key: &NamespacedName) -> Option<&Change<V>> {
+        self.items.get(key)
+    }
+
     /// Takes every pending change.
     pub fn take(&mut self) -> BTreeMap<NamespacedName, Change<V>> {
         std::mem::take(&mut self.items)
@@ -235,6 +240,20 @@ impl ChangeTracker {
             }
         }
         pending
+    }
+
+    /// The changes of one Service waiting for a sync: its ports, and its endpoints.
+    pub fn pending_for(
+        &self,
+        key: &NamespacedName,
+    ) -> (
+        Option<&Change<ServicePortMap>>,
+        Option<&Change<EndpointsMap>>,
+    ) {
+        (
+            self.pending_services.get(key),
+            self.pending_endpoints.get(key),
+        )
     }
 
     /// True when a sync has something to do.

@@ -108,12 +108,16 @@ pub struct Explanation {
     pub conntrack: Vec<Tracked>,
     /// The Service port it matches (`ns/name:port`), if any.
     pub service: Option<String>,
+    /// The traffic policy whose endpoints it is sent to (`Cluster` or `Local`), if it is.
+    pub policy: Option<&'static str>,
     /// What it meets, in order: each a short line naming the object of ours.
     pub steps: Vec<String>,
     #[serde(flatten)]
     pub outcome: Outcome,
     /// What was read from the kernel to say so.
     pub reads: Vec<String>,
+    /// How that compares with what the daemon wants, when it was asked.
+    pub daemon: Option<Comparison>,
 }
 
 /// Why a packet could not be explained.
@@ -159,4 +163,173 @@ pub fn tracked(flow: &Flow, outcome: &Outcome) -> Result<Vec<Tracked>, ExplainEr
             gone: f.reply_source != flow.destination && !current(&f.reply_source),
         })
         .collect())
+}
+
+/// What the daemon wants programmed for one Service, as its debug endpoint answers
+/// (`/debug/kube-proxy-rs/services/<namespace>/<name>` on the metrics address).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Wanted {
+    pub service: String,
+    /// Changes of this Service wait for a sync: what the kernel holds may be behind.
+    pub pending_changes: bool,
+    pub ports: Vec<WantedPort>,
+}
+
+/// One port of the Service in one family: the endpoints the daemon picks for each policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct WantedPort {
+    /// The port's name (`""` when the Service has one unnamed port).
+    pub name: String,
+    pub protocol: String,
+    pub family: String,
+    /// For traffic under the Cluster policy, and under the Local one.
+    pub cluster: Vec<SocketAddr>,
+    pub local: Vec<SocketAddr>,
+}
+
+/// How the kernel's answer compares with the daemon's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "comparison", rename_all = "lowercase")]
+pub enum Comparison {
+    /// The kernel sends the packet where the daemon wants it.
+    Agrees,
+    /// It does not: endpoints the daemon wants that the kernel lacks, and ones it holds that
+    /// the daemon does not want.
+    Differs {
+        missing: Vec<SocketAddr>,
+        extra: Vec<SocketAddr>,
+        why: String,
+    },
+    /// No comparison: why.
+    Unknown { why: String },
+}
+
+/// Compares where `explanation` says the packet goes with what the daemon `wanted` for the
+/// port and the policy whose endpoints it is sent to.
+pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
+    let local = explanation.policy == Some("Local");
+    let Outcome::Dnat { candidates } = &explanation.outcome else {
+        return Comparison::Unknown {
+            why: "the kernel does not DNAT it; nothing to compare".into(),
+        };
+    };
+    let Some(port_name) = explanation
+        .service
+        .as_deref()
+        .and_then(|s| s.rsplit_once(':'))
+    else {
+        return Comparison::Unknown {
+            why: "no Service port named".into(),
+        };
+    };
+    let family = if explanation.flow.destination.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    };
+    let protocol = explanation.flow.protocol.lower();
+    let Some(port) = wanted
+        .ports
+        .iter()
+        .find(|p| p.name == port_name.1 && p.protocol == protocol && p.family == family)
+    else {
+        return Comparison::Differs {
+            missing: Vec::new(),
+            extra: candidates.iter().map(|c| c.endpoint).collect(),
+            why: format!(
+                "the daemon wants no port {} of {}",
+                port_name.1, wanted.service
+            ),
+        };
+    };
+    let want = if local { &port.local } else { &port.cluster };
+    let have: Vec<SocketAddr> = candidates.iter().map(|c| c.endpoint).collect();
+    let missing: Vec<SocketAddr> = want.iter().filter(|e| !have.contains(e)).copied().collect();
+    let extra: Vec<SocketAddr> = have.iter().filter(|e| !want.contains(e)).copied().collect();
+    if missing.is_empty() && extra.is_empty() {
+        return Comparison::Agrees;
+    }
+    let why = if wanted.pending_changes {
+        "changes of this Service wait for a sync: the kernel is behind the daemon".into()
+    } else {
+        "no change of this Service waits for a sync: the kernel's state drifted from the daemon's (another program changed it, or a sync failed)".into()
+    };
+    Comparison::Differs {
+        missing,
+        extra,
+        why,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn explained(endpoints: &[&str], policy: &'static str) -> Explanation {
+        Explanation {
+            mode: "nftables",
+            flow: Flow::parse("10.96.0.10:80/tcp", None).unwrap(),
+            conntrack: Vec::new(),
+            service: Some("default/web:http".into()),
+            policy: Some(policy),
+            steps: Vec::new(),
+            outcome: Outcome::Dnat {
+                candidates: endpoints
+                    .iter()
+                    .map(|e| Candidate {
+                        endpoint: e.parse().unwrap(),
+                        probability: 1.0 / endpoints.len() as f64,
+                    })
+                    .collect(),
+            },
+            reads: Vec::new(),
+            daemon: None,
+        }
+    }
+
+    fn wanted(cluster: &[&str], local: &[&str], pending_changes: bool) -> Wanted {
+        let addresses = |v: &[&str]| v.iter().map(|e| e.parse().unwrap()).collect();
+        Wanted {
+            service: "default/web".into(),
+            pending_changes,
+            ports: vec![WantedPort {
+                name: "http".into(),
+                protocol: "tcp".into(),
+                family: "IPv4".into(),
+                cluster: addresses(cluster),
+                local: addresses(local),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_kernel_is_compared_with_the_policy_it_sends_to() {
+        let a = "10.0.0.1:80";
+        let b = "10.0.0.2:80";
+        let both = wanted(&[a, b], &[a], false);
+        assert_eq!(
+            compare(&explained(&[a, b], "Cluster"), &both),
+            Comparison::Agrees
+        );
+        assert_eq!(
+            compare(&explained(&[a], "Local"), &both),
+            Comparison::Agrees
+        );
+        let Comparison::Differs {
+            missing,
+            extra,
+            why,
+        } = compare(&explained(&[a], "Cluster"), &both)
+        else {
+            panic!("a difference");
+        };
+        assert_eq!((missing, extra), (vec![b.parse().unwrap()], vec![]));
+        assert!(why.contains("drifted"), "{why}");
+        let behind = wanted(&[a], &[a], true);
+        let Comparison::Differs { why, .. } = compare(&explained(&[a, b], "Cluster"), &behind)
+        else {
+            panic!("a difference");
+        };
+        assert!(why.contains("wait for a sync"), "{why}");
+    }
 }

@@ -2,6 +2,7 @@
 //! (healthzBindAddress), the metrics server (metricsBindAddress) and one health-check server per
 //! Service with externalTrafficPolicy Local.
 
+pub mod debug;
 mod health;
 mod http;
 mod metrics;
@@ -40,18 +41,23 @@ pub fn serve_health(
     });
 }
 
-/// Starts the metrics server on `listener`: `/metrics`, `/healthz` and `/proxyMode`.
+/// Starts the metrics server on `listener`: `/metrics`, `/healthz`, `/proxyMode`, and the debug
+/// endpoint `explain` reads (see [`debug`]).
 pub fn serve_metrics(
     listener: tokio::net::TcpListener,
     connections: &ConnectionTable,
     metrics: Arc<Metrics>,
     health: Arc<ProxyHealth>,
     mode: &'static str,
+    debug: Option<Arc<debug::DebugView>>,
 ) {
     serve(listener, connections, "metrics", move |path| match path {
         "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
-        _ => Reply::not_found(),
+        _ => match (path.strip_prefix(debug::SERVICES_PATH), &debug) {
+            (Some(rest), Some(debug)) => debug.reply(rest),
+            _ => Reply::not_found(),
+        },
     });
 }

@@ -216,3 +216,21 @@ fn service_cidrs_merge_and_only_changes_are_pending() {
     state.apply(tracker.take_changes());
     assert_eq!(state.service_cidrs, vec![net("10.96.0.0/16")]);
 }
+
+#[test]
+fn a_services_pending_changes_are_told_by_name() {
+    let mut tracker = ChangeTracker::default();
+    let slice_key = NamespacedName::new("ns", "web-1");
+    let three = [("10.0.0.1", "a"), ("10.0.0.2", "a"), ("10.0.0.3", "b")];
+    tracker.slice_updated(&slice_key, Some(slice("ns", "web-1", "web", &three)));
+    let _ = tracker.take_changes();
+    assert_eq!(tracker.pending_for(&key("web")), (None, None));
+    tracker.slice_updated(&slice_key, Some(slice("ns", "web-1", "web", &three[..2])));
+    let (ports, endpoints) = tracker.pending_for(&key("web"));
+    assert!(ports.is_none());
+    let current = endpoints
+        .and_then(|change| change.current.as_ref())
+        .expect("pending");
+    assert_eq!(current.values().next().map(Vec::len), Some(2));
+    assert_eq!(tracker.pending_for(&key("other")), (None, None));
+}

@@ -45,11 +45,13 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
             flow: flow.clone(),
             conntrack: Vec::new(),
             service: None,
+            policy: None,
             steps: Vec::new(),
             outcome: Outcome::Untouched {
                 reason: String::new(),
             },
             reads: Vec::new(),
+            daemon: None,
         },
     };
     reader.explanation.outcome = reader.dispatch()?;
@@ -312,6 +314,11 @@ impl Reader<'_> {
     /// Where a random pick sends the packet: a slot of a named endpoint map, an anonymous map
     /// of endpoints, or (with session affinity) an anonymous verdict map of endpoint chains.
     fn pick(&mut self, chain: &str, pick: RandomPick) -> Result<Outcome, ExplainError> {
+        self.explanation.policy = Some(if chain.starts_with("local-") {
+            "Local"
+        } else {
+            "Cluster"
+        });
         match pick.kind {
             PickKind::Slot => self.draws(chain, pick),
             PickKind::Endpoints => {

@@ -1,0 +1,113 @@
+//! The metrics server's debug endpoint, read-only and on the metrics address only (loopback by
+//! default): what the daemon wants programmed for one Service (its last sync with the changes
+//! that wait for the next), the endpoints it picks for each port and policy, and whether the
+//! Service has changes waiting. `kube-proxy-rs explain` compares it
+//! with what the kernel holds.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+
+use hyper::StatusCode;
+
+use super::Reply;
+use crate::model::{
+    ChangeTracker, IpFamily, NamespacedName, NodeContext, ProxyState, ZONE_LABEL, ports_in_family,
+    select_endpoints,
+};
+use crate::proxier::explanation::{Wanted, WantedPort};
+
+/// Where it answers: `/debug/kube-proxy-rs/services/<namespace>/<name>`.
+pub const SERVICES_PATH: &str = "/debug/kube-proxy-rs/services/";
+
+/// What the endpoint reads: the sync loop's state and the changes waiting for a sync.
+pub struct DebugView {
+    state: Arc<RwLock<ProxyState>>,
+    tracker: Arc<Mutex<ChangeTracker>>,
+    node_name: String,
+}
+
+impl DebugView {
+    pub fn new(
+        state: Arc<RwLock<ProxyState>>,
+        tracker: Arc<Mutex<ChangeTracker>>,
+        node_name: String,
+    ) -> Self {
+        DebugView {
+            state,
+            tracker,
+            node_name,
+        }
+    }
+
+    /// The answer for `rest`, the path after [`SERVICES_PATH`].
+    pub fn reply(&self, rest: &str) -> Reply {
+        let Some((namespace, name)) = rest.split_once('/').filter(|(_, name)| !name.contains('/'))
+        else {
+            return Reply::not_found();
+        };
+        let Some(wanted) = self.wanted(&NamespacedName::new(namespace, name)) else {
+            return Reply::not_found();
+        };
+        match serde_json::to_string(&wanted) {
+            Ok(body) => Reply::json(StatusCode::OK, body),
+            Err(_) => Reply::not_found(),
+        }
+    }
+
+    /// What the daemon wants for `service` (its last sync, with the changes waiting for the
+    /// next one), or `None` when it knows no such Service.
+    fn wanted(&self, service: &NamespacedName) -> Option<Wanted> {
+        let tracker = self
+            .tracker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (ports_change, endpoints_change) = tracker.pending_for(service);
+        let pending_changes = ports_change.is_some() || endpoints_change.is_some();
+        let pending_ports = ports_change.map(|change| change.current.clone());
+        let pending_endpoints = endpoints_change.map(|change| change.current.clone());
+        drop(tracker);
+        let state = self
+            .state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let ports = match &pending_ports {
+            Some(pending) => pending.as_ref()?,
+            None => state.services.get(service)?,
+        };
+        let endpoints = match &pending_endpoints {
+            Some(pending) => pending.as_ref(),
+            None => state.endpoints.get(service),
+        };
+        let node = NodeContext {
+            node_name: &self.node_name,
+            zone: state.node.labels.get(ZONE_LABEL).map(String::as_str),
+        };
+        let addresses = |chosen: &[&crate::model::Endpoint]| -> Vec<SocketAddr> {
+            chosen
+                .iter()
+                .map(|ep| SocketAddr::new(ep.ip, ep.port))
+                .collect()
+        };
+        let mut wanted_ports = Vec::new();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            for (port, endpoints) in ports_in_family(ports, endpoints, family) {
+                let selected = select_endpoints(&port, &endpoints, node);
+                wanted_ports.push(WantedPort {
+                    name: port.name.port.clone(),
+                    protocol: port.name.protocol.lower().into(),
+                    family: match family {
+                        IpFamily::V4 => "IPv4".into(),
+                        IpFamily::V6 => "IPv6".into(),
+                    },
+                    cluster: addresses(&selected.cluster),
+                    local: addresses(&selected.local),
+                });
+            }
+        }
+        Some(Wanted {
+            service: service.to_string(),
+            pending_changes,
+            ports: wanted_ports,
+        })
+    }
+}
