@@ -11,7 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
-use crate::proxier::explanation::{Comparison, Explanation, Flow, Outcome, Wanted, compare};
+use crate::proxier::explanation::{
+    Checked, Comparison, Explanation, Flow, Outcome, Wanted, compare,
+};
 use crate::proxier::modes;
 use crate::servers::debug::SERVICES_PATH;
 
@@ -25,7 +27,8 @@ pub enum Output {
 /// What `explain` was asked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request {
-    pub flow: Flow,
+    /// One flow, or (`None`) every service port of the node (`--all`).
+    pub flow: Option<Flow>,
     pub mode: Option<ProxyMode>,
     pub output: Output,
     /// The daemon's metrics address, where its debug endpoint answers.
@@ -40,6 +43,7 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
     let (mut to, mut from, mut mode, mut config, mut output) =
         (None, None, None, None, Output::Text);
     let mut metrics = None;
+    let mut all = false;
     let mut words = args.iter();
     while let Some(word) = words.next() {
         let (name, inline) = match word.split_once('=') {
@@ -58,6 +62,7 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
             "--mode" => mode = Some(value()?),
             "--config" => config = Some(value()?),
             "--metrics" => metrics = Some(value()?),
+            "--all" if inline.is_none() => all = true,
             "-o" | "--output" => {
                 output = match value()?.as_str() {
                     "text" => Output::Text,
@@ -68,8 +73,12 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    let to = to.ok_or("--to ADDRESS:PORT[/PROTOCOL] is needed")?;
-    let flow = Flow::parse(&to, from.as_deref())?;
+    let flow = match (to, all) {
+        (Some(to), false) => Some(Flow::parse(&to, from.as_deref())?),
+        (None, true) => None,
+        (Some(_), true) => return Err("--to and --all: one or the other".into()),
+        (None, false) => return Err("--to ADDRESS:PORT[/PROTOCOL] or --all is needed".into()),
+    };
     let from_config = match &config {
         Some(path) => Some(read_config_file(Path::new(path)).map_err(|err| err.to_string())?),
         None => None,
@@ -108,10 +117,21 @@ fn parse_mode(text: &str, field: &str) -> Result<ProxyMode, String> {
 /// Answers `request` from the kernel: the text to print, or why there is none.
 pub fn run(request: &Request) -> Result<String, String> {
     let mode = request.mode.unwrap_or_else(modes::detect);
-    let mut explanation = modes::explain(mode, &request.flow).map_err(|err| err.to_string())?;
+    let Some(flow) = &request.flow else {
+        return run_all(request, mode);
+    };
+    let mut explanation = modes::explain(mode, flow).map_err(|err| err.to_string())?;
     if let Some(service) = explanation.service.clone() {
-        explanation.daemon = Some(match ask_daemon(&request.metrics, &service) {
-            Ok(wanted) => compare(&explanation, &wanted),
+        let name = service
+            .rsplit_once(':')
+            .map_or(service.as_str(), |(name, _)| name);
+        explanation.daemon = Some(match ask_daemon(&request.metrics, name) {
+            Ok(body) => match serde_json::from_str::<Wanted>(&body) {
+                Ok(wanted) => compare(&explanation, &wanted),
+                Err(err) => Comparison::Unknown {
+                    why: format!("the daemon's answer: {err}"),
+                },
+            },
             Err(why) => Comparison::Unknown { why },
         });
     }
@@ -123,9 +143,47 @@ pub fn run(request: &Request) -> Result<String, String> {
     })
 }
 
-/// What the daemon at `metrics` wants for `service` (`ns/name:port`): one GET of its debug
-/// endpoint. A metrics address on every interface is asked on loopback.
-fn ask_daemon(metrics: &str, service: &str) -> Result<Wanted, String> {
+/// `--all`: every service port the daemon wants, a flow to its ClusterIP each, compared with
+/// the kernel; the differences are listed.
+fn run_all(request: &Request, mode: ProxyMode) -> Result<String, String> {
+    let body = ask_daemon(&request.metrics, "")?;
+    let wanted: Vec<Wanted> =
+        serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
+    let checked = modes::explain_all(mode, &wanted).map_err(|err| err.to_string())?;
+    let differing: Vec<&Checked> = checked
+        .iter()
+        .filter(|c| c.comparison != Comparison::Agrees)
+        .collect();
+    if request.output == Output::Json {
+        let answer = serde_json::json!({
+            "mode": mode.as_str(),
+            "services": wanted.len(),
+            "checked": checked.len(),
+            "differing": differing,
+        });
+        return serde_json::to_string_pretty(&answer)
+            .map(|text| text + "\n")
+            .map_err(|err| err.to_string());
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "checked {} service ports of {} Services ({} mode): {} differ",
+        checked.len(),
+        wanted.len(),
+        mode.as_str(),
+        differing.len()
+    );
+    for checked in differing {
+        let _ = writeln!(out, "{}  ({})", checked.service_port, checked.flow);
+        daemon_text(Some(&checked.comparison), &mut out);
+    }
+    Ok(out)
+}
+
+/// The daemon's debug answer for `name` (`ns/svc`; empty: every Service): one GET on the
+/// metrics address (on loopback when it is every interface's).
+fn ask_daemon(metrics: &str, name: &str) -> Result<String, String> {
     let mut address: SocketAddr = metrics
         .parse()
         .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
@@ -135,9 +193,8 @@ fn ask_daemon(metrics: &str, service: &str) -> Result<Wanted, String> {
             SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
-    let name = service.rsplit_once(':').map_or(service, |(name, _)| name);
     let unanswered = |err: std::io::Error| format!("the daemon did not answer at {address}: {err}");
-    let limit = Duration::from_secs(2);
+    let limit = Duration::from_secs(5);
     let mut stream = TcpStream::connect_timeout(&address, limit).map_err(unanswered)?;
     stream.set_read_timeout(Some(limit)).map_err(unanswered)?;
     write!(
@@ -147,7 +204,7 @@ fn ask_daemon(metrics: &str, service: &str) -> Result<Wanted, String> {
     .map_err(unanswered)?;
     let mut response = String::new();
     stream
-        .take(1 << 20)
+        .take(1 << 28)
         .read_to_string(&mut response)
         .map_err(unanswered)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -155,7 +212,7 @@ fn ask_daemon(metrics: &str, service: &str) -> Result<Wanted, String> {
         let status = head.lines().next().unwrap_or_default();
         return Err(format!("the daemon knows no Service {name} ({status})"));
     }
-    serde_json::from_str(body).map_err(|err| format!("the daemon's answer: {err}"))
+    Ok(body.to_string())
 }
 
 /// For a person: the flow and the Service first, then the steps, then where it goes.

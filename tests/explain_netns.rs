@@ -16,11 +16,14 @@ use support::{WAIT, eventually};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
 
-/// `explain`'s JSON answer for `to`, run in the node's namespace.
+/// `explain`'s JSON answer for `to` (`--all` for every service port), run in the node's
+/// namespace.
 fn explain(cluster: &Cluster, to: &str) -> Value {
-    let output = cluster
-        .node
-        .raw_output(&[BIN, "explain", "--to", to, "-o", "json"]);
+    let args = match to {
+        "--all" => vec![BIN, "explain", "--all", "-o", "json"],
+        _ => vec![BIN, "explain", "--to", to, "-o", "json"],
+    };
+    let output = cluster.node.raw_output(&args);
     assert!(
         output.status.success(),
         "explain {to}: {}",
@@ -103,6 +106,11 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
     let web = explain(&cluster, "10.96.0.10:80/tcp");
     assert_eq!(web["service"], "default/web:http", "{web:#}");
     assert_eq!(web["daemon"]["comparison"], "agrees", "{web:#}");
+    // Every service port of the node agrees with the daemon (web's two, sticky, local, and
+    // empty, whose rejection is what the daemon wants too).
+    let all = explain(&cluster, "--all");
+    assert_eq!(all["checked"], 5, "{all:#}");
+    assert_eq!(all["differing"], json!([]), "{all:#}");
     let predicted = candidates(&web);
     assert_eq!(predicted.len(), 4, "{web:#}");
     let n = 400;
@@ -295,6 +303,18 @@ async fn explain_names_what_the_daemon_has_not_synced_yet() {
         web["daemon"]["extra"],
         json!(["10.244.2.22:8080"]),
         "{web:#}"
+    );
+    let all = explain(&cluster, "--all");
+    let differing: Vec<&str> = all["differing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["service_port"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        differing,
+        ["default/web:dns", "default/web:http"],
+        "{all:#}"
     );
     assert!(
         web["daemon"]["why"]

@@ -182,6 +182,9 @@ pub struct WantedPort {
     pub name: String,
     pub protocol: String,
     pub family: String,
+    /// The ClusterIP of this family, and the port.
+    pub cluster_ip: Option<IpAddr>,
+    pub port: u16,
     /// For traffic under the Cluster policy, and under the Local one.
     pub cluster: Vec<SocketAddr>,
     pub local: Vec<SocketAddr>,
@@ -204,46 +207,80 @@ pub enum Comparison {
     Unknown { why: String },
 }
 
+/// One service port checked by `explain --all`: the flow to its ClusterIP, and how the kernel's
+/// answer compares with the daemon's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Checked {
+    pub service_port: String,
+    pub flow: Flow,
+    #[serde(flatten)]
+    pub comparison: Comparison,
+}
+
+/// The flow to each port's ClusterIP of every Service the daemon `wanted`, with its port.
+pub fn cluster_ip_flows(wanted: &[Wanted]) -> Vec<(&Wanted, &WantedPort, Flow)> {
+    let mut flows = Vec::new();
+    for service in wanted {
+        for port in &service.ports {
+            let (Some(ip), Some(protocol)) = (
+                port.cluster_ip,
+                Protocol::from_api(&port.protocol.to_ascii_uppercase()),
+            ) else {
+                continue;
+            };
+            let flow = Flow {
+                destination: SocketAddr::new(ip, port.port),
+                protocol,
+                source: None,
+            };
+            flows.push((service, port, flow));
+        }
+    }
+    flows
+}
+
 /// Compares where `explanation` says the packet goes with what the daemon `wanted` for the
 /// port and the policy whose endpoints it is sent to.
 pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     let local = explanation.policy == Some("Local");
-    let Outcome::Dnat { candidates } = &explanation.outcome else {
-        return Comparison::Unknown {
-            why: "the kernel does not DNAT it; nothing to compare".into(),
-        };
-    };
-    let Some(port_name) = explanation
-        .service
-        .as_deref()
-        .and_then(|s| s.rsplit_once(':'))
-    else {
-        return Comparison::Unknown {
-            why: "no Service port named".into(),
-        };
-    };
     let family = if explanation.flow.destination.is_ipv4() {
         "IPv4"
     } else {
         "IPv6"
     };
     let protocol = explanation.flow.protocol.lower();
-    let Some(port) = wanted
-        .ports
-        .iter()
-        .find(|p| p.name == port_name.1 && p.protocol == protocol && p.family == family)
-    else {
+    // The port the kernel's chain names, else the one whose ClusterIP and port it is.
+    let named = explanation
+        .service
+        .as_deref()
+        .and_then(|s| s.rsplit_once(':'))
+        .map(|(_, name)| name);
+    let port = wanted.ports.iter().find(|p| {
+        p.protocol == protocol
+            && p.family == family
+            && match named {
+                Some(name) => p.name == name,
+                None => {
+                    p.cluster_ip == Some(explanation.flow.destination.ip())
+                        && p.port == explanation.flow.destination.port()
+                }
+            }
+    });
+    let have: Vec<SocketAddr> = match &explanation.outcome {
+        Outcome::Dnat { candidates } => candidates.iter().map(|c| c.endpoint).collect(),
+        _ => Vec::new(),
+    };
+    let Some(port) = port else {
         return Comparison::Differs {
             missing: Vec::new(),
-            extra: candidates.iter().map(|c| c.endpoint).collect(),
-            why: format!(
-                "the daemon wants no port {} of {}",
-                port_name.1, wanted.service
-            ),
+            extra: have,
+            why: format!("the daemon wants no such port of {}", wanted.service),
         };
     };
+    // Rejected or dropped: the daemon wants no endpoint for it either, under the policy the
+    // verdict says (a drop: the Local one).
+    let local = local || matches!(explanation.outcome, Outcome::Drop { .. });
     let want = if local { &port.local } else { &port.cluster };
-    let have: Vec<SocketAddr> = candidates.iter().map(|c| c.endpoint).collect();
     let missing: Vec<SocketAddr> = want.iter().filter(|e| !have.contains(e)).copied().collect();
     let extra: Vec<SocketAddr> = have.iter().filter(|e| !want.contains(e)).copied().collect();
     if missing.is_empty() && extra.is_empty() {
@@ -296,6 +333,8 @@ mod tests {
                 name: "http".into(),
                 protocol: "tcp".into(),
                 family: "IPv4".into(),
+                cluster_ip: "10.96.0.10".parse().ok(),
+                port: 80,
                 cluster: addresses(cluster),
                 local: addresses(local),
             }],

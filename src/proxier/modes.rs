@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use super::explanation::{ExplainError, Explanation, Flow, tracked};
+use super::explanation::{
+    Checked, Comparison, ExplainError, Explanation, Flow, Wanted, cluster_ip_flows, compare,
+    tracked,
+};
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
@@ -96,6 +99,33 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
         .reads
         .push("the conntrack entries to this destination".into());
     Ok(explanation)
+}
+
+/// Checks every service port the daemon `wanted` against the kernel (`explain --all`): a flow
+/// to each port's ClusterIP, read with one session (each endpoint map read once).
+pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, ExplainError> {
+    if mode != ProxyMode::Nftables {
+        return Err(ExplainError::Unsupported(format!(
+            "explain reads nftables mode only so far; {} mode is not explained yet",
+            mode.as_str()
+        )));
+    }
+    let mut session = nftables::explain::Session::open()?;
+    let mut checked = Vec::new();
+    for (service, port, flow) in cluster_ip_flows(wanted) {
+        let comparison = match session.explain(&flow) {
+            Ok(explanation) => compare(&explanation, service),
+            Err(err) => Comparison::Unknown {
+                why: err.to_string(),
+            },
+        };
+        checked.push(Checked {
+            service_port: format!("{}:{}", service.service, port.name),
+            flow,
+            comparison,
+        });
+    }
+    Ok(checked)
 }
 
 /// The mode whose objects this network namespace holds: nftables mode's table, else

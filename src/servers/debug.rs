@@ -19,6 +19,12 @@ use crate::proxier::explanation::{Wanted, WantedPort};
 /// Where it answers: `/debug/kube-proxy-rs/services/<namespace>/<name>`.
 pub const SERVICES_PATH: &str = "/debug/kube-proxy-rs/services/";
 
+/// The part of `path` after [`SERVICES_PATH`] (empty for every Service), if it is one of ours.
+pub fn services_route(path: &str) -> Option<&str> {
+    path.strip_prefix(SERVICES_PATH)
+        .or_else(|| (path == SERVICES_PATH.trim_end_matches('/')).then_some(""))
+}
+
 /// What the endpoint reads: the sync loop's state and the changes waiting for a sync.
 pub struct DebugView {
     state: Arc<RwLock<ProxyState>>,
@@ -39,75 +45,107 @@ impl DebugView {
         }
     }
 
-    /// The answer for `rest`, the path after [`SERVICES_PATH`].
+    /// The answer for `rest`, the path after [`SERVICES_PATH`]: `<namespace>/<name>` for one
+    /// Service, empty for every Service (`explain --all`).
     pub fn reply(&self, rest: &str) -> Reply {
-        let Some((namespace, name)) = rest.split_once('/').filter(|(_, name)| !name.contains('/'))
-        else {
-            return Reply::not_found();
+        let body = if rest.is_empty() {
+            serde_json::to_string(&self.all())
+        } else {
+            let Some((namespace, name)) =
+                rest.split_once('/').filter(|(_, name)| !name.contains('/'))
+            else {
+                return Reply::not_found();
+            };
+            let Some(wanted) = self.one(&NamespacedName::new(namespace, name)) else {
+                return Reply::not_found();
+            };
+            serde_json::to_string(&wanted)
         };
-        let Some(wanted) = self.wanted(&NamespacedName::new(namespace, name)) else {
-            return Reply::not_found();
-        };
-        match serde_json::to_string(&wanted) {
+        match body {
             Ok(body) => Reply::json(StatusCode::OK, body),
             Err(_) => Reply::not_found(),
         }
     }
 
-    /// What the daemon wants for `service` (its last sync, with the changes waiting for the
-    /// next one), or `None` when it knows no such Service.
-    fn wanted(&self, service: &NamespacedName) -> Option<Wanted> {
-        let tracker = self
-            .tracker
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (ports_change, endpoints_change) = tracker.pending_for(service);
-        let pending_changes = ports_change.is_some() || endpoints_change.is_some();
-        let pending_ports = ports_change.map(|change| change.current.clone());
-        let pending_endpoints = endpoints_change.map(|change| change.current.clone());
-        drop(tracker);
-        let state = self
-            .state
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let ports = match &pending_ports {
-            Some(pending) => pending.as_ref()?,
-            None => state.services.get(service)?,
-        };
-        let endpoints = match &pending_endpoints {
-            Some(pending) => pending.as_ref(),
-            None => state.endpoints.get(service),
-        };
-        let node = NodeContext {
-            node_name: &self.node_name,
-            zone: state.node.labels.get(ZONE_LABEL).map(String::as_str),
-        };
-        let addresses = |chosen: &[&crate::model::Endpoint]| -> Vec<SocketAddr> {
-            chosen
-                .iter()
-                .map(|ep| SocketAddr::new(ep.ip, ep.port))
-                .collect()
-        };
-        let mut wanted_ports = Vec::new();
-        for family in [IpFamily::V4, IpFamily::V6] {
-            for (port, endpoints) in ports_in_family(ports, endpoints, family) {
-                let selected = select_endpoints(&port, &endpoints, node);
-                wanted_ports.push(WantedPort {
-                    name: port.name.port.clone(),
-                    protocol: port.name.protocol.lower().into(),
-                    family: match family {
-                        IpFamily::V4 => "IPv4".into(),
-                        IpFamily::V6 => "IPv6".into(),
-                    },
-                    cluster: addresses(&selected.cluster),
-                    local: addresses(&selected.local),
-                });
-            }
-        }
-        Some(Wanted {
-            service: service.to_string(),
-            pending_changes,
-            ports: wanted_ports,
-        })
+    fn one(&self, service: &NamespacedName) -> Option<Wanted> {
+        let tracker = lock(&self.tracker);
+        let state = read(&self.state);
+        wanted_of(service, &tracker, &state, &self.node_name)
     }
+
+    /// Every Service the daemon has synced.
+    fn all(&self) -> Vec<Wanted> {
+        let tracker = lock(&self.tracker);
+        let state = read(&self.state);
+        state
+            .services
+            .keys()
+            .filter_map(|service| wanted_of(service, &tracker, &state, &self.node_name))
+            .collect()
+    }
+}
+
+fn lock(tracker: &Mutex<ChangeTracker>) -> std::sync::MutexGuard<'_, ChangeTracker> {
+    tracker
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn read(state: &RwLock<ProxyState>) -> std::sync::RwLockReadGuard<'_, ProxyState> {
+    state
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the daemon wants for `service` (its last sync, with the changes waiting for the next
+/// one), or `None` when it knows no such Service.
+fn wanted_of(
+    service: &NamespacedName,
+    tracker: &ChangeTracker,
+    state: &ProxyState,
+    node_name: &str,
+) -> Option<Wanted> {
+    let (ports_change, endpoints_change) = tracker.pending_for(service);
+    let pending_changes = ports_change.is_some() || endpoints_change.is_some();
+    let ports = match ports_change {
+        Some(change) => change.current.as_ref()?,
+        None => state.services.get(service)?,
+    };
+    let endpoints = match endpoints_change {
+        Some(change) => change.current.as_ref(),
+        None => state.endpoints.get(service),
+    };
+    let node = NodeContext {
+        node_name,
+        zone: state.node.labels.get(ZONE_LABEL).map(String::as_str),
+    };
+    let addresses = |chosen: &[&crate::model::Endpoint]| -> Vec<SocketAddr> {
+        chosen
+            .iter()
+            .map(|ep| SocketAddr::new(ep.ip, ep.port))
+            .collect()
+    };
+    let mut wanted_ports = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for (port, endpoints) in ports_in_family(ports, endpoints, family) {
+            let selected = select_endpoints(&port, &endpoints, node);
+            wanted_ports.push(WantedPort {
+                name: port.name.port.clone(),
+                protocol: port.name.protocol.lower().into(),
+                family: match family {
+                    IpFamily::V4 => "IPv4".into(),
+                    IpFamily::V6 => "IPv6".into(),
+                },
+                cluster_ip: port.cluster_ips.first().copied(),
+                port: port.port,
+                cluster: addresses(&selected.cluster),
+                local: addresses(&selected.local),
+            });
+        }
+    }
+    Some(Wanted {
+        service: service.to_string(),
+        pending_changes,
+        ports: wanted_ports,
+    })
 }

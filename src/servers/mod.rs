@@ -55,7 +55,7 @@ pub fn serve_metrics(
         "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
-        _ => match (path.strip_prefix(debug::SERVICES_PATH), &debug) {
+        _ => match (debug::services_route(path), &debug) {
             (Some(rest), Some(debug)) => debug.reply(rest),
             _ => Reply::not_found(),
         },

@@ -218,6 +218,15 @@ pub fn daemon_run(count: usize, mode: &str) {
             secs(restart),
             secs(followed),
         );
+        if mode == "nftables" {
+            // Every service port checked against the daemon's wants, read from the kernel.
+            let started = Instant::now();
+            let output = node.output(&[env!("CARGO_BIN_EXE_kube-proxy-rs"), "explain", "--all"]);
+            let took = started.elapsed();
+            let summary = output.lines().next().unwrap_or_default().to_string();
+            assert!(summary.starts_with("checked "), "{output}");
+            println!("{count:>6} services: explain --all {} ({summary})", secs(took));
+        }
         let _ = daemon.kill();
         let _ = daemon.wait();
     });

@@ -28,34 +28,66 @@ const MAX_CHAINS: usize = 6;
 
 /// Explains `flow` from what the kernel holds in our table of its family.
 pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
-    let family = IpFamily::of(&flow.destination.ip());
-    let present = table_exists(family, TABLE).map_err(read_error("our table"))?;
-    if !present {
-        return Err(ExplainError::NothingProgrammed(format!(
-            "no table {} {TABLE}: nftables mode programs nothing in this network namespace",
-            family_word(family)
-        )));
+    Session::open()?.explain(flow)
+}
+
+/// One share of an endpoint map: its first and last draw, and its endpoint.
+type Share = (u64, u64, SocketAddr);
+
+/// Reads for several flows (`explain --all`): one socket, and each endpoint map read once.
+pub struct Session {
+    connection: Connection,
+    tables: BTreeMap<IpFamily, bool>,
+    /// Endpoint maps read: each share's first and last draw and its endpoint, by first draw.
+    maps: BTreeMap<(IpFamily, String), Vec<Share>>,
+}
+
+impl Session {
+    pub fn open() -> Result<Session, ExplainError> {
+        Ok(Session {
+            connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
+            tables: BTreeMap::new(),
+            maps: BTreeMap::new(),
+        })
     }
-    let mut reader = Reader {
-        connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
-        family,
-        flow,
-        explanation: Explanation {
-            mode: "nftables",
-            flow: flow.clone(),
-            conntrack: Vec::new(),
-            service: None,
-            policy: None,
-            steps: Vec::new(),
-            outcome: Outcome::Untouched {
-                reason: String::new(),
+
+    /// Explains `flow` from what the kernel holds in our table of its family.
+    pub fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
+        let family = IpFamily::of(&flow.destination.ip());
+        let present = match self.tables.get(&family) {
+            Some(present) => *present,
+            None => {
+                let present = table_exists(family, TABLE).map_err(read_error("our table"))?;
+                *self.tables.entry(family).or_insert(present)
+            }
+        };
+        if !present {
+            return Err(ExplainError::NothingProgrammed(format!(
+                "no table {} {TABLE}: nftables mode programs nothing in this network namespace",
+                family_word(family)
+            )));
+        }
+        let mut reader = Reader {
+            session: self,
+            family,
+            flow,
+            explanation: Explanation {
+                mode: "nftables",
+                flow: flow.clone(),
+                conntrack: Vec::new(),
+                service: None,
+                policy: None,
+                steps: Vec::new(),
+                outcome: Outcome::Untouched {
+                    reason: String::new(),
+                },
+                reads: Vec::new(),
+                daemon: None,
             },
-            reads: Vec::new(),
-            daemon: None,
-        },
-    };
-    reader.explanation.outcome = reader.dispatch()?;
-    Ok(reader.explanation)
+        };
+        reader.explanation.outcome = reader.dispatch()?;
+        Ok(reader.explanation)
+    }
 }
 
 fn family_word(family: IpFamily) -> &'static str {
@@ -73,7 +105,7 @@ fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + 
 }
 
 struct Reader<'a> {
-    connection: Connection,
+    session: &'a mut Session,
     family: IpFamily,
     flow: &'a Flow,
     explanation: Explanation,
@@ -88,8 +120,15 @@ impl Reader<'_> {
         key: &[u8],
     ) -> Result<Option<String>, ExplainError> {
         let layout = KeyLayout::Keys(layout.to_vec());
-        let found = element(&mut self.connection, self.family, TABLE, set, &layout, key)
-            .map_err(read_error(set))?;
+        let found = element(
+            &mut self.session.connection,
+            self.family,
+            TABLE,
+            set,
+            &layout,
+            key,
+        )
+        .map_err(read_error(set))?;
         self.explanation
             .reads
             .push(format!("one element of @{set}"));
@@ -341,7 +380,7 @@ impl Reader<'_> {
     /// The data of an anonymous map indexed by a numgen draw, in index order.
     fn indexed(&mut self, set: &str) -> Result<Vec<String>, ExplainError> {
         let elements = set_elements(
-            &mut self.connection,
+            &mut self.session.connection,
             self.family,
             TABLE,
             set,
@@ -391,31 +430,47 @@ impl Reader<'_> {
     /// The endpoints of a policy chain's slot in an endpoint map: each share of the slot's
     /// draws, with its part of them.
     fn draws(&mut self, chain: &str, map: RandomPick) -> Result<Outcome, ExplainError> {
-        let shares = set_elements(
-            &mut self.connection,
-            self.family,
-            TABLE,
-            &map.set,
-            &KeyLayout::Draws,
-        )
-        .map_err(read_error(&map.set))?;
+        let key = (self.family, map.set.clone());
+        if !self.session.maps.contains_key(&key) {
+            let read = set_elements(
+                &mut self.session.connection,
+                self.family,
+                TABLE,
+                &map.set,
+                &KeyLayout::Draws,
+            )
+            .map_err(read_error(&map.set))?;
+            let mut shares: Vec<Share> = read
+                .iter()
+                .filter_map(|(range, data)| {
+                    let (first, last) = draw_range(range)?;
+                    Some((first, last, destination(data)?))
+                })
+                .collect();
+            shares.sort_unstable();
+            self.session.maps.insert(key.clone(), shares);
+        }
         self.explanation
             .reads
             .push(format!("the elements of @{}", map.set));
-        let mut candidates: BTreeMap<SocketAddr, u64> = BTreeMap::new();
         let (first_draw, end) = (
             u64::from(map.offset),
             u64::from(map.offset) + u64::from(map.modulus),
         );
-        for (range, data) in &shares {
-            let Some((first, last)) = draw_range(range) else {
-                continue;
-            };
-            if first < first_draw || last >= end {
-                continue;
+        let mut candidates: BTreeMap<SocketAddr, u64> = BTreeMap::new();
+        let shares = self
+            .session
+            .maps
+            .get(&key)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let start = shares.partition_point(|(first, _, _)| *first < first_draw);
+        for (first, last, endpoint) in &shares[start..] {
+            if *first >= end {
+                break;
             }
-            if let Some(endpoint) = destination(data) {
-                *candidates.entry(endpoint).or_default() += last - first + 1;
+            if *last < end {
+                *candidates.entry(*endpoint).or_default() += last - first + 1;
             }
         }
         self.step(format!(
