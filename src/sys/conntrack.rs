@@ -12,8 +12,7 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use super::netlink::{Connection, NetlinkError};
-use super::nf_tables::read::RawMessage;
+use super::netlink::{Connection, NetlinkError, RawMessage};
 use crate::model::IpFamily;
 
 /// How many delete requests go to the kernel in one send.

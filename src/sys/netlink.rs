@@ -5,8 +5,8 @@ use std::fmt::Debug;
 use std::io;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage,
-    NetlinkPayload, NetlinkSerializable,
+    DecodeError, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkDeserializable,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
 use netlink_sys::{Socket, SocketAddr};
 
@@ -301,5 +301,39 @@ impl Connection {
                 offset += (length + 3) & !3;
             }
         }
+    }
+}
+
+/// A netfilter message kept as bytes: a request built by hand (nf_tables', a conntrack dump
+/// with a filter the netlink crate cannot write), or a reply kept whole for decoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawMessage {
+    pub message_type: u16,
+    /// nfgenmsg and attributes.
+    pub payload: Vec<u8>,
+}
+
+impl NetlinkSerializable for RawMessage {
+    fn message_type(&self) -> u16 {
+        self.message_type
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.copy_from_slice(&self.payload);
+    }
+}
+
+impl NetlinkDeserializable for RawMessage {
+    type Error = DecodeError;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
+        Ok(RawMessage {
+            message_type: header.message_type,
+            payload: payload.to_vec(),
+        })
     }
 }

@@ -13,6 +13,7 @@ use netlink_packet_core::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::model::IpFamily;
+pub(crate) use crate::sys::netlink::RawMessage;
 use crate::sys::netlink::{Connection, NetlinkError};
 
 use super::wire::{
@@ -317,14 +318,7 @@ fn read_chains<T: Default, F: Fn(&mut T, &[u8])>(
     Ok(found)
 }
 
-/// An nf_tables request built from string attributes, or a reply kept whole for decoding.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RawMessage {
-    pub message_type: u16,
-    /// nfgenmsg and attributes.
-    pub payload: Vec<u8>,
-}
-
+/// nf_tables requests built from string attributes.
 impl RawMessage {
     /// A request of nf_tables message type `message` for `family` with these attributes.
     pub fn request(message: u16, family: IpFamily, strings: &[(u16, &str)]) -> Self {
@@ -348,31 +342,6 @@ impl RawMessage {
         (self.message_type == NFNL_SUBSYS_NFTABLES << 8 | message)
             .then(|| self.payload.get(4..))
             .flatten()
-    }
-}
-
-impl NetlinkSerializable for RawMessage {
-    fn message_type(&self) -> u16 {
-        self.message_type
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.payload.len()
-    }
-
-    fn serialize(&self, buffer: &mut [u8]) {
-        buffer.copy_from_slice(&self.payload);
-    }
-}
-
-impl NetlinkDeserializable for RawMessage {
-    type Error = DecodeError;
-
-    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
-        Ok(RawMessage {
-            message_type: header.message_type,
-            payload: payload.to_vec(),
-        })
     }
 }
 
