@@ -119,6 +119,20 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
         .node
         .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
     eprintln!("{text}");
+    // With --from, the masquerade match is evaluated: a pod's traffic is not masqueraded, the
+    // client's is.
+    let from = |source: &str| {
+        cluster
+            .node
+            .output(&[BIN, "explain", "--to", "10.96.0.10:80", "--from", source])
+    };
+    let pod = from("10.244.1.11");
+    assert!(pod.contains("not marked for masquerade"), "{pod}");
+    let client = from(CLIENT_IP);
+    assert!(
+        client.contains("marked for masquerade (its match holds"),
+        "{client}"
+    );
     for line in [
         "service:  default/web:http",
         "verdict:  DNAT to one of 4:",

@@ -19,12 +19,18 @@ use crate::sys::netlink::Connection;
 use crate::sys::nf_tables::elements::{KeyLayout, element, set_elements};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::read::{chain_rules, table_exists};
-use crate::sys::nf_tables::wire::{NFT_GOTO, NFT_JUMP, REG_VERDICT};
+use crate::sys::nf_tables::wire::NFT_GOTO;
 use crate::sys::nf_tables::write::KeyType;
 
 /// How many chains a packet may be sent through before the reader gives up (ours send it
 /// through at most three: firewall or external, then a policy chain).
 const MAX_CHAINS: usize = 6;
+
+mod evaluate;
+mod rules;
+
+use evaluate::evaluate;
+use rules::*;
 
 /// Explains `flow` from what the kernel holds in our table of its family.
 pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
@@ -40,6 +46,8 @@ pub struct Session {
     tables: BTreeMap<IpFamily, bool>,
     /// Endpoint maps read: each share's first and last draw and its endpoint, by first draw.
     maps: BTreeMap<(IpFamily, String), Vec<Share>>,
+    /// The node's addresses (NodePorts, `fib ... type local`).
+    local: Vec<IpAddr>,
 }
 
 impl Session {
@@ -48,6 +56,7 @@ impl Session {
             connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
             tables: BTreeMap::new(),
             maps: BTreeMap::new(),
+            local: SystemAddresses.addresses(),
         })
     }
 
@@ -203,7 +212,7 @@ impl Reader<'_> {
                 &address_bytes(destination),
             )?
             .is_some();
-        let local = SystemAddresses.addresses().contains(&destination);
+        let local = self.session.local.contains(&destination);
         if !(listed || (local && !destination.is_loopback())) {
             return Ok(Outcome::Untouched {
                 reason: format!(
@@ -315,12 +324,27 @@ impl Reader<'_> {
         rule: &[Expr],
         depth: usize,
     ) -> Result<Option<Outcome>, ExplainError> {
-        let conditional = is_conditional(rule);
-        let when = condition_text(rule);
+        let local = &self.session.local;
+        let applies = evaluate(rule, self.flow, &|address| local.contains(&address));
+        let conditional = is_conditional(rule) && applies != Some(true);
+        let when = match applies {
+            Some(true) if is_conditional(rule) => " (its match holds for this packet)".to_string(),
+            _ => condition_text(rule),
+        };
         if let Some(pick) = random_pick(rule) {
             return self.pick(chain, pick).map(Some);
         }
-        if rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })) {
+        let masquerades = rule.iter().any(|e| matches!(e, Expr::MetaSet { .. }))
+            || verdict_of(rule).is_some_and(|(_, target)| target == MARK_FOR_MASQUERADE);
+        if applies == Some(false) {
+            if masquerades {
+                self.step(format!(
+                    "{chain}: not marked for masquerade (the rule's match does not hold for this packet)"
+                ));
+            }
+            return Ok(None);
+        }
+        if masquerades {
             self.step(format!("{chain}: marked for masquerade{when}"));
             return Ok(None);
         }
@@ -334,10 +358,6 @@ impl Reader<'_> {
         let Some((code, target)) = verdict_of(rule) else {
             return Ok(None);
         };
-        if target == MARK_FOR_MASQUERADE {
-            self.step(format!("{chain}: marked for masquerade{when}"));
-            return Ok(None);
-        }
         let verb = if code == NFT_GOTO {
             "goes to"
         } else {
@@ -496,272 +516,5 @@ impl Reader<'_> {
                 })
                 .collect(),
         })
-    }
-}
-
-/// A rule that picks at random: a numgen draw looked up in a map.
-struct RandomPick {
-    set: String,
-    kind: PickKind,
-    modulus: u32,
-    offset: u32,
-}
-
-enum PickKind {
-    /// A policy chain's slot in a named endpoint map (intervals of draws).
-    Slot,
-    /// An anonymous map of endpoints (more than a slot holds, or a slot another chain holds).
-    Endpoints,
-    /// An anonymous verdict map of endpoint chains (session affinity).
-    Chains,
-}
-
-fn random_pick(rule: &[Expr]) -> Option<RandomPick> {
-    let (modulus, offset) = rule.iter().find_map(|e| match e {
-        Expr::Numgen {
-            modulus, offset, ..
-        } => Some((*modulus, *offset)),
-        _ => None,
-    })?;
-    let (set, verdicts) = rule.iter().find_map(|e| match e {
-        Expr::Lookup { set, dreg, .. } => Some((set.name.clone(), *dreg == Some(REG_VERDICT))),
-        _ => None,
-    })?;
-    let kind = match (set.starts_with("__"), verdicts) {
-        (_, true) => PickKind::Chains,
-        (true, false) => PickKind::Endpoints,
-        (false, false) => PickKind::Slot,
-    };
-    Some(RandomPick {
-        set,
-        kind,
-        modulus,
-        offset,
-    })
-}
-
-/// An endpoint chain's DNAT target: the address and port it loads before its `dnat`.
-fn dnat_target(rule: &[Expr]) -> Option<SocketAddr> {
-    if !rule
-        .iter()
-        .any(|e| matches!(e, Expr::DnatRange { .. } | Expr::Dnat { .. }))
-    {
-        return None;
-    }
-    let mut values = rule.iter().filter_map(|e| match e {
-        Expr::Immediate {
-            data: Data::Value(bytes),
-            ..
-        } => Some(bytes.as_slice()),
-        _ => None,
-    });
-    let (address, port) = (values.next()?, values.next()?);
-    let address: IpAddr = match address.len() {
-        4 => <[u8; 4]>::try_from(address).ok()?.into(),
-        16 => <[u8; 16]>::try_from(address).ok()?.into(),
-        _ => return None,
-    };
-    let port = u16::from_be_bytes(port.get(..2)?.try_into().ok()?);
-    Some(SocketAddr::new(address, port))
-}
-
-/// Each of `endpoints` with an equal chance.
-fn evenly(endpoints: Vec<SocketAddr>) -> Outcome {
-    if endpoints.is_empty() {
-        return Outcome::Untouched {
-            reason: "the random pick names no endpoint this reader can read".into(),
-        };
-    }
-    let probability = 1.0 / endpoints.len() as f64;
-    Outcome::Dnat {
-        candidates: endpoints
-            .into_iter()
-            .map(|endpoint| Candidate {
-                endpoint,
-                probability,
-            })
-            .collect(),
-    }
-}
-
-/// The rule's verdict with a chain: (code, chain).
-fn verdict_of(rule: &[Expr]) -> Option<(i32, String)> {
-    match rule.last()? {
-        Expr::Immediate {
-            data: Data::Verdict(verdict),
-            ..
-        } if verdict.code == NFT_GOTO || verdict.code == NFT_JUMP => {
-            Some((verdict.code, verdict.chain.clone()?))
-        }
-        _ => None,
-    }
-}
-
-/// Whether the rule matches only some packets (it compares or looks something up before its
-/// verdict).
-fn is_conditional(rule: &[Expr]) -> bool {
-    rule.iter().any(|e| {
-        matches!(
-            e,
-            Expr::Cmp { .. } | Expr::Lookup { dreg: None, .. } | Expr::Range { .. }
-        )
-    })
-}
-
-/// What the rule's match says, in words, for the kinds our rules use.
-fn condition_text(rule: &[Expr]) -> String {
-    if rule
-        .iter()
-        .any(|e| matches!(e, Expr::FibAddressType { source: true, .. }))
-    {
-        " when it comes from this node".into()
-    } else if rule.iter().any(|e| {
-        matches!(
-            e,
-            Expr::Lookup {
-                dreg: None,
-                inverted: true,
-                ..
-            }
-        )
-    }) {
-        " when its source is not in the allowed ranges".into()
-    } else if is_conditional(rule) {
-        " when it matches the rule's source or destination match (not evaluated yet)".into()
-    } else {
-        String::new()
-    }
-}
-
-/// `ns/svc:port` from a chain name `PREFIX-HASH-ns/svc/proto/port`.
-fn service_of_chain(chain: &str) -> Option<String> {
-    let base = chain.splitn(3, '-').nth(2)?;
-    let mut parts = base.split('/');
-    let (namespace, name, _proto, port) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    Some(format!("{namespace}/{name}:{port}"))
-}
-
-/// The `ns/svc:port` a no-endpoint element's comment names.
-fn comment_of(rest: &str) -> Option<&str> {
-    rest.split_once("comment \"")?
-        .1
-        .split_once('"')
-        .map(|(c, _)| c)
-}
-
-/// `FIRST-LAST` of a draws map's element.
-fn draw_range(range: &str) -> Option<(u64, u64)> {
-    let (first, last) = range.split_once('-')?;
-    Some((first.parse().ok()?, last.parse().ok()?))
-}
-
-/// ` : ADDRESS . PORT` of a draws map's element.
-fn destination(data: &str) -> Option<SocketAddr> {
-    let (address, port) = data.trim_start_matches(" : ").split_once(" . ")?;
-    Some(SocketAddr::new(address.parse().ok()?, port.parse().ok()?))
-}
-
-fn address_bytes(address: IpAddr) -> Vec<u8> {
-    match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
-fn protocol_number(flow: &Flow) -> u8 {
-    match flow.protocol {
-        crate::model::Protocol::Tcp => 6,
-        crate::model::Protocol::Udp => 17,
-        crate::model::Protocol::Sctp => 132,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn random_picks_are_told_apart_by_their_map() {
-        use crate::sys::nf_tables::expr::SetRef;
-        let pick = |set: &str, dreg| {
-            let rule = [
-                Expr::Numgen {
-                    dreg: 1,
-                    modulus: 3,
-                    offset: 0,
-                },
-                Expr::Lookup {
-                    sreg: 1,
-                    dreg: Some(dreg),
-                    set: SetRef {
-                        name: set.into(),
-                        id: None,
-                    },
-                    inverted: false,
-                },
-            ];
-            random_pick(&rule).map(|pick| pick.kind)
-        };
-        assert!(matches!(pick("endpoints-tcp-3", 1), Some(PickKind::Slot)));
-        assert!(matches!(pick("__mapABC", 1), Some(PickKind::Endpoints)));
-        assert!(matches!(
-            pick("__mapABC", REG_VERDICT),
-            Some(PickKind::Chains)
-        ));
-        assert!(random_pick(&[]).is_none());
-    }
-
-    #[test]
-    fn an_endpoint_chains_dnat_names_its_endpoint() {
-        let rule = [
-            Expr::Immediate {
-                dreg: 1,
-                data: Data::Value(vec![10, 244, 1, 11]),
-            },
-            Expr::Immediate {
-                dreg: 2,
-                data: Data::Value(8080u16.to_be_bytes().to_vec()),
-            },
-            Expr::DnatRange {
-                family: 2,
-                addr: 1,
-                port: 2,
-            },
-        ];
-        assert_eq!(
-            dnat_target(&rule),
-            Some("10.244.1.11:8080".parse().unwrap())
-        );
-        assert_eq!(dnat_target(&rule[..2]), None);
-        let Outcome::Dnat { candidates } = evenly(vec!["10.0.0.1:1".parse().unwrap(); 4]) else {
-            panic!("a DNAT");
-        };
-        assert_eq!(candidates[0].probability, 0.25);
-    }
-
-    #[test]
-    fn names_and_texts_read_as_written() {
-        assert_eq!(
-            service_of_chain("service-ULMVA6XW-ns1/svc1/tcp/p80").as_deref(),
-            Some("ns1/svc1:p80")
-        );
-        assert_eq!(service_of_chain("services"), None);
-        assert_eq!(
-            comment_of(" comment \"ns/svc:http\" : drop"),
-            Some("ns/svc:http")
-        );
-        assert_eq!(
-            draw_range("2140094464-2140099924"),
-            Some((2_140_094_464, 2_140_099_924))
-        );
-        assert_eq!(
-            destination(" : 10.244.1.11 . 8080"),
-            Some("10.244.1.11:8080".parse().unwrap())
-        );
-        assert_eq!(
-            destination(" : fd00::1 . 80"),
-            Some("[fd00::1]:80".parse().unwrap())
-        );
     }
 }
