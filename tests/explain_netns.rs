@@ -285,6 +285,35 @@ async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
 
     let lb = explain(&cluster, "192.168.200.1:80/tcp");
     assert_eq!(lb["service"], "default/web:http", "{lb:#}");
+    // With --from: the client is within the ranges, another source is not.
+    let lb_from = |source: &str| {
+        let output = cluster.node.raw_output(&[
+            BIN,
+            "explain",
+            "--to",
+            "192.168.200.1:80",
+            "--from",
+            source,
+            "-o",
+            "json",
+        ]);
+        serde_json::from_slice::<Value>(&output.stdout).expect("explain's JSON")
+    };
+    let allowed = lb_from(CLIENT_IP);
+    assert_eq!(allowed["verdict"], "dnat", "{allowed:#}");
+    assert!(
+        allowed["steps"].to_string().contains("within"),
+        "{allowed:#}"
+    );
+    let outside = lb_from("10.99.0.1");
+    assert_eq!(outside["verdict"], "drop", "{outside:#}");
+    assert!(
+        outside["reason"]
+            .as_str()
+            .unwrap()
+            .contains("loadBalancerSourceRanges"),
+        "{outside:#}"
+    );
     assert!(lb["steps"].to_string().contains("@firewall-ips"), "{lb:#}");
     let predicted = candidates(&lb);
     assert_matches(&predicted, &spread(&cluster, "192.168.200.1:80", n), n);

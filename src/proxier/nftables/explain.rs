@@ -16,7 +16,9 @@ use crate::model::IpFamily;
 use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::netlink::Connection;
-use crate::sys::nf_tables::elements::{KeyLayout, element, set_elements};
+use crate::sys::nf_tables::elements::{
+    KeyLayout, address_intervals, address_number, element, set_elements,
+};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::read::{chain_rules, table_exists};
 use crate::sys::nf_tables::wire::NFT_GOTO;
@@ -29,7 +31,7 @@ const MAX_CHAINS: usize = 6;
 mod evaluate;
 mod rules;
 
-use evaluate::evaluate;
+use evaluate::{Context, evaluate};
 use rules::*;
 
 /// Explains `flow` from what the kernel holds in our table of its family.
@@ -169,10 +171,10 @@ impl Reader<'_> {
         let (address, proto, port) = (self.address_type(), KeyType::Protocol, KeyType::Port);
         let key = self.service_key();
         if let Some(rest) = self.element(FIREWALL_IPS, &[address, proto, port], &key)? {
-            self.step(format!(
-                "@{FIREWALL_IPS}: {}{rest}: a source outside the Service's loadBalancerSourceRanges is dropped there (the ranges are not read yet)",
-                self.key_text()
-            ));
+            self.step(format!("@{FIREWALL_IPS}: {}{rest}", self.key_text()));
+            if let Some(dropped) = self.firewall(&rest)? {
+                return Ok(dropped);
+            }
         }
         if let Some(rest) = self.element(SERVICE_IPS, &[address, proto, port], &key)? {
             self.step(format!("@{SERVICE_IPS}: {}{rest}", self.key_text()));
@@ -262,6 +264,84 @@ impl Reader<'_> {
         self.explanation.steps.push(text);
     }
 
+    /// Whether `rule`'s match holds for the flow (see `evaluate`), the anonymous sets of
+    /// addresses it looks up read when the flow's source is known.
+    fn applies(&mut self, rule: &[Expr]) -> Result<Option<bool>, ExplainError> {
+        let mut sets: BTreeMap<String, Vec<(u128, u128)>> = BTreeMap::new();
+        if self.flow.source.is_some() {
+            for expr in rule {
+                if let Expr::Lookup {
+                    set, dreg: None, ..
+                } = expr
+                    && set.name.starts_with("__")
+                {
+                    let read = address_intervals(
+                        &mut self.session.connection,
+                        self.family,
+                        TABLE,
+                        &set.name,
+                    )
+                    .map_err(read_error(&set.name))?;
+                    self.explanation
+                        .reads
+                        .push(format!("the elements of {}", set.name));
+                    sets.insert(set.name.clone(), read);
+                }
+            }
+        }
+        let local = &self.session.local;
+        let member = |set: &str, value: &[u8]| {
+            let intervals = sets.get(set)?;
+            let value = address_number(value)?;
+            Some(
+                intervals
+                    .iter()
+                    .any(|(first, end)| *first <= value && value < *end),
+            )
+        };
+        let context = Context {
+            local: &|address| local.contains(&address),
+            member: &member,
+        };
+        Ok(evaluate(rule, self.flow, &context))
+    }
+
+    /// The firewall chain a load-balancer IP with source ranges goes through (in the filter
+    /// hook, before DNAT): the drop, if this packet's source is outside the ranges.
+    fn firewall(&mut self, rest: &str) -> Result<Option<Outcome>, ExplainError> {
+        let Some(chain) = rest.rsplit_once("goto ").map(|(_, c)| c.trim().to_string()) else {
+            return Ok(None);
+        };
+        let rules = chain_rules(self.family, TABLE, &[chain.as_str()])
+            .map_err(read_error(&chain))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        self.explanation
+            .reads
+            .push(format!("the {} rules of chain {chain}", rules.len()));
+        for rule in &rules {
+            match self.applies(rule)? {
+                Some(true) => {
+                    self.step(format!(
+                        "{chain}: dropped: its source is outside the Service's loadBalancerSourceRanges"
+                    ));
+                    return Ok(Some(Outcome::Drop {
+                        reason: "its source is outside the Service's loadBalancerSourceRanges"
+                            .into(),
+                    }));
+                }
+                Some(false) => self.step(format!(
+                    "{chain}: its source is within the Service's loadBalancerSourceRanges"
+                )),
+                None => self.step(format!(
+                    "{chain}: a source outside the Service's loadBalancerSourceRanges is dropped (give --from to evaluate it)"
+                )),
+            }
+        }
+        Ok(None)
+    }
+
     /// An element of a no-endpoint map: ` comment "ns/svc:port" : goto reject-chain | drop`.
     fn refusal(&mut self, rest: &str) -> Outcome {
         if let Some(service) = comment_of(rest) {
@@ -324,8 +404,7 @@ impl Reader<'_> {
         rule: &[Expr],
         depth: usize,
     ) -> Result<Option<Outcome>, ExplainError> {
-        let local = &self.session.local;
-        let applies = evaluate(rule, self.flow, &|address| local.contains(&address));
+        let applies = self.applies(rule)?;
         let conditional = is_conditional(rule) && applies != Some(true);
         let when = match applies {
             Some(true) if is_conditional(rule) => " (its match holds for this packet)".to_string(),

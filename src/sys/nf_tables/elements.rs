@@ -321,6 +321,59 @@ pub fn set_elements(
     Ok(elements.into_iter().collect())
 }
 
+/// The intervals of addresses an interval set of addresses holds (a rule's anonymous set of
+/// prefixes), each as its first address and the one after its last, as numbers.
+pub fn address_intervals(
+    connection: &mut Connection,
+    family: IpFamily,
+    table: &str,
+    set: &str,
+) -> Result<Vec<(u128, u128)>, ElementsError> {
+    let request = RawMessage::request(
+        NFT_MSG_GETSETELEM,
+        family,
+        &[(LIST_TABLE, table), (LIST_SET, set)],
+    );
+    let mut bounds: Vec<(u128, bool)> = Vec::new();
+    for reply in &dump(connection, request)? {
+        for (_, element) in attributes(element_list(reply, table, set)) {
+            let (mut key, mut end) = (None, false);
+            for (kind, value) in attributes(element) {
+                match kind {
+                    ELEM_KEY => key = data_value(value).and_then(address_number),
+                    ELEM_FLAGS => end = value.get(..4).is_some_and(|f| f != [0, 0, 0, 0]),
+                    _ => {}
+                }
+            }
+            bounds.extend(key.map(|key| (key, !end)));
+        }
+    }
+    // Each start runs to the next end (an end at 0 closes the gap below the first).
+    bounds.sort_unstable();
+    let mut intervals = Vec::new();
+    let mut open = None;
+    for (key, start) in bounds {
+        match (start, open.take()) {
+            (true, _) => open = Some(key),
+            (false, Some(first)) => intervals.push((first, key)),
+            (false, None) => {}
+        }
+    }
+    if let Some(first) = open {
+        intervals.push((first, u128::MAX));
+    }
+    Ok(intervals)
+}
+
+/// An address's bytes (4 or 16) as a number.
+pub fn address_number(bytes: &[u8]) -> Option<u128> {
+    match bytes.len() {
+        4 => Some(u128::from(u32::from_be_bytes(bytes.try_into().ok()?))),
+        16 => Some(u128::from_be_bytes(bytes.try_into().ok()?)),
+        _ => None,
+    }
+}
+
 /// The element of `set` (laid out as `layout`) whose key is `key` (its bytes as the kernel holds
 /// them), as text, or `None` when the set holds none: one request for one element.
 pub fn element(

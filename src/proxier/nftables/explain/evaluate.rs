@@ -14,9 +14,17 @@ use crate::sys::nf_tables::wire::{
     BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, META_L4PROTO,
 };
 
+/// What a match needs besides the packet: whether an address is one of the node's, and
+/// whether a value is in a set (`None`: not read).
+pub(super) struct Context<'a> {
+    pub local: &'a dyn Fn(IpAddr) -> bool,
+    pub member: &'a dyn Fn(&str, &[u8]) -> Option<bool>,
+}
+
 /// `Some(true)` when every match of `rule` holds, `Some(false)` when one does not, `None`
-/// when one cannot be told. `local` says whether an address is one of the node's.
-pub(super) fn evaluate(rule: &[Expr], flow: &Flow, local: &dyn Fn(IpAddr) -> bool) -> Option<bool> {
+/// when one cannot be told.
+pub(super) fn evaluate(rule: &[Expr], flow: &Flow, context: &Context<'_>) -> Option<bool> {
+    let local = context.local;
     let mut registers: BTreeMap<u32, Option<Vec<u8>>> = BTreeMap::new();
     let mut open = false;
     for expr in rule {
@@ -70,7 +78,20 @@ pub(super) fn evaluate(rule: &[Expr], flow: &Flow, local: &dyn Fn(IpAddr) -> boo
                 }
                 None => open = true,
             },
-            Expr::Lookup { dreg: None, .. } | Expr::Range { .. } => open = true,
+            Expr::Lookup {
+                sreg,
+                dreg: None,
+                set,
+                inverted,
+            } => {
+                let value = registers.get(sreg).cloned().flatten();
+                match value.and_then(|value| (context.member)(&set.name, &value)) {
+                    Some(member) if member == *inverted => return Some(false),
+                    Some(_) => {}
+                    None => open = true,
+                }
+            }
+            Expr::Range { .. } => open = true,
             // The rule's statements start: its matches are all seen.
             _ => break,
         }
@@ -167,18 +188,26 @@ mod tests {
         ]
     }
 
+    fn context<'a>(local: &'a dyn Fn(IpAddr) -> bool) -> Context<'a> {
+        Context {
+            local,
+            member: &|_, _| None,
+        }
+    }
+
     #[test]
     fn matches_hold_or_not_or_stay_open() {
         let never = |_| false;
+        let never = &context(&never);
         assert_eq!(
-            evaluate(&not_from_pods(), &flow(Some("192.168.1.1")), &never),
+            evaluate(&not_from_pods(), &flow(Some("192.168.1.1")), never),
             Some(true)
         );
         assert_eq!(
-            evaluate(&not_from_pods(), &flow(Some("10.244.1.5")), &never),
+            evaluate(&not_from_pods(), &flow(Some("10.244.1.5")), never),
             Some(false)
         );
-        assert_eq!(evaluate(&not_from_pods(), &flow(None), &never), None);
+        assert_eq!(evaluate(&not_from_pods(), &flow(None), never), None);
         let from_node = [
             Expr::FibAddressType {
                 dreg: REG_1,
@@ -191,12 +220,13 @@ mod tests {
             },
         ];
         let node = |a: IpAddr| a == "192.168.0.2".parse::<IpAddr>().unwrap();
+        let node = &context(&node);
         assert_eq!(
-            evaluate(&from_node, &flow(Some("192.168.0.2")), &node),
+            evaluate(&from_node, &flow(Some("192.168.0.2")), node),
             Some(true)
         );
         assert_eq!(
-            evaluate(&from_node, &flow(Some("192.168.0.3")), &node),
+            evaluate(&from_node, &flow(Some("192.168.0.3")), node),
             Some(false)
         );
     }
