@@ -40,3 +40,11 @@ pub fn parse_cidr(text: &str) -> Option<IpNet> {
         .ok()
         .map(|net| net.trunc())
 }
+
+/// An address's bytes in network order: 4 for IPv4, 16 for IPv6.
+pub fn octets(address: IpAddr) -> Vec<u8> {
+    match address {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}

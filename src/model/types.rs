@@ -51,6 +51,15 @@ impl Protocol {
     }
 
     /// Lower case, as iptables' `-p` and upstream's chain-name hash spell it.
+    /// The IP protocol number (`6`, `17`, `132`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
     pub fn lower(self) -> &'static str {
         match self {
             Protocol::Tcp => "tcp",

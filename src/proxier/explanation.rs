@@ -142,11 +142,7 @@ pub fn tracked(flow: &Flow, outcome: &Outcome) -> Result<Vec<Tracked>, ExplainEr
         what: "conntrack".into(),
         reason: err.to_string(),
     };
-    let protocol = match flow.protocol {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    };
+    let protocol = flow.protocol.number();
     let flows = NetlinkConntrack::open()
         .and_then(|mut conntrack| conntrack.flows_to(protocol, flow.destination))
         .map_err(read)?;

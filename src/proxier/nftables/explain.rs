@@ -13,6 +13,7 @@ use super::render::{
     NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
 };
 use crate::model::IpFamily;
+use crate::model::address::octets;
 use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::netlink::Connection;
@@ -155,14 +156,14 @@ impl Reader<'_> {
 
     /// The key `address . protocol . port` as the kernel holds it (each part padded to four).
     fn service_key(&self) -> Vec<u8> {
-        let mut key = address_bytes(self.flow.destination.ip());
+        let mut key = octets(self.flow.destination.ip());
         key.extend(self.protocol_and_port());
         key
     }
 
     fn protocol_and_port(&self) -> Vec<u8> {
         let port = self.flow.destination.port().to_be_bytes();
-        vec![protocol_number(self.flow), 0, 0, 0, port[0], port[1], 0, 0]
+        vec![self.flow.protocol.number(), 0, 0, 0, port[0], port[1], 0, 0]
     }
 
     /// The service maps in upstream's order: ClusterIPs, external and load-balancer IPs, then
@@ -187,7 +188,7 @@ impl Reader<'_> {
             ));
             return Ok(self.refusal(&rest));
         }
-        let ip = address_bytes(self.flow.destination.ip());
+        let ip = octets(self.flow.destination.ip());
         if self.element(CLUSTER_IPS, &[address], &ip)?.is_some() {
             self.step(format!(
                 "@{CLUSTER_IPS}: {} is a ClusterIP",
@@ -208,11 +209,7 @@ impl Reader<'_> {
     fn node_port(&mut self) -> Result<Outcome, ExplainError> {
         let destination = self.flow.destination.ip();
         let listed = self
-            .element(
-                NODEPORT_IPS,
-                &[self.address_type()],
-                &address_bytes(destination),
-            )?
+            .element(NODEPORT_IPS, &[self.address_type()], &octets(destination))?
             .is_some();
         let local = self.session.local.contains(&destination);
         if !(listed || (local && !destination.is_loopback())) {
@@ -264,6 +261,19 @@ impl Reader<'_> {
         self.explanation.steps.push(text);
     }
 
+    /// The rules of `chain`, as expressions: one dump of that chain.
+    fn rules_of(&mut self, chain: &str) -> Result<Vec<Vec<Expr>>, ExplainError> {
+        let rules = chain_rules(self.family, TABLE, &[chain])
+            .map_err(read_error(chain))?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        self.explanation
+            .reads
+            .push(format!("the {} rules of chain {chain}", rules.len()));
+        Ok(rules)
+    }
+
     /// Whether `rule`'s match holds for the flow (see `evaluate`), the anonymous sets of
     /// addresses it looks up read when the flow's source is known.
     fn applies(&mut self, rule: &[Expr]) -> Result<Option<bool>, ExplainError> {
@@ -312,14 +322,7 @@ impl Reader<'_> {
         let Some(chain) = rest.rsplit_once("goto ").map(|(_, c)| c.trim().to_string()) else {
             return Ok(None);
         };
-        let rules = chain_rules(self.family, TABLE, &[chain.as_str()])
-            .map_err(read_error(&chain))?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        self.explanation
-            .reads
-            .push(format!("the {} rules of chain {chain}", rules.len()));
+        let rules = self.rules_of(&chain)?;
         for rule in &rules {
             match self.applies(rule)? {
                 Some(true) => {
@@ -379,14 +382,7 @@ impl Reader<'_> {
                 reason: format!("more than {MAX_CHAINS} chains deep at {chain}"),
             });
         }
-        let rules = chain_rules(self.family, TABLE, &[chain.as_str()])
-            .map_err(read_error(&chain))?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        self.explanation
-            .reads
-            .push(format!("the {} rules of chain {chain}", rules.len()));
+        let rules = self.rules_of(&chain)?;
         for rule in &rules {
             if let Some(outcome) = self.rule(&chain, rule, depth)? {
                 return Ok(outcome);
@@ -513,14 +509,7 @@ impl Reader<'_> {
             let Some(target) = target.strip_prefix("goto ") else {
                 continue;
             };
-            let rules = chain_rules(self.family, TABLE, &[target])
-                .map_err(read_error(target))?
-                .into_iter()
-                .next()
-                .unwrap_or_default();
-            self.explanation
-                .reads
-                .push(format!("the {} rules of chain {target}", rules.len()));
+            let rules = self.rules_of(target)?;
             endpoints.extend(rules.iter().find_map(|rule| dnat_target(rule)));
         }
         Ok(evenly(endpoints))

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::model::Protocol;
+use crate::model::address::octets;
 use crate::proxier::explanation::Flow;
 use crate::sys::nf_tables::expr::Expr;
 use crate::sys::nf_tables::wire::{
@@ -38,7 +38,7 @@ pub(super) fn evaluate(rule: &[Expr], flow: &Flow, context: &Context<'_>) -> Opt
                 registers.insert(*dreg, load(flow, *base, *offset, *len));
             }
             Expr::MetaLoad { key, dreg } => {
-                let value = (*key == META_L4PROTO).then(|| vec![protocol_number(flow.protocol)]);
+                let value = (*key == META_L4PROTO).then(|| vec![flow.protocol.number()]);
                 registers.insert(*dreg, value);
             }
             Expr::FibAddressType { dreg, source } => {
@@ -109,18 +109,14 @@ fn load(flow: &Flow, base: u32, offset: u32, len: u32) -> Option<Vec<u8>> {
             .then(|| bytes.map(|b| b[offset - start..offset - start + len].to_vec()))
             .flatten()
     };
-    let address_bytes = |address: IpAddr| match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
     let (source_at, destination_at) = if flow.destination.is_ipv4() {
         (12, 16)
     } else {
         (8, 24)
     };
     match base {
-        BASE_NETWORK => field(source_at, flow.source.map(address_bytes))
-            .or_else(|| field(destination_at, Some(address_bytes(flow.destination.ip())))),
+        BASE_NETWORK => field(source_at, flow.source.map(octets))
+            .or_else(|| field(destination_at, Some(octets(flow.destination.ip())))),
         BASE_TRANSPORT => field(2, Some(flow.destination.port().to_be_bytes().to_vec())),
         _ => None,
     }
@@ -137,14 +133,6 @@ fn compare(value: &[u8], op: u32, data: &[u8]) -> Option<bool> {
         CMP_GT => value > data,
         _ => return None,
     })
-}
-
-fn protocol_number(protocol: Protocol) -> u8 {
-    match protocol {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::proxier::explanation::{Candidate, Flow, Outcome};
+use crate::proxier::explanation::{Candidate, Outcome};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::wire::{NFT_GOTO, NFT_JUMP, REG_VERDICT};
 
@@ -169,21 +169,6 @@ pub(super) fn draw_range(range: &str) -> Option<(u64, u64)> {
 pub(super) fn destination(data: &str) -> Option<SocketAddr> {
     let (address, port) = data.trim_start_matches(" : ").split_once(" . ")?;
     Some(SocketAddr::new(address.parse().ok()?, port.parse().ok()?))
-}
-
-pub(super) fn address_bytes(address: IpAddr) -> Vec<u8> {
-    match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
-pub(super) fn protocol_number(flow: &Flow) -> u8 {
-    match flow.protocol {
-        crate::model::Protocol::Tcp => 6,
-        crate::model::Protocol::Udp => 17,
-        crate::model::Protocol::Sctp => 132,
-    }
 }
 
 #[cfg(test)]
