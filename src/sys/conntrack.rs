@@ -12,8 +12,11 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use super::netlink::{Connection, NetlinkError, RawMessage};
+use super::netlink::{
+    Attributes, Connection, NFPROTO_IPV4, NFPROTO_IPV6, NetlinkError, RawMessage,
+};
 use crate::model::IpFamily;
+use crate::model::address::octets;
 
 /// How many delete requests go to the kernel in one send.
 const DELETE_BATCH: usize = 256;
@@ -68,14 +71,11 @@ impl NetlinkConntrack {
 const CTA_TUPLE_ORIG: u16 = 1;
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
 const CTA_FILTER: u16 = 25;
 const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 const CTA_FILTER_IP_DST: u32 = 1 << 1;
 const CTA_FILTER_PROTO_NUM: u32 = 1 << 3;
 const CTA_FILTER_PROTO_DST_PORT: u32 = 1 << 5;
-const NLA_F_NESTED: u16 = 0x8000;
 
 /// A flow of any protocol as conntrack tracks it: where the client sent it, and where the
 /// replies come from (after DNAT, the endpoint that serves it).
@@ -96,35 +96,30 @@ impl NetlinkConntrack {
         destination: SocketAddr,
     ) -> Result<Vec<TrackedFlow>, ConntrackError> {
         // CTA_TUPLE_ORIG { CTA_TUPLE_IP { CTA_IP_V4_DST | CTA_IP_V6_DST }, CTA_TUPLE_PROTO {
-        // CTA_PROTO_NUM, CTA_PROTO_DST_PORT } } and CTA_FILTER { CTA_FILTER_ORIG_FLAGS }.
-        let address = match destination.ip() {
-            IpAddr::V4(v4) => attribute(2, &v4.octets()),
-            IpAddr::V6(v6) => attribute(4, &v6.octets()),
+        // CTA_PROTO_NUM, CTA_PROTO_DST_PORT } } and CTA_FILTER { CTA_FILTER_ORIG_FLAGS }. Built
+        // by hand: the kernel parses CTA_FILTER strictly, as nested, and the netlink crate's
+        // attributes drop the nested flag.
+        let (family, address_kind) = match destination.ip() {
+            IpAddr::V4(_) => (NFPROTO_IPV4, 2),
+            IpAddr::V6(_) => (NFPROTO_IPV6, 4),
         };
-        let proto = [
-            attribute(1, &[protocol]),
-            attribute(3, &destination.port().to_be_bytes()),
-        ]
-        .concat();
-        let tuple = [
-            attribute(1 | NLA_F_NESTED, &address),
-            attribute(2 | NLA_F_NESTED, &proto),
-        ]
-        .concat();
         let flags = CTA_FILTER_IP_DST | CTA_FILTER_PROTO_NUM | CTA_FILTER_PROTO_DST_PORT;
-        let filter = attribute(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
-        // Sent as raw bytes: the kernel parses CTA_FILTER strictly, as nested, and the netlink
-        // crate's attributes drop the nested flag.
-        let family = match destination.ip() {
-            IpAddr::V4(_) => NFPROTO_IPV4,
-            IpAddr::V6(_) => NFPROTO_IPV6,
-        };
-        let payload = [
-            vec![family, 0, 0, 0],
-            attribute(CTA_TUPLE_ORIG | NLA_F_NESTED, &tuple),
-            attribute(CTA_FILTER | NLA_F_NESTED, &filter),
-        ]
-        .concat();
+        let mut attributes = Attributes::new();
+        attributes
+            .nested(CTA_TUPLE_ORIG, |tuple| {
+                tuple.nested(1, |ip| {
+                    ip.raw(address_kind, &octets(destination.ip()));
+                });
+                tuple.nested(2, |proto| {
+                    proto
+                        .raw(1, &[protocol])
+                        .raw(3, &destination.port().to_be_bytes());
+                });
+            })
+            .nested(CTA_FILTER, |filter| {
+                filter.raw(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
+            });
+        let payload = [vec![family, 0, 0, 0], attributes.into_bytes()].concat();
         let request = RawMessage {
             message_type: NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_GET,
             payload,
@@ -141,17 +136,6 @@ impl NetlinkConntrack {
             .filter(|flow| flow.destination == destination)
             .collect())
     }
-}
-
-/// One netlink attribute: length, type, value, padded to four bytes.
-fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
-    let length = 4 + value.len();
-    let mut out = Vec::with_capacity(length.div_ceil(4) * 4);
-    out.extend((length as u16).to_ne_bytes());
-    out.extend(kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(length.div_ceil(4) * 4, 0);
-    out
 }
 
 /// Any flow a dump entry describes, by its tuples' addresses and ports.

@@ -337,3 +337,81 @@ impl NetlinkDeserializable for RawMessage {
         })
     }
 }
+
+/// The netfilter family numbers of nfgenmsg (NFPROTO_*).
+pub const NFPROTO_IPV4: u8 = 2;
+pub const NFPROTO_IPV6: u8 = 10;
+
+/// An attribute holding attributes.
+pub const NLA_F_NESTED: u16 = 0x8000;
+
+/// Attributes being written into a buffer; nested attributes are written in place and their
+/// length filled in when they close.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attributes {
+    bytes: Vec<u8>,
+}
+
+impl Attributes {
+    pub fn new() -> Self {
+        Attributes::default()
+    }
+
+    /// The bytes written so far.
+    #[cfg(test)]
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// One attribute with `value` as its payload, padded to four bytes.
+    pub fn raw(&mut self, kind: u16, value: &[u8]) -> &mut Self {
+        let length = 4 + value.len();
+        self.bytes.extend_from_slice(&(length as u16).to_ne_bytes());
+        self.bytes.extend_from_slice(&kind.to_ne_bytes());
+        self.bytes.extend_from_slice(value);
+        self.pad();
+        self
+    }
+
+    /// A NUL-terminated string.
+    pub fn string(&mut self, kind: u16, value: &str) -> &mut Self {
+        let mut bytes = Vec::with_capacity(value.len() + 1);
+        bytes.extend_from_slice(value.as_bytes());
+        bytes.push(0);
+        self.raw(kind, &bytes)
+    }
+
+    /// A 32-bit number in network byte order (as nf_tables and ctnetlink take numbers).
+    pub fn u32(&mut self, kind: u16, value: u32) -> &mut Self {
+        self.raw(kind, &value.to_be_bytes())
+    }
+
+    /// A 64-bit number in network byte order.
+    pub fn u64(&mut self, kind: u16, value: u64) -> &mut Self {
+        self.raw(kind, &value.to_be_bytes())
+    }
+
+    /// A nested attribute whose content `fill` writes.
+    pub fn nested(&mut self, kind: u16, fill: impl FnOnce(&mut Attributes)) -> &mut Self {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&[0, 0]);
+        self.bytes
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        fill(self);
+        // Callers keep what they nest small (a longer attribute would be cut short).
+        debug_assert!(self.bytes.len() - start <= usize::from(u16::MAX));
+        let length = (self.bytes.len() - start) as u16;
+        self.bytes[start..start + 2].copy_from_slice(&length.to_ne_bytes());
+        self
+    }
+
+    fn pad(&mut self) {
+        while !self.bytes.len().is_multiple_of(4) {
+            self.bytes.push(0);
+        }
+    }
+}

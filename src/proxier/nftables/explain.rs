@@ -21,6 +21,7 @@ use crate::sys::nf_tables::elements::{
     KeyLayout, address_intervals, address_number, element, set_elements,
 };
 use crate::sys::nf_tables::expr::{Data, Expr};
+use crate::sys::nf_tables::family_keyword;
 use crate::sys::nf_tables::read::{chain_rules, table_exists};
 use crate::sys::nf_tables::wire::NFT_GOTO;
 use crate::sys::nf_tables::write::KeyType;
@@ -76,7 +77,7 @@ impl Session {
         if !present {
             return Err(ExplainError::NothingProgrammed(format!(
                 "no table {} {TABLE}: nftables mode programs nothing in this network namespace",
-                family_word(family)
+                family_keyword(family)
             )));
         }
         let mut reader = Reader {
@@ -99,13 +100,6 @@ impl Session {
         };
         reader.explanation.outcome = reader.dispatch()?;
         Ok(reader.explanation)
-    }
-}
-
-fn family_word(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
     }
 }
 

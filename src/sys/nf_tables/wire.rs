@@ -14,8 +14,7 @@ pub const NFNLGRP_NFTABLES: u32 = 7;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 pub const NFNL_MSG_BATCH_END: u16 = 17;
 /// nfgenmsg families.
-pub const NFPROTO_IPV4: u8 = 2;
-pub const NFPROTO_IPV6: u8 = 10;
+pub use crate::sys::netlink::{Attributes, NFPROTO_IPV4, NFPROTO_IPV6};
 
 /// nf_tables message types.
 pub const NFT_MSG_NEWTABLE: u16 = 0;
@@ -102,80 +101,6 @@ pub const LOOKUP_INVERTED: u32 = 0x1;
 pub const NLM_F_REQUEST: u16 = 0x1;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_APPEND: u16 = 0x800;
-/// An attribute holding attributes.
-const NLA_F_NESTED: u16 = 0x8000;
-
-/// Attributes being written into a buffer; nested attributes are written in place and their
-/// length filled in when they close.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Attributes {
-    bytes: Vec<u8>,
-}
-
-impl Attributes {
-    pub fn new() -> Self {
-        Attributes::default()
-    }
-
-    /// The bytes written so far.
-    #[cfg(test)]
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
-    }
-
-    /// One attribute with `value` as its payload, padded to four bytes.
-    pub fn raw(&mut self, kind: u16, value: &[u8]) -> &mut Self {
-        let length = 4 + value.len();
-        self.bytes.extend_from_slice(&(length as u16).to_ne_bytes());
-        self.bytes.extend_from_slice(&kind.to_ne_bytes());
-        self.bytes.extend_from_slice(value);
-        self.pad();
-        self
-    }
-
-    /// A NUL-terminated string.
-    pub fn string(&mut self, kind: u16, value: &str) -> &mut Self {
-        let mut bytes = Vec::with_capacity(value.len() + 1);
-        bytes.extend_from_slice(value.as_bytes());
-        bytes.push(0);
-        self.raw(kind, &bytes)
-    }
-
-    /// A 32-bit number in network byte order (as nf_tables takes every number).
-    pub fn u32(&mut self, kind: u16, value: u32) -> &mut Self {
-        self.raw(kind, &value.to_be_bytes())
-    }
-
-    /// A 64-bit number in network byte order.
-    pub fn u64(&mut self, kind: u16, value: u64) -> &mut Self {
-        self.raw(kind, &value.to_be_bytes())
-    }
-
-    /// A nested attribute whose content `fill` writes.
-    pub fn nested(&mut self, kind: u16, fill: impl FnOnce(&mut Attributes)) -> &mut Self {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(&[0, 0]);
-        self.bytes
-            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-        fill(self);
-        // Callers keep what they nest small (a longer attribute would be cut short).
-        debug_assert!(self.bytes.len() - start <= usize::from(u16::MAX));
-        let length = (self.bytes.len() - start) as u16;
-        self.bytes[start..start + 2].copy_from_slice(&length.to_ne_bytes());
-        self
-    }
-
-    fn pad(&mut self) {
-        while !self.bytes.len().is_multiple_of(4) {
-            self.bytes.push(0);
-        }
-    }
-}
-
 /// libnftnl's user data: records of a type byte, a length byte and the value. Comments are
 /// NUL-terminated strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

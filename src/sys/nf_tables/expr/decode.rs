@@ -7,8 +7,8 @@
 use super::{Data, Expr, ExprRef, SetRef, Verdict};
 use crate::sys::nf_tables::read::attributes;
 use crate::sys::nf_tables::wire::{
-    NFTA_DATA_VALUE, NFTA_DATA_VERDICT, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_RULE_EXPRESSIONS,
-    NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, REG_VERDICT,
+    LOOKUP_INVERTED, NFTA_DATA_VALUE, NFTA_DATA_VERDICT, NFTA_EXPR_DATA, NFTA_EXPR_NAME,
+    NFTA_RULE_EXPRESSIONS, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, REG_VERDICT,
 };
 
 /// Hands each expression of one rule (its NFTA_RULE_* attributes) to `each`, counters left
@@ -122,7 +122,6 @@ fn nftables_expression<'a>(name: &'a [u8], fields: &Fields<'a>) -> Option<ExprRe
     const REJECT_ICMP_UNREACH: u32 = 0;
     const FIB_ADDRESS_TYPE: u32 = 3;
     const DYNSET_UPDATE: u32 = 1;
-    const LOOKUP_INVERTED: u32 = 1;
     match name {
         b"ct" if fields.only(&[1, 2]) => Some(Expr::Ct {
             key: fields.u32(2),
