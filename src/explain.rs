@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
 use crate::proxier::explanation::{
-    Checked, Comparison, Explanation, Flow, Outcome, Wanted, compare,
+    Checked, Comparison, Explanation, Flow, Outcome, Tracked, Wanted, compare,
 };
 use crate::proxier::modes;
 use crate::servers::debug::SERVICES_PATH;
@@ -215,12 +215,19 @@ fn ask_daemon(metrics: &str, name: &str) -> Result<String, String> {
     Ok(body.to_string())
 }
 
+/// How many conntrack entries to endpoints still in use the text shows.
+const TRACKED_SHOWN: usize = 5;
+
 /// For a person: the flow and the Service first, then the steps, then where it goes.
 pub fn text(explanation: &Explanation) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "flow:     {}", explanation.flow);
     let _ = writeln!(out, "mode:     {}", explanation.mode);
-    for (index, entry) in explanation.conntrack.iter().enumerate() {
+    // Entries to gone endpoints first, all of them; of the rest, a few.
+    let mut tracked: Vec<&Tracked> = explanation.conntrack.iter().collect();
+    tracked.sort_by_key(|entry| !entry.gone);
+    let shown = tracked.iter().filter(|e| e.gone).count().max(TRACKED_SHOWN);
+    for (index, entry) in tracked.iter().take(shown).enumerate() {
         let label = if index == 0 { "tracked:" } else { "" };
         let gone = if entry.gone {
             "  (a gone endpoint: this connection's packets still go there)"
@@ -231,6 +238,13 @@ pub fn text(explanation: &Explanation) -> String {
             out,
             "{label:<10}{} -> {}{gone}",
             entry.source, entry.endpoint
+        );
+    }
+    if tracked.len() > shown {
+        let _ = writeln!(
+            out,
+            "          and {} more to current endpoints (-o json lists them)",
+            tracked.len() - shown
         );
     }
     if let Some(service) = &explanation.service {

@@ -14,7 +14,43 @@ use support::cluster::{
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
 
-const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
+/// A mode as the tests run it: its config, and on iptables the back end.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Nftables,
+    IptablesNft,
+    IptablesLegacy,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
+            Mode::IptablesNft | Mode::IptablesLegacy => "iptables",
+        }
+    }
+
+    /// Starts the daemon in this mode, with `extra` config (nftables' sync periods when empty).
+    async fn daemon(self, cluster: &Cluster, extra: &str) -> support::cluster::Daemon {
+        if self == Mode::IptablesLegacy {
+            // kubelet's hint chain: the daemon (and explain) choose the legacy back end.
+            cluster.node.exec(&[
+                "iptables-legacy",
+                "-t",
+                "mangle",
+                "-N",
+                "KUBE-IPTABLES-HINT",
+            ]);
+        }
+        let extra = match extra {
+            "" => "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n",
+            extra => extra,
+        };
+        let daemon = cluster.daemon(&cluster.config_with_mode(self.name(), extra));
+        daemon.wait_for("\"Synced proxy rules\"").await;
+        daemon
+    }
+}
 
 /// `explain`'s JSON answer for `to` (`--all` for every service port), run in the node's
 /// namespace.
@@ -96,11 +132,24 @@ fn assert_matches(predicted: &BTreeMap<String, f64>, counts: &BTreeMap<String, u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_names_where_packets_go_in_nftables_mode() {
+    names_where_packets_go(Mode::Nftables).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_where_packets_go_in_iptables_mode() {
+    names_where_packets_go(Mode::IptablesNft).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_where_packets_go_in_iptables_mode_on_legacy() {
+    names_where_packets_go(Mode::IptablesLegacy).await;
+}
+
+async fn names_where_packets_go(mode: Mode) {
     require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
-    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
-    daemon.wait_for("\"Synced proxy rules\"").await;
+    let daemon = mode.daemon(&cluster, "").await;
 
     // A ClusterIP with four endpoints: a quarter each, and the connections agree.
     let web = explain(&cluster, "10.96.0.10:80/tcp");
@@ -157,12 +206,11 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
     let sticky = explain(&cluster, "10.96.0.11:80/tcp");
     let predicted = candidates(&sticky);
     assert_eq!(predicted.len(), 4, "{sticky:#}");
-    assert!(
-        sticky["steps"]
-            .to_string()
-            .contains("endpoint chains at random"),
-        "{sticky:#}"
-    );
+    let affinity = match mode {
+        Mode::Nftables => "endpoint chains at random",
+        _ => "goes back to its endpoint (recent list KUBE-SEP-",
+    };
+    assert!(sticky["steps"].to_string().contains(affinity), "{sticky:#}");
     let counts = spread(&cluster, "10.96.0.11:80", 20);
     assert_eq!(counts.len(), 1, "{counts:?}");
     let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
@@ -205,12 +253,22 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
     assert!(text.contains("a gone endpoint"), "{text}");
     drop(held);
 
-    // No endpoints, and a port the Service does not have: rejected, and refused (from the
-    // node, as the nftables mode test checks it).
-    for (to, why) in [
-        ("10.96.0.13:80/tcp", "no endpoints"),
-        ("10.96.0.10:81/tcp", "no port 81/tcp"),
-    ] {
+    // No endpoints: rejected, and refused (from the node, as the modes' tests check it). A
+    // port the Service does not have: nftables mode rejects it too; iptables mode leaves it
+    // alone, and says so.
+    let mut refused = vec![("10.96.0.13:80/tcp", "no endpoints")];
+    if mode == Mode::Nftables {
+        refused.push(("10.96.0.10:81/tcp", "no port 81/tcp"));
+    } else {
+        let other_port = explain(&cluster, "10.96.0.10:81/tcp");
+        assert_eq!(other_port["verdict"], "untouched", "{other_port:#}");
+        let reason = other_port["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("default/web") && reason.contains("no port"),
+            "{reason}"
+        );
+    }
+    for (to, why) in refused {
         let answer = explain(&cluster, to);
         assert_eq!(answer["verdict"], "reject", "{answer:#}");
         assert!(
@@ -235,6 +293,20 @@ async fn explain_names_where_packets_go_in_nftables_mode() {
 /// IPv6, and a LoadBalancer IP with source ranges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
+    ipv6_and_load_balancers(Mode::Nftables).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_ipv6_and_load_balancers_in_iptables_mode() {
+    ipv6_and_load_balancers(Mode::IptablesNft).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_ipv6_and_load_balancers_in_iptables_mode_on_legacy() {
+    ipv6_and_load_balancers(Mode::IptablesLegacy).await;
+}
+
+async fn ipv6_and_load_balancers(mode: Mode) {
     require_netns();
     let mut cluster = Cluster::start().await;
     cluster.add_ipv6();
@@ -259,8 +331,7 @@ async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
         .api
         .apply(slice6("web", slice_ports, &pods))
         .unwrap();
-    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
-    daemon.wait_for("\"Synced proxy rules\"").await;
+    let daemon = mode.daemon(&cluster, "").await;
 
     // The pods' IPv6 side answers a moment after the daemon's first sync.
     assert!(
@@ -314,9 +385,85 @@ async fn explain_reads_ipv6_and_load_balancers_in_nftables_mode() {
             .contains("loadBalancerSourceRanges"),
         "{outside:#}"
     );
-    assert!(lb["steps"].to_string().contains("@firewall-ips"), "{lb:#}");
+    let firewall = match mode {
+        Mode::Nftables => "@firewall-ips",
+        _ => "KUBE-FW-",
+    };
+    assert!(lb["steps"].to_string().contains(firewall), "{lb:#}");
     let predicted = candidates(&lb);
     assert_matches(&predicted, &spread(&cluster, "192.168.200.1:80", n), n);
+    daemon.stop().await;
+}
+
+/// A rule changed behind the daemon's back (legacy iptables, whose drift check waits for the
+/// sync period, an hour here): explain reads the drifted chain, packets follow it, and the
+/// comparison with the daemon names it as drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_a_drifted_rule() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let ipt = ["iptables-legacy", "-w", "5", "-t", "nat"];
+    cluster.node.exec(&[
+        "iptables-legacy",
+        "-t",
+        "mangle",
+        "-N",
+        "KUBE-IPTABLES-HINT",
+    ]);
+    let config = cluster.dir.path().join("config-drift.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "mode: iptables\nclusterCIDR: 10.244.0.0/16\nclientConnection: {{kubeconfig: {}}}\n\
+             iptables: {{syncPeriod: 1h, minSyncPeriod: 0s}}\n",
+            cluster.dir.path().join("kubeconfig").display()
+        ),
+    )
+    .unwrap();
+    let daemon = support::cluster::Daemon::spawn(&cluster.node, &config, &[]);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let web = explain(&cluster, "10.96.0.10:80/tcp");
+    assert_eq!(web["daemon"]["comparison"], "agrees", "{web:#}");
+
+    // Every new connection to one endpoint: the service chain flushed, one jump put back.
+    let chain = web["steps"][0].as_str().unwrap();
+    let chain = chain
+        .split_whitespace()
+        .nth(3)
+        .expect("KUBE-SERVICES: jumps to CHAIN");
+    let rules = cluster.node.output(&[&ipt[..], &["-S", chain]].concat());
+    let endpoint_chain = rules
+        .lines()
+        .last()
+        .and_then(|rule| rule.split_whitespace().last())
+        .expect("a jump to an endpoint chain");
+    cluster.node.exec(&[&ipt[..], &["-F", chain]].concat());
+    cluster
+        .node
+        .exec(&[&ipt[..], &["-A", chain, "-j", endpoint_chain]].concat());
+
+    let drifted = explain(&cluster, "10.96.0.10:80/tcp");
+    let predicted = candidates(&drifted);
+    assert_eq!(predicted.len(), 1, "{drifted:#}");
+    let n = 20;
+    assert_matches(&predicted, &spread(&cluster, "10.96.0.10:80", n), n);
+    assert_eq!(drifted["daemon"]["comparison"], "differs", "{drifted:#}");
+    assert_eq!(
+        drifted["daemon"]["missing"].as_array().map(Vec::len),
+        Some(3),
+        "{drifted:#}"
+    );
+    let why = drifted["daemon"]["why"].as_str().unwrap();
+    assert!(why.contains("drifted"), "{why}");
+    let all = explain(&cluster, "--all");
+    let differing: Vec<&str> = all["differing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["service_port"].as_str().unwrap())
+        .collect();
+    assert_eq!(differing, ["default/web:http"], "{all:#}");
     daemon.stop().await;
 }
 

@@ -2,6 +2,7 @@
 //! `--init-only` sets for it, its text for `kube-proxy-rs render` and its reader for
 //! `kube-proxy-rs explain`, by [`ProxyMode`].
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tracing::warn;
@@ -14,7 +15,7 @@ use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
-use crate::model::ProxyState;
+use crate::model::{IpFamily, ProxyState};
 use crate::sys::xtables::Backend;
 
 /// Why no proxier runs.
@@ -87,11 +88,11 @@ pub fn preview(
 pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError> {
     let mut explanation = match mode {
         ProxyMode::Nftables => nftables::explain::explain(flow)?,
-        ProxyMode::Iptables | ProxyMode::Ipvs => {
-            return Err(ExplainError::Unsupported(format!(
-                "explain reads nftables mode only so far; {} mode is not explained yet",
-                mode.as_str()
-            )));
+        ProxyMode::Iptables => iptables::explain::explain(flow)?,
+        ProxyMode::Ipvs => {
+            return Err(ExplainError::Unsupported(
+                "explain does not read ipvs mode yet".into(),
+            ));
         }
     };
     explanation.conntrack = tracked(flow, &explanation.outcome)?;
@@ -101,19 +102,38 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
     Ok(explanation)
 }
 
+/// A mode's reader of flows, each read kept for the next flow.
+type Explainer = dyn FnMut(&Flow) -> Result<Explanation, ExplainError>;
+
 /// Checks every service port the daemon `wanted` against the kernel (`explain --all`): a flow
 /// to each port's ClusterIP, read with one session (each endpoint map read once).
 pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, ExplainError> {
-    if mode != ProxyMode::Nftables {
-        return Err(ExplainError::Unsupported(format!(
-            "explain reads nftables mode only so far; {} mode is not explained yet",
-            mode.as_str()
-        )));
-    }
-    let mut session = nftables::explain::Session::open()?;
+    let flows = cluster_ip_flows(wanted);
+    let mut explain: Box<Explainer> = match mode {
+        ProxyMode::Nftables => {
+            let mut session = nftables::explain::Session::open()?;
+            Box::new(move |flow| session.explain(flow))
+        }
+        ProxyMode::Iptables => {
+            let mut session = iptables::explain::Session::open();
+            let families: BTreeSet<IpFamily> = flows
+                .iter()
+                .map(|(_, _, flow)| IpFamily::of(&flow.destination.ip()))
+                .collect();
+            for family in families {
+                session.read_reachable(family)?;
+            }
+            Box::new(move |flow| session.explain(flow))
+        }
+        ProxyMode::Ipvs => {
+            return Err(ExplainError::Unsupported(
+                "explain does not read ipvs mode yet".into(),
+            ));
+        }
+    };
     let mut checked = Vec::new();
-    for (service, port, flow) in cluster_ip_flows(wanted) {
-        let comparison = match session.explain(&flow) {
+    for (service, port, flow) in flows {
+        let comparison = match explain(&flow) {
             Ok(explanation) => compare(&explanation, service),
             Err(err) => Comparison::Unknown {
                 why: err.to_string(),
@@ -131,7 +151,6 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
 /// The mode whose objects this network namespace holds: nftables mode's table, else
 /// iptables mode's (IPVS mode's need a kernel with IPVS, read by its own reader).
 pub fn detect() -> ProxyMode {
-    use crate::model::IpFamily;
     use crate::sys::nf_tables::read::table_exists;
     let nftables = [IpFamily::V4, IpFamily::V6]
         .into_iter()

@@ -3,10 +3,11 @@
 //! Laid out as every mode: `settings`, `render` (pure: one family's rules per service), `plan`
 //! (the restore input from what is programmed to what is wanted), `proxier` (the stages the
 //! sync driver runs: full and partial syncs, `adopt` the chains a restart finds, `apply`
-//! thinly, repair `drift`), `cleanup`, `setup` and `preview`. Its own parts: `names`,
+//! thinly, repair `drift`), `cleanup`, `setup`, `preview` and `explain`. Its own parts: `names`,
 //! `programmed` (what memory keeps of each service) and `nfacct`.
 
 pub mod cleanup;
+pub mod explain;
 pub mod names;
 pub mod nfacct;
 pub mod plan;

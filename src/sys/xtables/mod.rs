@@ -103,6 +103,23 @@ fn at_line(line: Option<usize>, context: &str) -> String {
 /// The rules of some chains, by chain: each rule as `iptables -S` prints it after `-A <chain> `.
 pub type ChainRules = BTreeMap<String, Vec<String>>;
 
+/// A rule read into its options, or why it could not be.
+pub type ReadRule = Result<rules::RuleOptions, rules::Untranslatable>;
+
+/// The options of the rules of `chains` (in that order) from their text.
+fn options_of_text(family: IpFamily, rules: &ChainRules, chains: &[&str]) -> Vec<Vec<ReadRule>> {
+    let ipv6 = family == IpFamily::V6;
+    chains
+        .iter()
+        .map(|chain| {
+            rules
+                .get(*chain)
+                .map(|specs| specs.iter().map(|s| rules::read_rule(ipv6, s)).collect())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 /// One read of a whole table, where the back end reads tables whole anyway (legacy): how many
 /// rules each chain holds, and the rules of the chains asked for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -151,6 +168,19 @@ pub trait Iptables: Send {
             }
         }
         Ok(found)
+    }
+    /// The rules of `chains` of `table`, each read into its options (`kube-proxy-rs
+    /// explain`), one list per chain of `chains`, in that order: nft decodes them from netlink
+    /// one chain at a time, legacy reads them from the table it saves once. A rule that cannot
+    /// be read says why.
+    fn rule_options(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Vec<Vec<ReadRule>>, IptablesError> {
+        let rules = self.chain_rules(family, table, chains)?;
+        Ok(options_of_text(family, &rules, chains))
     }
     /// Whether a chain exists (for the canary check).
     fn chain_exists(

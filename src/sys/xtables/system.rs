@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::text::{declared_chains, failed_line, input_context, rules_of};
 use super::*;
+use super::{ReadRule, options_of_text};
 
 /// The tool for a family, back end and job: `iptables-nft-restore`, `ip6tables-legacy-save`, `iptables-nft`.
 pub fn tool(family: IpFamily, backend: Backend, job: &str) -> String {
@@ -132,6 +133,35 @@ impl Iptables for SystemIptables {
             }
         }
         Ok(rules)
+    }
+
+    fn rule_options(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Vec<Vec<ReadRule>>, IptablesError> {
+        if self.backend == Backend::Legacy {
+            let rules = self.chain_rules(family, table, chains)?;
+            return Ok(options_of_text(family, &rules, chains));
+        }
+        let read = nf_tables::chain_rules(family, table, chains).map_err(|source| {
+            IptablesError::Netlink {
+                table: table.to_string(),
+                family: family.name(),
+                source,
+            }
+        })?;
+        let ipv6 = family == IpFamily::V6;
+        Ok(read
+            .iter()
+            .map(|chain| {
+                chain
+                    .iter()
+                    .map(|rule| rules::rule_options(ipv6, rule))
+                    .collect()
+            })
+            .collect())
     }
 
     fn chain_exists(

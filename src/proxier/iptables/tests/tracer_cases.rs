@@ -5,8 +5,10 @@ use std::net::IpAddr;
 
 use super::tracer::{Packet, Verdict, trace};
 use super::*;
-use crate::sys::xtables::Iptables;
+use crate::proxier::explanation::{Explanation, Flow, Outcome};
+use crate::proxier::iptables::explain::Session;
 use crate::sys::xtables::fake::FakeIptables;
+use crate::sys::xtables::{Backend, Iptables};
 
 struct Case {
     name: &'static str,
@@ -27,12 +29,27 @@ fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
     }
 }
 
+/// Traces each case, and checks that `explain` (reading the same fake) says what the trace
+/// finds: the endpoints, masquerading, the drop or the rejection.
 fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
     let mut ipt = FakeIptables::default();
     ipt.restore(ctx.common.family, &full_text(services, ctx))
         .unwrap();
     let local: Vec<IpAddr> = vec![NODE_IP.parse().unwrap()];
+    let mut explaining = Session::with(
+        Box::new(ipt.clone()),
+        Backend::Nft,
+        vec![NODE_IP.parse().unwrap(), "127.0.0.1".parse().unwrap()],
+    );
     for case in cases {
+        let flow = Flow::parse(&format!("{}:{}", case.dst, case.port), Some(case.src)).unwrap();
+        let explanation = explaining.explain(&flow).unwrap();
+        assert_eq!(
+            explained_as_trace(&explanation),
+            case.want,
+            "explain, {}: {explanation:#?}",
+            case.name
+        );
         let packet = Packet {
             src: case.src.parse().unwrap(),
             dst: case.dst.parse().unwrap(),
@@ -46,6 +63,26 @@ fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
             "{}",
             case.name
         );
+    }
+}
+
+/// What an explanation says, as the tracer says it.
+fn explained_as_trace(explanation: &Explanation) -> Verdict {
+    let masquerade = explanation
+        .steps
+        .iter()
+        .any(|step| step.contains(": marked for masquerade"));
+    match &explanation.outcome {
+        Outcome::Dnat { candidates } => Verdict::Accept {
+            endpoints: candidates.iter().map(|c| c.endpoint.to_string()).collect(),
+            masquerade,
+        },
+        Outcome::Untouched { .. } => Verdict::Accept {
+            endpoints: BTreeSet::new(),
+            masquerade,
+        },
+        Outcome::Drop { .. } => Verdict::Drop,
+        Outcome::Reject { .. } => Verdict::Reject,
     }
 }
 

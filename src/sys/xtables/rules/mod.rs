@@ -12,6 +12,7 @@
 //! look different: it is then rewritten, as before. Checked against the kernel by the
 //! namespace tests (tests/iptables_rule_forms.rs, tests/iptables_adoption.rs).
 
+mod decode;
 mod nft;
 mod parse;
 mod save;
@@ -22,9 +23,10 @@ use std::sync::OnceLock;
 
 use ahash::RandomState;
 
+pub use decode::rule_options;
 pub use nft::nft_expressions;
-pub use parse::Untranslatable;
-pub use save::save_text;
+pub use parse::{AddressMatch, MatchOptions, RuleOptions, Target, Untranslatable, read_rule};
+pub use save::{save_text, saved_form};
 
 use crate::model::IpFamily;
 use crate::sys::netlink::NetlinkError;

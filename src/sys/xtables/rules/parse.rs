@@ -21,7 +21,8 @@ pub(super) fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
 }
 
 /// One xtables match of a rule, as its options fill it.
-pub(super) enum MatchOptions {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MatchOptions {
     Comment(String),
     /// `-m tcp` / `-m udp`: source and destination port ranges, each possibly inverted.
     Ports {
@@ -62,7 +63,8 @@ pub(super) enum MatchOptions {
 }
 
 /// The rule's target.
-pub(super) enum Target {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
     Verdict(i32),
     Jump(String, i32),
     Reject,
@@ -72,26 +74,27 @@ pub(super) enum Target {
 }
 
 /// An address match: the address (masked), its mask and whether it is inverted.
-pub(super) struct AddressMatch {
-    pub(super) address: Vec<u8>,
-    pub(super) mask: Vec<u8>,
-    pub(super) inverted: bool,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressMatch {
+    pub address: Vec<u8>,
+    pub mask: Vec<u8>,
+    pub inverted: bool,
 }
 
 /// Everything one rule's options say.
-#[derive(Default)]
-pub(super) struct Parsed {
-    pub(super) in_interface: Option<(String, bool)>,
-    pub(super) out_interface: Option<(String, bool)>,
-    pub(super) protocol: Option<(u8, bool)>,
-    pub(super) source: Option<AddressMatch>,
-    pub(super) destination: Option<AddressMatch>,
-    pub(super) matches: Vec<MatchOptions>,
-    pub(super) target: Option<Target>,
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuleOptions {
+    pub in_interface: Option<(String, bool)>,
+    pub out_interface: Option<(String, bool)>,
+    pub protocol: Option<(u8, bool)>,
+    pub source: Option<AddressMatch>,
+    pub destination: Option<AddressMatch>,
+    pub matches: Vec<MatchOptions>,
+    pub target: Option<Target>,
 }
 
 /// Reads `spec` (the text after `-A <chain>`).
-pub(super) fn read_rule(ipv6: bool, spec: &str) -> Result<Parsed, Untranslatable> {
+pub fn read_rule(ipv6: bool, spec: &str) -> Result<RuleOptions, Untranslatable> {
     parse(ipv6, &words(spec)?)
 }
 
@@ -107,8 +110,8 @@ fn words(spec: &str) -> Result<Vec<Cow<'_, str>>, Untranslatable> {
 
 /// Reads the options as iptables does: header options anywhere, `!` before the option it
 /// inverts, an extension's options after its `-m` (or the target's after `-j`).
-fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<Parsed, Untranslatable> {
-    let mut parsed = Parsed::default();
+fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<RuleOptions, Untranslatable> {
+    let mut parsed = RuleOptions::default();
     let mut inverted = false;
     let mut index = 0;
     let next = |index: &mut usize| -> Result<&str, Untranslatable> {
@@ -228,7 +231,7 @@ fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<Parsed, Untranslatable> {
 
 /// An extension's option: the target's if it takes it, else the first match's that does.
 fn extension_option(
-    parsed: &mut Parsed,
+    parsed: &mut RuleOptions,
     option: &str,
     inverted: bool,
     words: &[Cow<'_, str>],
@@ -255,6 +258,13 @@ fn extension_option(
             }
             (Target::Dnat(to), "--to-destination") => {
                 *to = Some(nat_destination(&value()?)?);
+                return Ok(());
+            }
+            // `--set-xmark VALUE/MASK` is how iptables-legacy-save prints every MARK rule.
+            (Target::Mark { mark, mask }, "--set-xmark") => {
+                let text = value()?;
+                let (value, mask_text) = text.split_once('/').unwrap_or((&text, "0xffffffff"));
+                (*mark, *mask) = (number(value)?, number(mask_text)?);
                 return Ok(());
             }
             (Target::Mark { mark, mask }, _) if option.ends_with("-mark") => {
@@ -387,6 +397,15 @@ fn extension_option(
             (MatchOptions::Recent { seconds, .. }, "--seconds") => *seconds = number(&value()?)?,
             (MatchOptions::Recent { hit_count, .. }, "--hitcount") => {
                 *hit_count = number(&value()?)?
+            }
+            // iptables-legacy-save prints the mask, all ones unless `--mask` was given.
+            (MatchOptions::Recent { .. }, "--mask") => {
+                let mask = value()?;
+                if !["255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]
+                    .contains(&mask.as_str())
+                {
+                    return refuse(format!("recent --mask {mask}"));
+                }
             }
             (MatchOptions::Recent { side, .. }, "--rsource") => *side = 0,
             (MatchOptions::Recent { side, .. }, "--rdest") => *side = 1,

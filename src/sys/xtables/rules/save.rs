@@ -8,13 +8,19 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::parse::{ADDRESS_TYPES, AddressMatch, MatchOptions, Target, Untranslatable, read_rule};
+use super::parse::{
+    ADDRESS_TYPES, AddressMatch, MatchOptions, RuleOptions, Target, Untranslatable, read_rule,
+};
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 
 /// The text iptables-legacy-save prints for `spec` (the text after `-A <chain>`), without the
 /// `-A <chain>` and the leading space.
 pub fn save_text(ipv6: bool, spec: &str) -> Result<String, Untranslatable> {
-    let parsed = read_rule(ipv6, spec)?;
+    saved_form(ipv6, &read_rule(ipv6, spec)?)
+}
+
+/// The text iptables-legacy-save prints for a rule with these options.
+pub fn saved_form(ipv6: bool, parsed: &RuleOptions) -> Result<String, Untranslatable> {
     let mut out = String::new();
     for (option, matched) in [("-s", &parsed.source), ("-d", &parsed.destination)] {
         if let Some(matched) = matched {
