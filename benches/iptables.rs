@@ -434,7 +434,11 @@ fn main() {
             chart.write(&svg);
         }
         if !args.iter().any(|a| a == "--no-daemon") {
-            scale::daemon_run(count, "iptables");
+            let mode = match backend {
+                Backend::Legacy => "iptables-legacy",
+                Backend::Nft => "iptables",
+            };
+            scale::daemon_run(count, mode);
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
 use crate::proxier::explanation::{
-    Checked, Comparison, Explanation, Flow, Outcome, Tracked, Wanted, compare,
+    Checked, Comparison, Explanation, Flow, Outcome, Tracked, Wanted, compare, port_of_flow,
 };
 use crate::proxier::modes;
 use crate::servers::debug::SERVICES_PATH;
@@ -121,6 +121,9 @@ pub fn run(request: &Request) -> Result<String, String> {
         return run_all(request, mode);
     };
     let mut explanation = modes::explain(mode, flow).map_err(|err| err.to_string())?;
+    if explanation.service.is_none() && !matches!(explanation.outcome, Outcome::Untouched { .. }) {
+        name_from_daemon(&request.metrics, &mut explanation);
+    }
     if let Some(service) = explanation.service.clone() {
         let name = service
             .rsplit_once(':')
@@ -141,6 +144,29 @@ pub fn run(request: &Request) -> Result<String, String> {
         }
         Output::Text => text(&explanation),
     })
+}
+
+/// Names the Service port and policy of a flow whose kernel objects carry no names (IPVS'
+/// virtual servers) from what the daemon wants; left unnamed when it does not answer.
+fn name_from_daemon(metrics: &str, explanation: &mut Explanation) {
+    let Ok(body) = ask_daemon(metrics, "") else {
+        explanation.steps.push(
+            "the kernel keeps no Service name for it, and the daemon did not answer to name it"
+                .into(),
+        );
+        return;
+    };
+    let Ok(wanted) = serde_json::from_str::<Vec<Wanted>>(&body) else {
+        return;
+    };
+    let destination = explanation.flow.destination.ip();
+    let node_address =
+        crate::sys::host::net::LocalAddresses::addresses(&crate::sys::host::net::SystemAddresses)
+            .contains(&destination);
+    if let Some((service, policy)) = port_of_flow(&wanted, &explanation.flow, node_address) {
+        explanation.service = Some(service);
+        explanation.policy = Some(policy);
+    }
 }
 
 /// `--all`: every service port the daemon wants, a flow to its ClusterIP each, compared with

@@ -184,6 +184,45 @@ pub struct WantedPort {
     /// For traffic under the Cluster policy, and under the Local one.
     pub cluster: Vec<SocketAddr>,
     pub local: Vec<SocketAddr>,
+    /// Where else the port answers: its NodePort, its external and load-balancer IPs.
+    #[serde(default)]
+    pub node_port: Option<u16>,
+    #[serde(default)]
+    pub external_ips: Vec<IpAddr>,
+    /// Whether traffic to the ClusterIP, and traffic from outside, is under the Local policy.
+    #[serde(default)]
+    pub internal_local: bool,
+    #[serde(default)]
+    pub external_local: bool,
+}
+
+/// The service port (`ns/svc:port`) a flow is bound for, and the policy its traffic is under,
+/// from what the daemon `wanted` (for a mode whose kernel objects carry no Service names:
+/// IPVS). `node_address` says whether the destination is one NodePorts answer on.
+pub fn port_of_flow(
+    wanted: &[Wanted],
+    flow: &Flow,
+    node_address: bool,
+) -> Option<(String, &'static str)> {
+    let (ip, port) = (flow.destination.ip(), flow.destination.port());
+    let policy = |local: bool| if local { "Local" } else { "Cluster" };
+    for service in wanted {
+        for p in &service.ports {
+            if p.protocol != flow.protocol.lower() {
+                continue;
+            }
+            let name = format!("{}:{}", service.service, p.name);
+            if p.cluster_ip == Some(ip) && p.port == port {
+                return Some((name, policy(p.internal_local)));
+            }
+            let external = p.external_ips.contains(&ip) && p.port == port;
+            let node_port = node_address && p.node_port == Some(port);
+            if external || node_port {
+                return Some((name, policy(p.external_local)));
+            }
+        }
+    }
+    None
 }
 
 /// How the kernel's answer compares with the daemon's.
@@ -333,6 +372,7 @@ mod tests {
                 port: 80,
                 cluster: addresses(cluster),
                 local: addresses(local),
+                ..WantedPort::default()
             }],
         }
     }

@@ -89,17 +89,17 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
     let mut explanation = match mode {
         ProxyMode::Nftables => nftables::explain::explain(flow)?,
         ProxyMode::Iptables => iptables::explain::explain(flow)?,
-        ProxyMode::Ipvs => {
-            return Err(ExplainError::Unsupported(
-                "explain does not read ipvs mode yet".into(),
-            ));
-        }
+        ProxyMode::Ipvs => ipvs::explain::explain(flow)?,
     };
     explanation.conntrack = tracked(flow, &explanation.outcome)?;
     explanation
         .reads
         .push("the conntrack entries to this destination".into());
     Ok(explanation)
+}
+
+fn policy(local: bool) -> &'static str {
+    if local { "Local" } else { "Cluster" }
 }
 
 /// A mode's reader of flows, each read kept for the next flow.
@@ -126,15 +126,21 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
             Box::new(move |flow| session.explain(flow))
         }
         ProxyMode::Ipvs => {
-            return Err(ExplainError::Unsupported(
-                "explain does not read ipvs mode yet".into(),
-            ));
+            let mut session = ipvs::explain::Session::open()?;
+            Box::new(move |flow| session.explain(flow))
         }
     };
     let mut checked = Vec::new();
     for (service, port, flow) in flows {
         let comparison = match explain(&flow) {
-            Ok(explanation) => compare(&explanation, service),
+            Ok(mut explanation) => {
+                // A mode whose kernel objects carry no Service names (IPVS): the port asked.
+                if explanation.service.is_none() {
+                    explanation.service = Some(format!("{}:{}", service.service, port.name));
+                    explanation.policy = Some(policy(port.internal_local));
+                }
+                compare(&explanation, service)
+            }
             Err(err) => Comparison::Unknown {
                 why: err.to_string(),
             },
@@ -148,15 +154,22 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
     Ok(checked)
 }
 
-/// The mode whose objects this network namespace holds: nftables mode's table, else
-/// iptables mode's (IPVS mode's need a kernel with IPVS, read by its own reader).
+/// The mode whose objects this network namespace holds: nftables mode's table, else IPVS
+/// mode's link (kube-ipvs0), else iptables mode's chains.
 pub fn detect() -> ProxyMode {
     use crate::sys::nf_tables::read::table_exists;
     let nftables = [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .any(|family| table_exists(family, nftables::render::TABLE).unwrap_or(false));
+    let ipvs = || {
+        crate::sys::host::link::Links::open()
+            .and_then(|mut links| links.index_of(ipvs::DUMMY_LINK))
+            .is_ok_and(|index| index.is_some())
+    };
     if nftables {
         ProxyMode::Nftables
+    } else if ipvs() {
+        ProxyMode::Ipvs
     } else {
         ProxyMode::Iptables
     }

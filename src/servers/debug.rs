@@ -140,6 +140,15 @@ fn wanted_of(
                 port: port.port,
                 cluster: addresses(&selected.cluster),
                 local: addresses(&selected.local),
+                node_port: port.node_port,
+                external_ips: port
+                    .external_ips
+                    .iter()
+                    .chain(&port.load_balancer_ips)
+                    .copied()
+                    .collect(),
+                internal_local: port.internal_policy_local,
+                external_local: port.external_policy_local,
             });
         }
     }

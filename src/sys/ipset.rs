@@ -157,6 +157,22 @@ impl SystemIpset {
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
+    /// Whether `entry` is in `set` (`ipset test`: the kernel looks that one entry up); `None`
+    /// when there is no such set.
+    pub fn test(&self, set: &str, entry: &str) -> Result<Option<bool>, IpsetError> {
+        match Tool::new("ipset", &["test", set, entry])
+            .limit(IPSET_LIMIT)
+            .run()
+        {
+            Ok(_) => Ok(Some(true)),
+            Err(failure) => match failure.stderr() {
+                Some(why) if why.contains("is NOT in set") => Ok(Some(false)),
+                Some(why) if why.contains("does not exist") => Ok(None),
+                _ => Err(failure.into()),
+            },
+        }
+    }
+
     /// `ipset restore -exist`, fed on stdin.
     pub fn restore(&self, input: &str) -> Result<(), IpsetError> {
         Tool::new("ipset", &["restore", "-exist"])

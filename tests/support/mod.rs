@@ -111,6 +111,7 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
 pub const WAIT: Duration = Duration::from_secs(60);
 
 pub mod cluster;
+pub mod explain;
 pub mod flood;
 pub mod netns;
 pub mod rules;

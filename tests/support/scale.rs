@@ -127,6 +127,60 @@ pub fn populate(api: &test_apiserver::ApiServer, range: std::ops::Range<usize>) 
     }
 }
 
+/// How many times `explain` of one flow is timed.
+const EXPLAINS: usize = 5;
+
+/// `kube-proxy-rs explain` on the node the daemon programmed: one flow to the middle service
+/// (the median of [`EXPLAINS`]) against the listing a user would read by hand (nftables: our
+/// table; iptables: nat's KUBE-SERVICES alone), and `--all`.
+fn explain_timings(node: &Netns, count: usize, mode: &str) {
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let output = node.raw_output(args);
+        let took = started.elapsed();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        (took, String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let middle = count / 2;
+    let to = format!("172.30.{}.{}:80/tcp", middle / 250, middle % 250 + 1);
+    let explain = [env!("CARGO_BIN_EXE_kube-proxy-rs"), "explain", "--to", &to];
+    let mut explains = Vec::new();
+    for _ in 0..EXPLAINS {
+        let (took, text) = timed(&explain);
+        assert!(text.contains("DNAT to one of 10"), "{text}");
+        explains.push(took);
+    }
+    let explained = median(explains);
+    let (by_hand, listed) = match mode {
+        "nftables" => (
+            "nft list table ip kube-proxy",
+            timed(&["nft", "list", "table", "ip", "kube-proxy"]).0,
+        ),
+        "iptables-legacy" => (
+            "iptables-legacy -t nat -S KUBE-SERVICES",
+            timed(&["iptables-legacy", "-t", "nat", "-S", "KUBE-SERVICES"]).0,
+        ),
+        _ => (
+            "iptables-nft -t nat -S KUBE-SERVICES",
+            timed(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).0,
+        ),
+    };
+    println!(
+        "{count:>6} services ({mode}): explain of one flow {} (median of {EXPLAINS}) vs {by_hand} {} ({:.3}x)",
+        secs(explained),
+        secs(listed),
+        explained.as_secs_f64() / listed.as_secs_f64(),
+    );
+    // Every service port checked against the daemon's wants, read from the kernel.
+    let (took, output) = timed(&[env!("CARGO_BIN_EXE_kube-proxy-rs"), "explain", "--all"]);
+    let summary = output.lines().next().unwrap_or_default().to_string();
+    assert!(summary.starts_with("checked "), "{output}");
+    println!(
+        "{count:>6} services ({mode}): explain --all {} ({summary})",
+        secs(took)
+    );
+}
+
 /// Runs the real daemon in a namespace against the test API server holding `count` services x 10
 /// endpoints: its resident memory and time to the first completed sync; then, stopped and started
 /// again on the programmed node, the time to its first sync and until a Service created after the
@@ -134,7 +188,8 @@ pub fn populate(api: &test_apiserver::ApiServer, range: std::ops::Range<usize>) 
 /// restart.
 pub fn daemon_run(count: usize, mode: &str) {
     let dry_run = mode == "dry-run";
-    let mode = if dry_run { "iptables" } else { mode };
+    let legacy = mode == "iptables-legacy";
+    let mode = if dry_run || legacy { "iptables" } else { mode };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let node = Netns::new("bench-daemon");
@@ -143,6 +198,10 @@ pub fn daemon_run(count: usize, mode: &str) {
             .await
             .expect("api");
         populate(&api, 0..count);
+        if legacy {
+            // kubelet's hint chain: the daemon (and explain) choose the legacy back end.
+            node.exec(&["iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
+        }
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
@@ -208,7 +267,8 @@ pub fn daemon_run(count: usize, mode: &str) {
                 node.output(&["ipvsadm", "-Ln", "-t", &format!("{ip}:80")]).contains("->")
             } else {
                 let wanted = format!("bench/svc-{count}:http cluster IP");
-                node.output(&["iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)
+                let tool = if legacy { "iptables-legacy" } else { "iptables-nft" };
+                node.output(&[tool, "-t", "nat", "-S", "KUBE-SERVICES"]).contains(&wanted)
             }
         });
         println!(
@@ -218,14 +278,8 @@ pub fn daemon_run(count: usize, mode: &str) {
             secs(restart),
             secs(followed),
         );
-        if mode == "nftables" {
-            // Every service port checked against the daemon's wants, read from the kernel.
-            let started = Instant::now();
-            let output = node.output(&[env!("CARGO_BIN_EXE_kube-proxy-rs"), "explain", "--all"]);
-            let took = started.elapsed();
-            let summary = output.lines().next().unwrap_or_default().to_string();
-            assert!(summary.starts_with("checked "), "{output}");
-            println!("{count:>6} services: explain --all {} ({summary})", secs(took));
+        if mode == "nftables" || mode == "iptables" {
+            explain_timings(&node, count, if legacy { "iptables-legacy" } else { mode });
         }
         let _ = daemon.kill();
         let _ = daemon.wait();

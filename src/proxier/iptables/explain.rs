@@ -17,8 +17,11 @@ use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 use crate::sys::xtables::rules::{RuleOptions, Target};
 use crate::sys::xtables::{Backend, Iptables, ReadRule, SystemIptables};
 
+mod chain;
 mod evaluate;
 mod rules;
+
+use chain::ReadChain;
 
 use evaluate::evaluate;
 use rules::*;
@@ -40,7 +43,7 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
 pub struct Session {
     iptables: Box<dyn Iptables>,
     backend: Backend,
-    chains: BTreeMap<(IpFamily, &'static str, String), Rc<[ReadRule]>>,
+    chains: BTreeMap<(IpFamily, &'static str, String), Rc<ReadChain>>,
     programmed: BTreeMap<IpFamily, bool>,
     /// The node's addresses (`addrtype LOCAL`).
     local: Vec<IpAddr>,
@@ -142,8 +145,10 @@ impl Session {
             .rule_options(family, table, &missing)
             .map_err(read_error(table))?;
         for (chain, rules) in missing.into_iter().zip(read) {
-            self.chains
-                .insert((family, table, chain.to_string()), rules.into());
+            self.chains.insert(
+                (family, table, chain.to_string()),
+                Rc::new(ReadChain::new(rules)),
+            );
         }
         Ok(())
     }
@@ -161,8 +166,8 @@ impl Session {
             self.read(family, NAT, &names)?;
             let mut next = BTreeSet::new();
             for chain in &level {
-                let rules = &self.chains[&(family, NAT, chain.clone())];
-                for rule in rules.iter().flatten() {
+                let read = &self.chains[&(family, NAT, chain.clone())];
+                for rule in read.rules.iter().flatten() {
                     if let Some((_, target)) = jump_of(rule)
                         && target != KUBE_MARK_MASQ
                         && !self.chains.contains_key(&(family, NAT, target.to_string()))
@@ -232,22 +237,26 @@ impl Reader<'_> {
     }
 
     /// The rules of `chain` as read (none when it was not).
-    fn cached(&self, table: &'static str, chain: &str) -> Rc<[ReadRule]> {
+    fn cached(&self, table: &'static str, chain: &str) -> Rc<ReadChain> {
         let key = (self.family, table, chain.to_string());
-        self.session.chains.get(&key).cloned().unwrap_or_default()
+        self.session
+            .chains
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| Rc::new(ReadChain::new(Vec::new())))
     }
 
     /// The rules of `chain`, read once.
-    fn rules(&mut self, table: &'static str, chain: &str) -> Result<Rc<[ReadRule]>, ExplainError> {
+    fn rules(&mut self, table: &'static str, chain: &str) -> Result<Rc<ReadChain>, ExplainError> {
         self.session.read(self.family, table, &[chain])?;
-        let rules = self.cached(table, chain);
+        let read = self.cached(table, chain);
         if self.session.backend == Backend::Nft {
             self.explanation.reads.push(format!(
                 "{} of {table} chain {chain}",
-                rules_count(rules.len())
+                rules_count(read.rules.len())
             ));
         }
-        Ok(rules)
+        Ok(read)
     }
 
     fn ipv6(&self) -> bool {
@@ -275,9 +284,10 @@ impl Reader<'_> {
             FILTER => format!("filter {chain}"),
             _ => chain.to_string(),
         };
-        let rules = self.rules(table, chain)?;
-        for (index, rule) in rules.iter().enumerate() {
-            let rule = match rule {
+        let read = self.rules(table, chain)?;
+        let destination = crate::model::address::octets(self.flow.destination.ip());
+        for index in read.candidates(&destination) {
+            let rule = match &read.rules[index] {
                 Ok(rule) => rule,
                 Err(why) => {
                     self.step(format!(
@@ -287,7 +297,9 @@ impl Reader<'_> {
                 }
             };
             if probability(rule).is_some() {
-                return self.pick(table, &label, &rules[index..]).map(Walk::Ends);
+                return self
+                    .pick(table, &label, &read.rules[index..])
+                    .map(Walk::Ends);
             }
             if let Some(walk) = self.rule(table, &label, chain, rule, depth)? {
                 return Ok(walk);
@@ -493,8 +505,9 @@ impl Reader<'_> {
                 .push(format!("the rules of {} endpoint chains", targets.len()));
         }
         for (share, target) in &shares {
-            let rules = self.cached(table, target);
-            let endpoint = rules
+            let endpoint = self
+                .cached(table, target)
+                .rules
                 .iter()
                 .flatten()
                 .find_map(|rule| dnat_target(rule, self.flow.destination));

@@ -3,11 +3,12 @@
 //! Laid out as every mode: `settings`, `render` (pure: one service's fragment per family),
 //! `plan` (the operations from what the kernel holds to what is wanted), `proxier` (the stages
 //! the sync driver runs: `adopt` reads the kernel, `apply` takes a family to its state, a
-//! `partial` sync of a few services), `cleanup`, `setup` and `preview`. Its own parts:
+//! `partial` sync of a few services), `cleanup`, `setup`, `preview` and `explain`. Its own parts:
 //! `aggregate` (the fragments summed per family) and `support` (the node check).
 
 pub mod aggregate;
 pub mod cleanup;
+pub mod explain;
 pub mod plan;
 pub mod preview;
 mod proxier;

@@ -9,6 +9,7 @@ use super::codec::{self, IpvsMessage, RealServer, VirtualServer};
 use crate::sys::netlink::{Connection, NetlinkError};
 
 const ENOENT: i32 = 2;
+const ESRCH: i32 = 3;
 
 /// Why an IPVS operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +117,40 @@ impl IpvsClient {
             }
         }
         Ok(services)
+    }
+
+    /// The virtual server on `address`, `protocol` and `port`, if there is one: one request
+    /// for it alone, never a dump of every virtual server.
+    pub fn service(
+        &mut self,
+        address: std::net::IpAddr,
+        protocol: crate::model::Protocol,
+        port: u16,
+    ) -> Result<Option<VirtualServer>, IpvsError> {
+        let key = VirtualServer {
+            address,
+            protocol,
+            port,
+            scheduler: String::new(),
+            flags: 0,
+            timeout: 0,
+        };
+        let operation = format!("get {}", key.key());
+        let replies = match self.request(codec::get_service_message(&key), false, &operation) {
+            // No such virtual server (ESRCH; ENOENT on older kernels).
+            Err(err) if matches!(err.errno(), Some(ESRCH | ENOENT)) => return Ok(None),
+            other => other?,
+        };
+        let mut found = None;
+        for reply in &replies {
+            found = found.or(
+                codec::decode_service(reply).map_err(|err| IpvsError::Decode {
+                    operation: operation.clone(),
+                    reason: err.to_string(),
+                })?,
+            );
+        }
+        Ok(found)
     }
 
     /// Adds a virtual server.

@@ -272,6 +272,14 @@ pub fn list_services_message() -> IpvsMessage {
     }
 }
 
+/// GET_SERVICE of the one virtual server with `vs`'s address, protocol and port.
+pub fn get_service_message(vs: &VirtualServer) -> IpvsMessage {
+    IpvsMessage {
+        cmd: CMD_GET_SERVICE,
+        attrs: vec![nest(ATTR_SERVICE, &service_key_attrs(vs))],
+    }
+}
+
 /// NEW_DEST / SET_DEST / DEL_DEST.
 pub fn dest_message(cmd: u8, vs: &VirtualServer, rs: &RealServer) -> IpvsMessage {
     IpvsMessage {

@@ -25,29 +25,39 @@ pub(super) fn evaluate(
     flow: &Flow,
     local: &dyn Fn(IpAddr) -> bool,
 ) -> Option<bool> {
-    let mut answers = Vec::new();
-    if let Some((protocol, inverted)) = rule.protocol {
-        answers.push(Some((protocol == flow.protocol.number()) != inverted));
+    let mut open = false;
+    let mut answer = |holds: Option<bool>| match holds {
+        Some(false) => false,
+        None => {
+            open = true;
+            true
+        }
+        Some(true) => true,
+    };
+    let header = [
+        rule.protocol
+            .map(|(protocol, inverted)| (protocol == flow.protocol.number()) != inverted),
+        rule.destination
+            .as_ref()
+            .map(|matched| address_holds(matched, flow.destination.ip())),
+    ];
+    if header.contains(&Some(false)) {
+        return Some(false);
     }
-    if let Some(matched) = &rule.source {
-        answers.push(flow.source.map(|source| address_holds(matched, source)));
-    }
-    if let Some(matched) = &rule.destination {
-        answers.push(Some(address_holds(matched, flow.destination.ip())));
+    if let Some(matched) = &rule.source
+        && !answer(flow.source.map(|source| address_holds(matched, source)))
+    {
+        return Some(false);
     }
     if rule.in_interface.is_some() || rule.out_interface.is_some() {
-        answers.push(None);
+        answer(None);
     }
     for matched in &rule.matches {
-        answers.push(match_holds(matched, flow, local));
+        if !answer(match_holds(matched, flow, local)) {
+            return Some(false);
+        }
     }
-    if answers.contains(&Some(false)) {
-        Some(false)
-    } else if answers.contains(&None) {
-        None
-    } else {
-        Some(true)
-    }
+    (!open).then_some(true)
 }
 
 fn address_holds(matched: &AddressMatch, address: IpAddr) -> bool {

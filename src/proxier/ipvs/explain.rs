@@ -1,0 +1,279 @@
+//! One packet through IPVS mode, read from the kernel: the one virtual server its destination,
+//! protocol and port name (one request, never a dump of every virtual server), that virtual
+//! server's real servers (one dump of them), and, for a load-balancer IP with source ranges,
+//! the ipset entries that decide whether its source may in. IPVS keeps no Service names:
+//! `explain` asks the daemon which Service port the destination is.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use super::render::set_name;
+use crate::model::IpFamily;
+use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
+use crate::sys::host::net::{LocalAddresses, SystemAddresses};
+use crate::sys::ipset::{SystemIpset, parse_save};
+use crate::sys::ipvs::codec::FLAG_PERSISTENT;
+use crate::sys::ipvs::{IpvsClient, IpvsError, RealServer, VirtualServer};
+
+/// The sets that say which load-balancer IPs have source ranges, and which sources they let in.
+const FIREWALLED: &str = "KUBE-LOAD-BALANCER-FW";
+const ALLOWED_SOURCES: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
+const ALLOWED_NODE: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
+
+/// Explains `flow` from the virtual servers the kernel holds.
+pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
+    Session::open()?.explain(flow)
+}
+
+/// Reads for several flows (`explain --all`): one socket, each family's firewalled
+/// load-balancer entries read once.
+pub struct Session {
+    ipvs: IpvsClient,
+    ipset: SystemIpset,
+    firewalled: BTreeMap<IpFamily, BTreeSet<String>>,
+    local: Vec<IpAddr>,
+}
+
+fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
+    move |err| ExplainError::Read {
+        what: what.to_string(),
+        reason: err.to_string(),
+    }
+}
+
+impl Session {
+    pub fn open() -> Result<Session, ExplainError> {
+        let ipvs = IpvsClient::connect().map_err(|err| match err {
+            IpvsError::NotAvailable => ExplainError::NothingProgrammed(format!(
+                "{err}: ipvs mode programs nothing on this kernel"
+            )),
+            other => read_error("IPVS")(other),
+        })?;
+        Ok(Session {
+            ipvs,
+            ipset: SystemIpset,
+            firewalled: BTreeMap::new(),
+            local: SystemAddresses.addresses(),
+        })
+    }
+
+    /// Explains `flow` from the virtual server on its destination.
+    pub fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
+        let mut explanation = Explanation {
+            mode: "ipvs",
+            flow: flow.clone(),
+            conntrack: Vec::new(),
+            service: None,
+            policy: None,
+            steps: Vec::new(),
+            outcome: Outcome::Untouched {
+                reason: String::new(),
+            },
+            reads: Vec::new(),
+            daemon: None,
+        };
+        let (ip, port) = (flow.destination.ip(), flow.destination.port());
+        let found = self
+            .ipvs
+            .service(ip, flow.protocol, port)
+            .map_err(read_error("IPVS"))?;
+        let destination = format!("{}/{}", flow.destination, flow.protocol.lower());
+        explanation
+            .reads
+            .push(format!("the virtual server {destination}"));
+        let Some(vs) = found else {
+            explanation.outcome = Outcome::Untouched {
+                reason: if self.local.contains(&ip) {
+                    format!(
+                        "no virtual server on {destination}: {ip} is an address of this node (kube-ipvs0 holds the Services' IPs), so the node's own sockets answer it"
+                    )
+                } else {
+                    format!(
+                        "no virtual server on {destination}: no ClusterIP, external or load-balancer IP of a Service with that port, and no NodePort of this node"
+                    )
+                },
+            };
+            return Ok(explanation);
+        };
+        let persistence = if vs.flags & FLAG_PERSISTENT != 0 {
+            format!(
+                ", persistent {} s (session affinity: a client seen within it goes back to its real server)",
+                vs.timeout
+            )
+        } else {
+            String::new()
+        };
+        explanation.steps.push(format!(
+            "virtual server {destination}: scheduler {}{persistence}",
+            vs.scheduler
+        ));
+        if let Some(dropped) = self.source_ranges(flow, &mut explanation)? {
+            explanation.outcome = dropped;
+            return Ok(explanation);
+        }
+        let reals = self
+            .ipvs
+            .destinations(&vs)
+            .map_err(read_error("IPVS real servers"))?;
+        explanation.reads.push(format!(
+            "its {} real server{}",
+            reals.len(),
+            if reals.len() == 1 { "" } else { "s" }
+        ));
+        explanation.outcome = shares(&vs, &reals, &mut explanation.steps);
+        Ok(explanation)
+    }
+
+    /// A load-balancer IP with source ranges drops a source outside them (iptables' firewall
+    /// chain, from two sets): `Some(drop)` when the flow's source is outside.
+    fn source_ranges(
+        &mut self,
+        flow: &Flow,
+        explanation: &mut Explanation,
+    ) -> Result<Option<Outcome>, ExplainError> {
+        let family = IpFamily::of(&flow.destination.ip());
+        let entry = format!(
+            "{},{}:{}",
+            flow.destination.ip(),
+            flow.protocol.lower(),
+            flow.destination.port()
+        );
+        let firewalled = set_name(FIREWALLED, family);
+        if !self.firewalled.contains_key(&family) {
+            let saved = self
+                .ipset
+                .save_sets(std::slice::from_ref(&firewalled))
+                .map_err(read_error("ipset"))?;
+            let entries = parse_save(&saved).remove(&firewalled).unwrap_or_default();
+            self.firewalled.insert(family, entries);
+        }
+        explanation
+            .reads
+            .push(format!("the entries of ipset {firewalled}"));
+        if !self.firewalled[&family].contains(&entry) {
+            return Ok(None);
+        }
+        let Some(source) = flow.source else {
+            explanation.steps.push(
+                "a source outside the Service's loadBalancerSourceRanges is dropped (give --from to evaluate it)".into(),
+            );
+            return Ok(None);
+        };
+        let mut allowed = false;
+        for set in [ALLOWED_SOURCES, ALLOWED_NODE] {
+            let set = set_name(set, family);
+            explanation
+                .reads
+                .push(format!("one entry of ipset {set} (ipset test)"));
+            let member = self
+                .ipset
+                .test(&set, &format!("{entry},{source}"))
+                .map_err(read_error("ipset"))?;
+            allowed |= member == Some(true);
+        }
+        if allowed {
+            explanation
+                .steps
+                .push("its source is within the Service's loadBalancerSourceRanges".into());
+            return Ok(None);
+        }
+        let reason = "its source is outside the Service's loadBalancerSourceRanges";
+        explanation.steps.push(format!(
+            "{}: dropped: {reason}",
+            set_name(FIREWALLED, family)
+        ));
+        Ok(Some(Outcome::Drop {
+            reason: reason.into(),
+        }))
+    }
+}
+
+/// Where the scheduler sends a new connection: among the real servers with weight, in
+/// proportion to it (rr and wrr; kube-proxy gives every endpoint weight 1), else evenly with a
+/// word on how the scheduler chooses. A terminating endpoint keeps weight 0: its connections
+/// go on, it gets no new one.
+fn shares(vs: &VirtualServer, reals: &[RealServer], steps: &mut Vec<String>) -> Outcome {
+    for real in reals.iter().filter(|r| r.weight == 0) {
+        steps.push(format!(
+            "real server {}: weight 0 (terminating): its {} active connections go on, it gets no new one",
+            std::net::SocketAddr::new(real.address, real.port),
+            real.active_conns
+        ));
+    }
+    let usable: Vec<&RealServer> = reals.iter().filter(|r| r.weight > 0).collect();
+    if usable.is_empty() {
+        return Outcome::Reject {
+            reason: "the Service has no endpoints this traffic may use: the virtual server has no real server with weight, and IPVS answers port unreachable".into(),
+        };
+    }
+    let weighted = matches!(vs.scheduler.as_str(), "rr" | "wrr" | "");
+    if !weighted {
+        steps.push(format!(
+            "the {} scheduler chooses by connection counts or hashes, not in turn: each share is shown as equal",
+            vs.scheduler
+        ));
+    }
+    let total: f64 = usable
+        .iter()
+        .map(|r| if weighted { f64::from(r.weight) } else { 1.0 })
+        .sum();
+    steps.push(format!(
+        "virtual server: to one of {} real servers ({} scheduling, masquerading forward)",
+        usable.len(),
+        vs.scheduler
+    ));
+    Outcome::Dnat {
+        candidates: usable
+            .iter()
+            .map(|r| Candidate {
+                endpoint: std::net::SocketAddr::new(r.address, r.port),
+                probability: if weighted { f64::from(r.weight) } else { 1.0 } / total,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Protocol;
+
+    fn vs(scheduler: &str) -> VirtualServer {
+        VirtualServer {
+            address: "10.96.0.10".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            scheduler: scheduler.into(),
+            flags: 0,
+            timeout: 0,
+        }
+    }
+
+    #[test]
+    fn shares_follow_the_weights_and_skip_terminating_endpoints() {
+        let reals = [
+            RealServer::new("10.244.1.1".parse().unwrap(), 8080, 1),
+            RealServer::new("10.244.1.2".parse().unwrap(), 8080, 3),
+            RealServer::new("10.244.1.3".parse().unwrap(), 8080, 0),
+        ];
+        let mut steps = Vec::new();
+        let Outcome::Dnat { candidates } = shares(&vs("wrr"), &reals, &mut steps) else {
+            panic!("a DNAT");
+        };
+        let shares: Vec<f64> = candidates.iter().map(|c| c.probability).collect();
+        assert_eq!(shares, [0.25, 0.75]);
+        assert!(steps[0].contains("terminating"), "{steps:?}");
+        let Outcome::Dnat { candidates } = shares_of(&vs("lc"), &reals) else {
+            panic!("a DNAT");
+        };
+        assert!(candidates.iter().all(|c| c.probability == 0.5));
+        assert!(matches!(
+            shares_of(&vs("rr"), &reals[2..]),
+            Outcome::Reject { .. }
+        ));
+    }
+
+    fn shares_of(vs: &VirtualServer, reals: &[RealServer]) -> Outcome {
+        shares(vs, reals, &mut Vec::new())
+    }
+}

@@ -1,0 +1,83 @@
+//! `kube-proxy-rs explain` in IPVS mode, in the VM (a kernel with IPVS: see `support::vm`): the
+//! real daemon programs virtual servers, `explain` reads the one a flow meets, and connections
+//! land only on the real servers it names, in shares that match its probabilities; the daemon
+//! names the Service port (IPVS keeps no names).
+
+mod support;
+
+use support::cluster::{Cluster, NODE_IP, addr, many, names, seed};
+use support::explain::{assert_matches, candidates, explain, pod_at, spread};
+use support::netns::tcp_request;
+use support::vm::in_vm;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_where_packets_go_in_ipvs_mode() {
+    if !in_vm("explain_names_where_packets_go_in_ipvs_mode") {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let extra = "ipvs:\n  scheduler: rr\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", extra));
+    daemon.wait_for("\"Using ipvs Proxier\"").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+
+    // A ClusterIP with four real servers: a quarter each, named by the daemon, agreeing.
+    let web = explain(&cluster, "10.96.0.10:80/tcp");
+    assert_eq!(web["mode"], "ipvs", "{web:#}");
+    assert_eq!(web["service"], "default/web:http", "{web:#}");
+    assert_eq!(web["daemon"]["comparison"], "agrees", "{web:#}");
+    let predicted = candidates(&web);
+    assert_eq!(predicted.len(), 4, "{web:#}");
+    let n = 200;
+    assert_matches(&predicted, &spread(&cluster, "10.96.0.10:80", n), n);
+
+    // A NodePort with externalTrafficPolicy Local: only this node's two pods.
+    let local = explain(&cluster, &format!("{NODE_IP}:30081/tcp"));
+    assert_eq!(local["service"], "default/local:http", "{local:#}");
+    assert_eq!(local["daemon"]["comparison"], "agrees", "{local:#}");
+    let predicted = candidates(&local);
+    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
+    assert_matches(
+        &predicted,
+        &spread(&cluster, &format!("{NODE_IP}:30081"), n),
+        n,
+    );
+
+    // ClientIP affinity: persistence, and one client keeps to one of the four.
+    let sticky = explain(&cluster, "10.96.0.11:80/tcp");
+    assert!(
+        sticky["steps"].to_string().contains("persistent 600 s"),
+        "{sticky:#}"
+    );
+    let predicted = candidates(&sticky);
+    assert_eq!(predicted.len(), 4, "{sticky:#}");
+    let answers = many(12, || tcp_request(&cluster.client, addr("10.96.0.11:80")));
+    assert_eq!(names(&answers).len(), 1, "{answers:?}");
+
+    // No endpoints: rejected (IPVS answers port unreachable), and refused.
+    let empty = explain(&cluster, "10.96.0.13:80/tcp");
+    assert_eq!(empty["verdict"], "reject", "{empty:#}");
+    assert_eq!(empty["daemon"]["comparison"], "agrees", "{empty:#}");
+    assert_eq!(
+        tcp_request(&cluster.node, addr("10.96.0.13:80")),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
+    // A port the Service does not have: no virtual server; the address is the node's own.
+    let other_port = explain(&cluster, "10.96.0.10:81/tcp");
+    assert_eq!(other_port["verdict"], "untouched", "{other_port:#}");
+    assert!(
+        other_port["reason"]
+            .as_str()
+            .unwrap()
+            .contains("kube-ipvs0"),
+        "{other_port:#}"
+    );
+
+    // Every service port of the node agrees with the daemon.
+    let all = explain(&cluster, "--all");
+    assert_eq!(all["checked"], 5, "{all:#}");
+    assert_eq!(all["differing"], serde_json::json!([]), "{all:#}");
+    daemon.stop().await;
+}
