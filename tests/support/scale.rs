@@ -132,7 +132,7 @@ const EXPLAINS: usize = 5;
 
 /// `kube-proxy-rs explain` on the node the daemon programmed: one flow to the middle service
 /// (the median of [`EXPLAINS`]) against the listing a user would read by hand (nftables: our
-/// table; iptables: nat's KUBE-SERVICES alone), and `--all`.
+/// table; iptables: nat's KUBE-SERVICES alone; IPVS: `ipvsadm -Ln`), and `--all`.
 fn explain_timings(node: &Netns, count: usize, mode: &str) {
     let timed = |args: &[&str]| {
         let started = Instant::now();
@@ -156,6 +156,7 @@ fn explain_timings(node: &Netns, count: usize, mode: &str) {
             "nft list table ip kube-proxy",
             timed(&["nft", "list", "table", "ip", "kube-proxy"]).0,
         ),
+        "ipvs" => ("ipvsadm -Ln", timed(&["ipvsadm", "-Ln"]).0),
         "iptables-legacy" => (
             "iptables-legacy -t nat -S KUBE-SERVICES",
             timed(&["iptables-legacy", "-t", "nat", "-S", "KUBE-SERVICES"]).0,
@@ -278,9 +279,7 @@ pub fn daemon_run(count: usize, mode: &str) {
             secs(restart),
             secs(followed),
         );
-        if mode == "nftables" || mode == "iptables" {
-            explain_timings(&node, count, if legacy { "iptables-legacy" } else { mode });
-        }
+        explain_timings(&node, count, if legacy { "iptables-legacy" } else { mode });
         let _ = daemon.kill();
         let _ = daemon.wait();
     });
