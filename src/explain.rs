@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
 use crate::proxier::explanation::{
-    Checked, Comparison, Explanation, Flow, Outcome, Tracked, Wanted, compare, port_of_flow,
+    Checked, Comparison, Explanation, Flow, NamedDestination, Outcome, Tracked, Wanted, compare,
 };
 use crate::proxier::modes;
-use crate::servers::debug::SERVICES_PATH;
+use crate::servers::debug::{DESTINATIONS_PATH, SERVICES_PATH};
 
 /// How the answer is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,23 +121,27 @@ pub fn run(request: &Request) -> Result<String, String> {
         return run_all(request, mode);
     };
     let mut explanation = modes::explain(mode, flow).map_err(|err| err.to_string())?;
-    if explanation.service.is_none() && !matches!(explanation.outcome, Outcome::Untouched { .. }) {
-        name_from_daemon(&request.metrics, &mut explanation);
-    }
-    if let Some(service) = explanation.service.clone() {
-        let name = service
-            .rsplit_once(':')
-            .map_or(service.as_str(), |(name, _)| name);
-        explanation.daemon = Some(match ask_daemon(&request.metrics, name) {
-            Ok(body) => match serde_json::from_str::<Wanted>(&body) {
-                Ok(wanted) => compare(&explanation, &wanted),
-                Err(err) => Comparison::Unknown {
-                    why: format!("the daemon's answer: {err}"),
-                },
-            },
-            Err(why) => Comparison::Unknown { why },
-        });
-    }
+    let wanted = match explanation.service.clone() {
+        Some(service) => {
+            let name = service
+                .rsplit_once(':')
+                .map_or(service.as_str(), |(name, _)| name);
+            Some(
+                ask_daemon(&request.metrics, &format!("{SERVICES_PATH}{name}")).and_then(|body| {
+                    serde_json::from_str::<Wanted>(&body)
+                        .map_err(|err| format!("the daemon's answer: {err}"))
+                }),
+            )
+        }
+        None if !matches!(explanation.outcome, Outcome::Untouched { .. }) => {
+            Some(named_by_daemon(&request.metrics, &mut explanation))
+        }
+        None => None,
+    };
+    explanation.daemon = wanted.map(|wanted| match wanted {
+        Ok(wanted) => compare(&explanation, &wanted),
+        Err(why) => Comparison::Unknown { why },
+    });
     Ok(match request.output {
         Output::Json => {
             serde_json::to_string_pretty(&explanation).map_err(|err| err.to_string())? + "\n"
@@ -147,32 +151,37 @@ pub fn run(request: &Request) -> Result<String, String> {
 }
 
 /// Names the Service port and policy of a flow whose kernel objects carry no names (IPVS'
-/// virtual servers) from what the daemon wants; left unnamed when it does not answer.
-fn name_from_daemon(metrics: &str, explanation: &mut Explanation) {
-    let Ok(body) = ask_daemon(metrics, "") else {
-        explanation.steps.push(
-            "the kernel keeps no Service name for it, and the daemon did not answer to name it"
-                .into(),
-        );
-        return;
-    };
-    let Ok(wanted) = serde_json::from_str::<Vec<Wanted>>(&body) else {
-        return;
-    };
-    let destination = explanation.flow.destination.ip();
-    let node_address =
+/// virtual servers) by asking the daemon, and returns what it wants for that Service.
+fn named_by_daemon(metrics: &str, explanation: &mut Explanation) -> Result<Wanted, String> {
+    let destination = explanation.flow.destination;
+    let node =
         crate::sys::host::net::LocalAddresses::addresses(&crate::sys::host::net::SystemAddresses)
-            .contains(&destination);
-    if let Some((service, policy)) = port_of_flow(&wanted, &explanation.flow, node_address) {
-        explanation.service = Some(service);
-        explanation.policy = Some(policy);
-    }
+            .contains(&destination.ip());
+    let path = format!(
+        "{DESTINATIONS_PATH}{}/{}/{}{}",
+        explanation.flow.protocol.lower(),
+        destination.ip(),
+        destination.port(),
+        if node { "/node" } else { "" }
+    );
+    let body = ask_daemon(metrics, &path).map_err(|why| {
+        format!("the kernel keeps no Service name for it; asking the daemon: {why}")
+    })?;
+    let named: NamedDestination =
+        serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(if named.policy == "Local" {
+        "Local"
+    } else {
+        "Cluster"
+    });
+    Ok(named.wanted)
 }
 
 /// `--all`: every service port the daemon wants, a flow to its ClusterIP each, compared with
 /// the kernel; the differences are listed.
 fn run_all(request: &Request, mode: ProxyMode) -> Result<String, String> {
-    let body = ask_daemon(&request.metrics, "")?;
+    let body = ask_daemon(&request.metrics, SERVICES_PATH)?;
     let wanted: Vec<Wanted> =
         serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
     let checked = modes::explain_all(mode, &wanted).map_err(|err| err.to_string())?;
@@ -207,9 +216,9 @@ fn run_all(request: &Request, mode: ProxyMode) -> Result<String, String> {
     Ok(out)
 }
 
-/// The daemon's debug answer for `name` (`ns/svc`; empty: every Service): one GET on the
-/// metrics address (on loopback when it is every interface's).
-fn ask_daemon(metrics: &str, name: &str) -> Result<String, String> {
+/// The daemon's debug answer at `path`: one GET on the metrics address (on loopback when it is
+/// every interface's).
+fn ask_daemon(metrics: &str, path: &str) -> Result<String, String> {
     let mut address: SocketAddr = metrics
         .parse()
         .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
@@ -223,11 +232,7 @@ fn ask_daemon(metrics: &str, name: &str) -> Result<String, String> {
     let limit = Duration::from_secs(5);
     let mut stream = TcpStream::connect_timeout(&address, limit).map_err(unanswered)?;
     stream.set_read_timeout(Some(limit)).map_err(unanswered)?;
-    write!(
-        stream,
-        "GET {SERVICES_PATH}{name} HTTP/1.0\r\nHost: {address}\r\n\r\n"
-    )
-    .map_err(unanswered)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").map_err(unanswered)?;
     let mut response = String::new();
     stream
         .take(1 << 28)
@@ -236,7 +241,7 @@ fn ask_daemon(metrics: &str, name: &str) -> Result<String, String> {
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         let status = head.lines().next().unwrap_or_default();
-        return Err(format!("the daemon knows no Service {name} ({status})"));
+        return Err(format!("the daemon knows nothing at {path} ({status})"));
     }
     Ok(body.to_string())
 }

@@ -196,6 +196,16 @@ pub struct WantedPort {
     pub external_local: bool,
 }
 
+/// What the daemon's debug endpoint answers for a destination (`/debug/kube-proxy-rs/
+/// destinations/<protocol>/<address>/<port>[/node]`): the service port it is, the policy its
+/// traffic is under, and what the daemon wants for that Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct NamedDestination {
+    pub service_port: String,
+    pub policy: String,
+    pub wanted: Wanted,
+}
+
 /// The service port (`ns/svc:port`) a flow is bound for, and the policy its traffic is under,
 /// from what the daemon `wanted` (for a mode whose kernel objects carry no Service names:
 /// IPVS). `node_address` says whether the destination is one NodePorts answer on.
@@ -375,6 +385,30 @@ mod tests {
                 ..WantedPort::default()
             }],
         }
+    }
+
+    #[test]
+    fn a_destination_names_its_service_port_and_policy() {
+        let mut service = wanted(&[], &[], false);
+        let port = &mut service.ports[0];
+        port.node_port = Some(30080);
+        port.external_ips = vec!["192.168.200.1".parse().unwrap()];
+        port.external_local = true;
+        let named = |to: &str, node| {
+            port_of_flow(
+                std::slice::from_ref(&service),
+                &Flow::parse(to, None).unwrap(),
+                node,
+            )
+        };
+        let web = Some(("default/web:http".to_string(), "Cluster"));
+        let external = Some(("default/web:http".to_string(), "Local"));
+        assert_eq!(named("10.96.0.10:80/tcp", false), web);
+        assert_eq!(named("192.168.200.1:80/tcp", false), external);
+        assert_eq!(named("192.168.0.2:30080/tcp", true), external);
+        assert_eq!(named("192.168.0.2:30080/tcp", false), None);
+        assert_eq!(named("10.96.0.10:80/udp", false), None);
+        assert_eq!(named("10.96.0.10:81/tcp", false), None);
     }
 
     #[test]

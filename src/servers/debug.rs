@@ -14,10 +14,20 @@ use crate::model::{
     ChangeTracker, IpFamily, NamespacedName, NodeContext, ProxyState, ZONE_LABEL, ports_in_family,
     select_endpoints,
 };
-use crate::proxier::explanation::{Wanted, WantedPort};
+use crate::proxier::explanation::{Flow, NamedDestination, Wanted, WantedPort, port_of_flow};
 
 /// Where it answers: `/debug/kube-proxy-rs/services/<namespace>/<name>`.
 pub const SERVICES_PATH: &str = "/debug/kube-proxy-rs/services/";
+
+/// Where it names the Service port of a destination:
+/// `/debug/kube-proxy-rs/destinations/<protocol>/<address>/<port>[/node]` (`node`: the address
+/// is one NodePorts answer on), for modes whose kernel objects carry no Service names (IPVS).
+pub const DESTINATIONS_PATH: &str = "/debug/kube-proxy-rs/destinations/";
+
+/// The part of `path` after [`DESTINATIONS_PATH`], if it is one.
+pub fn destinations_route(path: &str) -> Option<&str> {
+    path.strip_prefix(DESTINATIONS_PATH)
+}
 
 /// The part of `path` after [`SERVICES_PATH`] (empty for every Service), if it is one of ours.
 pub fn services_route(path: &str) -> Option<&str> {
@@ -67,6 +77,47 @@ impl DebugView {
         }
     }
 
+    /// The answer for `rest`, the path after [`DESTINATIONS_PATH`]: the Service port a flow
+    /// to that destination is bound for, with what the daemon wants for its Service.
+    pub fn destination(&self, rest: &str) -> Reply {
+        let parts: Vec<&str> = rest.split('/').collect();
+        let (protocol, address, port, node) = match parts.as_slice() {
+            [protocol, address, port] => (*protocol, *address, *port, false),
+            [protocol, address, port, "node"] => (*protocol, *address, *port, true),
+            _ => return Reply::not_found(),
+        };
+        let Ok(flow) = Flow::parse(&format!("{}/{protocol}", join(address, port)), None) else {
+            return Reply::not_found();
+        };
+        let tracker = lock(&self.tracker);
+        let state = read(&self.state);
+        // Only the Services with a port of that number are looked at closely.
+        let named = state
+            .services
+            .iter()
+            .filter(|(_, ports)| {
+                ports.values().any(|p| {
+                    p.name.protocol == flow.protocol
+                        && (p.port == flow.destination.port()
+                            || p.node_port == Some(flow.destination.port()))
+                })
+            })
+            .filter_map(|(service, _)| wanted_of(service, &tracker, &state, &self.node_name))
+            .find_map(|wanted| {
+                let (service_port, policy) =
+                    port_of_flow(std::slice::from_ref(&wanted), &flow, node)?;
+                Some(NamedDestination {
+                    service_port,
+                    policy: policy.into(),
+                    wanted,
+                })
+            });
+        match named.map(|named| serde_json::to_string(&named)) {
+            Some(Ok(body)) => Reply::json(StatusCode::OK, body),
+            _ => Reply::not_found(),
+        }
+    }
+
     fn one(&self, service: &NamespacedName) -> Option<Wanted> {
         let tracker = lock(&self.tracker);
         let state = read(&self.state);
@@ -82,6 +133,15 @@ impl DebugView {
             .keys()
             .filter_map(|service| wanted_of(service, &tracker, &state, &self.node_name))
             .collect()
+    }
+}
+
+/// `address:port`, with brackets for IPv6.
+fn join(address: &str, port: &str) -> String {
+    if address.contains(':') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
     }
 }
 

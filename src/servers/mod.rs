@@ -55,8 +55,13 @@ pub fn serve_metrics(
         "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
-        _ => match (debug::services_route(path), &debug) {
-            (Some(rest), Some(debug)) => debug.reply(rest),
+        _ => match (
+            &debug,
+            debug::services_route(path),
+            debug::destinations_route(path),
+        ) {
+            (Some(debug), Some(rest), _) => debug.reply(rest),
+            (Some(debug), None, Some(rest)) => debug.destination(rest),
             _ => Reply::not_found(),
         },
     });

@@ -157,6 +157,21 @@ impl SystemIpset {
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
+    /// `ipset save` of one set (one process); `None` when there is no such set.
+    pub fn save_set(&self, set: &str) -> Result<Option<String>, IpsetError> {
+        match Tool::new("ipset", &["save", set]).limit(IPSET_LIMIT).run() {
+            Ok(out) => Ok(Some(String::from_utf8_lossy(&out).into_owned())),
+            Err(failure)
+                if failure
+                    .stderr()
+                    .is_some_and(|why| why.contains("does not exist")) =>
+            {
+                Ok(None)
+            }
+            Err(failure) => Err(failure.into()),
+        }
+    }
+
     /// Whether `entry` is in `set` (`ipset test`: the kernel looks that one entry up); `None`
     /// when there is no such set.
     pub fn test(&self, set: &str, entry: &str) -> Result<Option<bool>, IpsetError> {

@@ -142,8 +142,9 @@ impl Session {
         if !self.firewalled.contains_key(&family) {
             let saved = self
                 .ipset
-                .save_sets(std::slice::from_ref(&firewalled))
-                .map_err(read_error("ipset"))?;
+                .save_set(&firewalled)
+                .map_err(read_error("ipset"))?
+                .unwrap_or_default();
             let entries = parse_save(&saved).remove(&firewalled).unwrap_or_default();
             self.firewalled.insert(family, entries);
         }
