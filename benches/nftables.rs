@@ -172,37 +172,11 @@ const CHANGES: usize = 21;
 /// Restarts timed, of which the median and the slowest are reported.
 const RESTARTS: usize = 5;
 
-/// How many times `explain` is timed.
-const EXPLAINS: usize = 5;
-
-/// `kube-proxy-rs explain` of one flow to the middle service on the programmed node (the
-/// median of [`EXPLAINS`]), and `nft list table` of our table (what a user reads by hand).
-fn explain_one_flow(node: &Netns, count: usize) -> (Duration, Duration) {
-    let middle = count / 2;
-    let to = format!("172.30.{}.{}:80/tcp", middle / 250, middle % 250 + 1);
-    let timed = |args: &[&str]| {
-        let started = Instant::now();
-        let output = node.raw_output(args);
-        let took = started.elapsed();
-        assert!(output.status.success(), "{args:?}: {output:?}");
-        (took, String::from_utf8_lossy(&output.stdout).into_owned())
-    };
-    let mut explains = Vec::new();
-    for _ in 0..EXPLAINS {
-        let (took, text) = timed(&[env!("CARGO_BIN_EXE_kube-proxy-rs"), "explain", "--to", &to]);
-        assert!(text.contains("DNAT to one of 10"), "{text}");
-        explains.push(took);
-    }
-    let (listed, _) = timed(&["nft", "list", "table", "ip", TABLE]);
-    (scale::median(explains), listed)
-}
-
 fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
     let mut state = scale::state(count);
     let node = Netns::new("nftbench");
     let (p, full, full_text) =
         timed_sync(&node, proxier(), state.clone(), ChangeSummary::default());
-    let (explained, listed) = explain_one_flow(&node, count);
     // Our own transactions, each a bare `nft -f`, into another namespace.
     let ours_ns = Netns::new("nftours");
     let bare_ours: Duration = p
@@ -328,12 +302,6 @@ fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
         );
     }
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
-    println!(
-        "nftables {count} services x 10 endpoints: explain of one flow {} (median of {EXPLAINS}) vs nft list table {} ({:.3}x)",
-        secs(explained),
-        secs(listed),
-        ratio(explained, listed),
-    );
     println!(
         "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of our transactions {} ({:.2}x)",
         secs(full),

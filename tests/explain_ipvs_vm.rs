@@ -89,87 +89,19 @@ async fn explain_reads_ipv6_and_load_balancers_in_ipvs_mode() {
     if !in_vm("explain_reads_ipv6_and_load_balancers_in_ipvs_mode") {
         return;
     }
-    use serde_json::{Value, json};
-    use support::cluster::{BIN, CLIENT_IP, service, slice, slice6};
-    use support::explain::spread_from;
-    use support::{WAIT, eventually};
+    use support::explain::{
+        assert_ipv6_spread, assert_source_ranges_decide, dual_stack_load_balancer,
+    };
 
     let mut cluster = Cluster::start().await;
     cluster.add_ipv6();
-    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    let mut web = service(
-        "web",
-        "10.96.0.10",
-        ports,
-        json!({"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
-               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")]}),
-    );
-    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
-    web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
-    cluster.api.apply(web).unwrap();
-    let pods = ["pod-a1", "pod-b2"];
-    cluster
-        .api
-        .apply(slice("web", slice_ports.clone(), &pods))
-        .unwrap();
-    cluster
-        .api
-        .apply(slice6("web", slice_ports, &pods))
-        .unwrap();
+    dual_stack_load_balancer(&cluster);
     let extra = "ipvs:\n  scheduler: rr\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
     let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", extra));
     daemon.wait_for("\"Synced proxy rules\"").await;
-
-    assert!(
-        eventually(WAIT, || tcp_request(
-            &cluster.node,
-            addr("[fd00:10:96::10]:80")
-        )
-        .is_ok())
-        .await,
-        "IPv6 reachable"
-    );
-    let v6 = explain(&cluster, "[fd00:10:96::10]:80/tcp");
-    assert_eq!(v6["service"], "default/web:http", "{v6:#}");
-    let predicted = candidates(&v6);
-    let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
-    assert_eq!(named, ["pod-a1", "pod-b2"], "{v6:#}");
     let n = 100;
-    assert_matches(
-        &predicted,
-        &spread_from(&cluster.node, "[fd00:10:96::10]:80", n),
-        n,
-    );
-
-    let lb_from = |source: &str| {
-        let output = cluster.node.raw_output(&[
-            BIN,
-            "explain",
-            "--to",
-            "192.168.200.1:80",
-            "--from",
-            source,
-            "-o",
-            "json",
-        ]);
-        serde_json::from_slice::<Value>(&output.stdout).expect("explain's JSON")
-    };
-    let allowed = lb_from(CLIENT_IP);
-    assert_eq!(allowed["verdict"], "dnat", "{allowed:#}");
-    assert!(
-        allowed["steps"].to_string().contains("within"),
-        "{allowed:#}"
-    );
-    let outside = lb_from("10.99.0.1");
-    assert_eq!(outside["verdict"], "drop", "{outside:#}");
-    assert!(
-        outside["reason"]
-            .as_str()
-            .unwrap()
-            .contains("loadBalancerSourceRanges"),
-        "{outside:#}"
-    );
+    assert_ipv6_spread(&cluster, n).await;
+    assert_source_ranges_decide(&cluster);
     let lb = explain(&cluster, "192.168.200.1:80/tcp");
     assert!(lb["steps"].to_string().contains("give --from"), "{lb:#}");
     let predicted = candidates(&lb);

@@ -7,10 +7,11 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::cluster::{
-    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, service, slice, slice6, web_ports,
+use support::cluster::{BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
+use support::explain::{
+    assert_ipv6_spread, assert_matches, assert_source_ranges_decide, candidates, differing,
+    dual_stack_load_balancer, explain, pod_at, spread,
 };
-use support::explain::{assert_matches, candidates, explain, pod_at, spread, spread_from};
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
 
@@ -232,81 +233,13 @@ async fn ipv6_and_load_balancers(mode: Mode) {
     require_netns();
     let mut cluster = Cluster::start().await;
     cluster.add_ipv6();
-    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    let mut web = service(
-        "web",
-        "10.96.0.10",
-        ports.clone(),
-        json!({"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
-               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")]}),
-    );
-    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
-    web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
-    cluster.api.apply(web).unwrap();
-    let pods = ["pod-a1", "pod-b2"];
-    cluster
-        .api
-        .apply(slice("web", slice_ports.clone(), &pods))
-        .unwrap();
-    cluster
-        .api
-        .apply(slice6("web", slice_ports, &pods))
-        .unwrap();
+    dual_stack_load_balancer(&cluster);
     let daemon = mode.daemon(&cluster, "").await;
-
-    // The pods' IPv6 side answers a moment after the daemon's first sync.
-    assert!(
-        eventually(WAIT, || tcp_request(
-            &cluster.node,
-            addr("[fd00:10:96::10]:80")
-        )
-        .is_ok())
-        .await,
-        "IPv6 reachable"
-    );
-    let v6 = explain(&cluster, "[fd00:10:96::10]:80/tcp");
-    let predicted = candidates(&v6);
-    let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
-    assert_eq!(named, ["pod-a1", "pod-b2"], "{v6:#}");
     let n = 200;
-    assert_matches(
-        &predicted,
-        &spread_from(&cluster.node, "[fd00:10:96::10]:80", n),
-        n,
-    );
-
+    assert_ipv6_spread(&cluster, n).await;
+    assert_source_ranges_decide(&cluster);
     let lb = explain(&cluster, "192.168.200.1:80/tcp");
     assert_eq!(lb["service"], "default/web:http", "{lb:#}");
-    // With --from: the client is within the ranges, another source is not.
-    let lb_from = |source: &str| {
-        let output = cluster.node.raw_output(&[
-            BIN,
-            "explain",
-            "--to",
-            "192.168.200.1:80",
-            "--from",
-            source,
-            "-o",
-            "json",
-        ]);
-        serde_json::from_slice::<Value>(&output.stdout).expect("explain's JSON")
-    };
-    let allowed = lb_from(CLIENT_IP);
-    assert_eq!(allowed["verdict"], "dnat", "{allowed:#}");
-    assert!(
-        allowed["steps"].to_string().contains("within"),
-        "{allowed:#}"
-    );
-    let outside = lb_from("10.99.0.1");
-    assert_eq!(outside["verdict"], "drop", "{outside:#}");
-    assert!(
-        outside["reason"]
-            .as_str()
-            .unwrap()
-            .contains("loadBalancerSourceRanges"),
-        "{outside:#}"
-    );
     let firewall = match mode {
         Mode::Nftables => "@firewall-ips",
         _ => "KUBE-FW-",
@@ -379,13 +312,7 @@ async fn explain_names_a_drifted_rule() {
     let why = drifted["daemon"]["why"].as_str().unwrap();
     assert!(why.contains("drifted"), "{why}");
     let all = explain(&cluster, "--all");
-    let differing: Vec<&str> = all["differing"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["service_port"].as_str().unwrap())
-        .collect();
-    assert_eq!(differing, ["default/web:http"], "{all:#}");
+    assert_eq!(differing(&all), ["default/web:http"], "{all:#}");
     daemon.stop().await;
 }
 
@@ -417,14 +344,8 @@ async fn explain_names_what_the_daemon_has_not_synced_yet() {
         "{web:#}"
     );
     let all = explain(&cluster, "--all");
-    let differing: Vec<&str> = all["differing"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["service_port"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        differing,
+        differing(&all),
         ["default/web:dns", "default/web:http"],
         "{all:#}"
     );

@@ -120,6 +120,33 @@ pub struct Explanation {
     pub daemon: Option<Comparison>,
 }
 
+impl Explanation {
+    /// An explanation of `flow` in `mode` that has found nothing yet.
+    pub fn new(mode: &'static str, flow: &Flow) -> Explanation {
+        Explanation {
+            mode,
+            flow: flow.clone(),
+            conntrack: Vec::new(),
+            service: None,
+            policy: None,
+            steps: Vec::new(),
+            outcome: Outcome::Untouched {
+                reason: String::new(),
+            },
+            reads: Vec::new(),
+            daemon: None,
+        }
+    }
+}
+
+/// Makes a failed read of `what` an [`ExplainError`].
+pub fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
+    move |err| ExplainError::Read {
+        what: what.to_string(),
+        reason: err.to_string(),
+    }
+}
+
 /// Why a packet could not be explained.
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {

@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::cluster::{BIN, Cluster, PODS, addr, pod_ip6};
+use super::cluster::{BIN, CLIENT_IP, Cluster, PODS, addr, pod_ip6, service, slice, slice6};
 use super::netns::{Netns, tcp_request};
+use super::{WAIT, eventually};
 
 /// `explain`'s JSON answer for `to` (`--all` for every service port), run in the node's
 /// namespace.
@@ -89,4 +90,91 @@ pub fn assert_matches(
     }
     let total: f64 = predicted.values().sum();
     assert!((total - 1.0).abs() < 1e-9, "probabilities sum to {total}");
+}
+
+/// A dual-stack LoadBalancer Service `web` (ClusterIPs 10.96.0.10 and fd00:10:96::10, ingress
+/// 192.168.200.1) whose source ranges let in the client alone, with pods a1 and b2 in both
+/// families.
+pub fn dual_stack_load_balancer(cluster: &Cluster) {
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let mut web = service(
+        "web",
+        "10.96.0.10",
+        ports,
+        json!({"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")]}),
+    );
+    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
+    web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
+    cluster.api.apply(web).unwrap();
+    let pods = ["pod-a1", "pod-b2"];
+    cluster
+        .api
+        .apply(slice("web", slice_ports.clone(), &pods))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice6("web", slice_ports, &pods))
+        .unwrap();
+}
+
+/// IPv6 to web's ClusterIP (see [`dual_stack_load_balancer`]): explain names the two pods, and
+/// `n` connections from the node spread as it says.
+pub async fn assert_ipv6_spread(cluster: &Cluster, n: usize) {
+    // The pods' IPv6 side answers a moment after the daemon's first sync.
+    let reachable = || tcp_request(&cluster.node, addr("[fd00:10:96::10]:80")).is_ok();
+    assert!(eventually(WAIT, reachable).await, "IPv6 reachable");
+    let v6 = explain(cluster, "[fd00:10:96::10]:80/tcp");
+    assert_eq!(v6["service"], "default/web:http", "{v6:#}");
+    let predicted = candidates(&v6);
+    let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(named, ["pod-a1", "pod-b2"], "{v6:#}");
+    assert_matches(
+        &predicted,
+        &spread_from(&cluster.node, "[fd00:10:96::10]:80", n),
+        n,
+    );
+}
+
+/// With `--from`, web's load-balancer IP lets the client in and drops another source.
+pub fn assert_source_ranges_decide(cluster: &Cluster) {
+    let lb_from = |source: &str| {
+        let output = cluster.node.raw_output(&[
+            BIN,
+            "explain",
+            "--to",
+            "192.168.200.1:80",
+            "--from",
+            source,
+            "-o",
+            "json",
+        ]);
+        serde_json::from_slice::<Value>(&output.stdout).expect("explain's JSON")
+    };
+    let allowed = lb_from(CLIENT_IP);
+    assert_eq!(allowed["verdict"], "dnat", "{allowed:#}");
+    assert!(
+        allowed["steps"].to_string().contains("within"),
+        "{allowed:#}"
+    );
+    let outside = lb_from("10.99.0.1");
+    assert_eq!(outside["verdict"], "drop", "{outside:#}");
+    assert!(
+        outside["reason"]
+            .as_str()
+            .unwrap()
+            .contains("loadBalancerSourceRanges"),
+        "{outside:#}"
+    );
+}
+
+/// The service ports `explain --all` says differ.
+pub fn differing(all: &Value) -> Vec<&str> {
+    all["differing"]
+        .as_array()
+        .expect("differing")
+        .iter()
+        .map(|d| d["service_port"].as_str().unwrap())
+        .collect()
 }

@@ -11,7 +11,9 @@ use super::render::{
     KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
 use crate::model::IpFamily;
-use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
+use crate::proxier::explanation::{
+    Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
+};
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 use crate::sys::xtables::rules::{RuleOptions, Target};
@@ -85,19 +87,7 @@ impl Session {
             family,
             flow,
             near: None,
-            explanation: Explanation {
-                mode: "iptables",
-                flow: flow.clone(),
-                conntrack: Vec::new(),
-                service: None,
-                policy: None,
-                steps: Vec::new(),
-                outcome: Outcome::Untouched {
-                    reason: String::new(),
-                },
-                reads: Vec::new(),
-                daemon: None,
-            },
+            explanation: Explanation::new("iptables", flow),
         };
         reader.explanation.outcome = reader.dispatch()?;
         let mut explanation = reader.explanation;
@@ -182,13 +172,6 @@ impl Session {
             level = next.into_iter().collect();
         }
         Ok(())
-    }
-}
-
-fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
-    move |err| ExplainError::Read {
-        what: what.to_string(),
-        reason: err.to_string(),
     }
 }
 

@@ -9,7 +9,9 @@ use std::net::IpAddr;
 
 use super::render::set_name;
 use crate::model::IpFamily;
-use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
+use crate::proxier::explanation::{
+    Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
+};
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::ipset::{SystemIpset, parse_save};
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
@@ -34,13 +36,6 @@ pub struct Session {
     local: Vec<IpAddr>,
 }
 
-fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
-    move |err| ExplainError::Read {
-        what: what.to_string(),
-        reason: err.to_string(),
-    }
-}
-
 impl Session {
     pub fn open() -> Result<Session, ExplainError> {
         let ipvs = IpvsClient::connect().map_err(|err| match err {
@@ -59,19 +54,7 @@ impl Session {
 
     /// Explains `flow` from the virtual server on its destination.
     pub fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
-        let mut explanation = Explanation {
-            mode: "ipvs",
-            flow: flow.clone(),
-            conntrack: Vec::new(),
-            service: None,
-            policy: None,
-            steps: Vec::new(),
-            outcome: Outcome::Untouched {
-                reason: String::new(),
-            },
-            reads: Vec::new(),
-            daemon: None,
-        };
+        let mut explanation = Explanation::new("ipvs", flow);
         let (ip, port) = (flow.destination.ip(), flow.destination.port());
         let found = self
             .ipvs

@@ -14,7 +14,9 @@ use super::render::{
 };
 use crate::model::IpFamily;
 use crate::model::address::octets;
-use crate::proxier::explanation::{Candidate, ExplainError, Explanation, Flow, Outcome};
+use crate::proxier::explanation::{
+    Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
+};
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::netlink::Connection;
 use crate::sys::nf_tables::elements::{
@@ -84,29 +86,10 @@ impl Session {
             session: self,
             family,
             flow,
-            explanation: Explanation {
-                mode: "nftables",
-                flow: flow.clone(),
-                conntrack: Vec::new(),
-                service: None,
-                policy: None,
-                steps: Vec::new(),
-                outcome: Outcome::Untouched {
-                    reason: String::new(),
-                },
-                reads: Vec::new(),
-                daemon: None,
-            },
+            explanation: Explanation::new("nftables", flow),
         };
         reader.explanation.outcome = reader.dispatch()?;
         Ok(reader.explanation)
-    }
-}
-
-fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
-    move |err| ExplainError::Read {
-        what: what.to_string(),
-        reason: err.to_string(),
     }
 }
 
