@@ -250,6 +250,62 @@ async fn ipv6_and_load_balancers(mode: Mode) {
     daemon.stop().await;
 }
 
+/// nftables mode declares only the endpoint maps its chains draw from, so that a small node's
+/// table reads short: a map goes when the last chain leaves it, in the sync that removes that
+/// chain, and every map declared is one a rule draws from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nftables_mode_declares_only_the_endpoint_maps_in_use() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let daemon = Mode::Nftables.daemon(&cluster, "").await;
+    let listing = || {
+        cluster
+            .node
+            .output(&["nft", "list", "table", "ip", "kube-proxy"])
+    };
+    let maps = |table: &str| -> std::collections::BTreeSet<String> {
+        table
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("map endpoints-"))
+            .map(|rest| format!("endpoints-{}", rest.trim_end_matches(" {")))
+            .collect()
+    };
+    let drawn_from = |table: &str| -> std::collections::BTreeSet<String> {
+        table
+            .split_whitespace()
+            .filter_map(|word| word.strip_prefix("@endpoints-"))
+            .map(|rest| format!("endpoints-{rest}"))
+            .collect()
+    };
+    let table = listing();
+    let before = maps(&table);
+    // web's two ports and local's two policy chains draw from maps; sticky's affinity does not.
+    assert!(!before.is_empty() && before.len() <= 4, "{table}");
+    assert_eq!(before, drawn_from(&table), "{table}");
+    eprintln!(
+        "{} lines in `nft list table ip kube-proxy`, {} endpoint maps",
+        table.lines().count(),
+        before.len()
+    );
+    cluster
+        .api
+        .delete(test_apiserver::Resource::Services, "default", "web")
+        .unwrap();
+    assert!(
+        eventually(WAIT, || !listing().contains("default/web")).await,
+        "web's chains go"
+    );
+    let table = listing();
+    let after = maps(&table);
+    assert!(after.len() < before.len(), "{before:?} -> {after:?}");
+    assert_eq!(after, drawn_from(&table), "{table}");
+    assert_eq!(daemon.count("Failed to sync"), 0);
+    let local = explain(&cluster, &format!("{NODE_IP}:30081/tcp"));
+    assert_eq!(candidates(&local).len(), 2, "{local:#}");
+    daemon.stop().await;
+}
+
 /// A rule changed behind the daemon's back (legacy iptables, whose drift check waits for the
 /// sync period, an hour here): explain reads the drifted chain, packets follow it, and the
 /// comparison with the daemon names it as drift.

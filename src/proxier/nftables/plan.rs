@@ -280,6 +280,27 @@ pub fn partial(
     Some((text, stats, removed))
 }
 
+/// The endpoint maps of `base` a sync starts to draw from (declared first in its transaction)
+/// and those it stops drawing from (deleted last), as the transaction's first and last lines.
+pub fn endpoint_maps(
+    family: &str,
+    base: &Objects,
+    starting: &BTreeSet<String>,
+    ending: &BTreeSet<String>,
+) -> (String, String) {
+    let mut first = Writer::new(family);
+    for name in starting {
+        if let Some(set) = base.sets.get(name.as_str()) {
+            first.declare_set(name, set);
+        }
+    }
+    let mut last = Writer::new(family);
+    for name in ending {
+        last.line("delete", "map", name, "");
+    }
+    (first.finish().0, last.finish().0)
+}
+
 /// Objects to rewrite because another program changed them.
 #[derive(Default)]
 pub struct Repairs<'a> {

@@ -14,7 +14,7 @@
 //! daemon did. A newcomer that wins a slot evicts its holder, whose service is rewritten in the
 //! same transaction (see [`SlotTable::take_evicted`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::model::NamespacedName;
 
@@ -50,7 +50,7 @@ pub struct Placement {
 }
 
 /// A slot of one protocol's maps, as one number (protocol, map, slot).
-type SlotKey = u64;
+pub type SlotKey = u64;
 
 /// A chain, as the 64-bit hash of its name (two of a node's chains sharing one is as likely as
 /// one in 10^11 at 10,000 services).
@@ -92,11 +92,35 @@ fn home(protocol: &str, chain: &str) -> Option<(SlotKey, Placement)> {
     ))
 }
 
+/// The endpoint map of a slot, as one number (protocol, map).
+pub fn map_id(key: SlotKey) -> u32 {
+    (key >> 32) as u32
+}
+
+/// The name of the endpoint map [`map_id`] numbers.
+pub fn map_named(id: u32) -> String {
+    let protocol = PROTOCOLS[((id >> 24) as usize).min(PROTOCOLS.len() - 1)];
+    map_name(protocol, id & 0x00ff_ffff)
+}
+
+/// The endpoint map of a slot.
+fn map_of(key: SlotKey) -> String {
+    map_named(map_id(key))
+}
+
+/// The endpoint maps these claims hold slots in.
+pub fn maps_of<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> BTreeSet<String> {
+    claims.into_iter().map(|(key, _, _)| map_of(*key)).collect()
+}
+
 /// Which chain holds which slot, in one family's table.
 #[derive(Clone, Debug, Default)]
 pub struct SlotTable {
     /// Each slot's holder and the holder's service.
     holders: HashMap<SlotKey, (Holder, ServiceTag)>,
+    /// How many slots are held in each endpoint map (by [`map_id`]): the table declares a map
+    /// while it holds one.
+    held_per_map: HashMap<u32, usize>,
     /// Services whose chain lost its slot to a newcomer since the last look.
     evicted: Vec<ServiceTag>,
 }
@@ -128,7 +152,7 @@ impl SlotTable {
             _ => {}
         }
         let tag = service_tag(service);
-        self.holders.insert(key, (me, tag));
+        self.hold(key, (me, tag));
         Some((placement, (key, me, tag)))
     }
 
@@ -160,11 +184,45 @@ impl SlotTable {
                 Some((held, _)) if held < holder => self.evicted.push(*service),
                 Some((_, loser)) => {
                     self.evicted.push(*loser);
-                    self.holders.insert(*key, (*holder, *service));
+                    self.hold(*key, (*holder, *service));
                 }
                 None => {
-                    self.holders.insert(*key, (*holder, *service));
+                    self.hold(*key, (*holder, *service));
                 }
+            }
+        }
+    }
+
+    /// The endpoint maps a chain holds a slot in: the only ones the table declares.
+    pub fn maps_in_use(&self) -> BTreeSet<String> {
+        self.held_per_map.keys().map(|id| map_named(*id)).collect()
+    }
+
+    /// How many slots are held in the map of slot `key`.
+    pub fn held_in_map_of(&self, key: SlotKey) -> usize {
+        self.held_per_map.get(&map_id(key)).copied().unwrap_or(0)
+    }
+
+    /// Whether `claim` is held by its holder.
+    pub fn holds(&self, claim: &Claim) -> bool {
+        self.holders
+            .get(&claim.0)
+            .is_some_and(|(h, _)| *h == claim.1)
+    }
+
+    fn hold(&mut self, key: SlotKey, holder: (Holder, ServiceTag)) {
+        if self.holders.insert(key, holder).is_none() {
+            *self.held_per_map.entry(map_id(key)).or_default() += 1;
+        }
+    }
+
+    fn unhold(&mut self, key: SlotKey) {
+        if self.holders.remove(&key).is_some()
+            && let Some(count) = self.held_per_map.get_mut(&map_id(key))
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.held_per_map.remove(&map_id(key));
             }
         }
     }
@@ -172,7 +230,7 @@ impl SlotTable {
     /// Records `claims`.
     pub fn add(&mut self, claims: &[Claim]) {
         for (key, holder, service) in claims {
-            self.holders.insert(*key, (*holder, *service));
+            self.hold(*key, (*holder, *service));
         }
     }
 
@@ -180,7 +238,7 @@ impl SlotTable {
     pub fn release(&mut self, claims: &[Claim]) {
         for (key, holder, _) in claims {
             if self.holders.get(key).is_some_and(|(h, _)| h == holder) {
-                self.holders.remove(key);
+                self.unhold(*key);
             }
         }
     }
@@ -189,6 +247,25 @@ impl SlotTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_map_is_in_use_while_a_slot_in_it_is_held() {
+        let service = NamespacedName::new("ns1", "svc1");
+        let mut table = SlotTable::default();
+        let (placed, claim) = table.claim("tcp", "chain-a", &service).unwrap();
+        assert_eq!(table.maps_in_use(), BTreeSet::from([placed.map.clone()]));
+        assert_eq!(table.held_in_map_of(claim.0), 1);
+        assert!(table.holds(&claim));
+        // Claimed again by its holder, and merged from a copy: still one slot held.
+        table.claim("tcp", "chain-a", &service);
+        let copy = table.clone();
+        table.merge(copy, [std::slice::from_ref(&claim)]);
+        assert_eq!(table.held_in_map_of(claim.0), 1);
+        table.release(&[claim]);
+        assert!(table.maps_in_use().is_empty());
+        assert_eq!(table.held_in_map_of(claim.0), 0);
+        assert!(!table.holds(&claim));
+    }
 
     #[test]
     fn names_hash_as_the_published_fnv_1a() {

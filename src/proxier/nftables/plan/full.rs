@@ -9,6 +9,7 @@ use crate::model::NamespacedName;
 use crate::proxier::naming::ChainSet;
 use crate::proxier::nftables::digests::{DIGEST_CHAIN, Digests};
 use crate::proxier::nftables::render::{Chain, Objects, TABLE};
+use crate::proxier::nftables::slots::{is_endpoint_map, maps_of};
 
 type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
 
@@ -45,6 +46,7 @@ pub fn full(
         family,
         base,
         services,
+        maps_in_use: maps_of(services.values().flat_map(|o| &o.slots)),
         existing,
         existing_chains: if recreate {
             &no_chains
@@ -100,6 +102,8 @@ struct FullSync<'a> {
     family: &'a str,
     base: &'a Objects,
     services: &'a BTreeMap<NamespacedName, Objects>,
+    /// The endpoint maps some chain draws from: the only ones declared (see `slots`).
+    maps_in_use: BTreeSet<String>,
     existing: &'a Existing,
     /// The chains the table holds (none after `recreate`).
     existing_chains: &'a ChainSet,
@@ -111,6 +115,12 @@ impl<'a> FullSync<'a> {
     /// A top-level set whose elements are left alone.
     fn trusted(&self, set: &str) -> bool {
         !self.recreate && self.existing.trusted_sets.contains(set)
+    }
+
+    /// Whether the table is to hold set `name`: an endpoint map only while a chain draws from
+    /// it, anything else of the base's always.
+    fn declared(&self, name: &str) -> bool {
+        !is_endpoint_map(name) || self.maps_in_use.contains(name)
     }
 
     /// The base and every service's objects.
@@ -134,11 +144,20 @@ impl<'a> FullSync<'a> {
                 out.text,
                 "add table {family} {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
             );
-            for (name, set) in &base.sets {
+            for (name, set) in base.sets.iter().filter(|(n, _)| self.declared(n)) {
                 out.declare_set(name, set);
             }
             for (name, chain) in &base.chains {
                 out.declare_chain(name, chain);
+            }
+        } else {
+            // The base is kept: only an endpoint map a chain now draws from that the table lacks.
+            for name in &self.maps_in_use {
+                if let Some(set) = base.sets.get(name.as_str())
+                    && !self.existing.sets.contains(name)
+                {
+                    out.declare_set(name, set);
+                }
             }
         }
         if digests_change {
@@ -227,7 +246,7 @@ impl<'a> FullSync<'a> {
         }
         if !self.recreate {
             let present = self.existing.elements.as_ref();
-            for (name, set) in &base.sets {
+            for (name, set) in base.sets.iter().filter(|(n, _)| self.declared(n)) {
                 if present.is_none_or(|p| !p.contains_key(name)) && !self.trusted(name) {
                     out.line("flush", set.kind, name, "");
                 }
@@ -276,10 +295,11 @@ impl<'a> FullSync<'a> {
                 .flatten()
                 .map(|(key, rest)| (key.as_str(), rest.as_str()))
         };
+        // An endpoint map no chain draws from goes whole (`stale_sets`).
         for set in present
             .into_iter()
             .flat_map(|p| p.keys())
-            .filter(|set| !self.trusted(set))
+            .filter(|set| !self.trusted(set) && self.declared(set))
         {
             let wanted = wanted
                 .get(set.as_str())
@@ -301,7 +321,11 @@ impl<'a> FullSync<'a> {
         if self.recreate {
             return;
         }
-        let wanted_sets: BTreeSet<&String> = self.all().flat_map(|o| o.sets.keys()).collect();
+        let wanted_sets: BTreeSet<&String> = self
+            .all()
+            .flat_map(|o| o.sets.keys())
+            .filter(|name| self.declared(name))
+            .collect();
         for name in self
             .existing
             .sets

@@ -8,7 +8,7 @@ use crate::model::NamespacedName;
 use crate::proxier::fixtures::overall_services;
 use crate::proxier::nftables::render::tests::context;
 use crate::proxier::nftables::render::{render_base, render_service};
-use crate::proxier::nftables::slots::SlotTable;
+use crate::proxier::nftables::slots::{SlotTable, is_endpoint_map, maps_of};
 use crate::sys::nf_tables::SetElements;
 
 fn rendered() -> BTreeMap<NamespacedName, Objects> {
@@ -289,11 +289,14 @@ fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
         .chain(services.values())
         .flat_map(|o| o.chains.keys().cloned())
         .collect();
+    // The table declares the endpoint maps the chains draw from, and no other.
+    let in_use = maps_of(services.values().flat_map(|o| &o.slots));
     let existing = Existing {
         chains: chains.clone(),
         sets: std::iter::once(&base)
             .chain(services.values())
             .flat_map(|o| o.sets.keys().cloned())
+            .filter(|name| !is_endpoint_map(name) || in_use.contains(name))
             .collect(),
         adopted: chains,
         elements: Some(SetElements::new()),
@@ -303,6 +306,27 @@ fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
     let (transactions, stats, _) = full("ip", &base, &services, &existing, false, None);
     assert_eq!(transactions, Vec::<String>::new());
     assert_eq!(stats.lines, 0);
+    // An endpoint map no chain draws from goes; one a chain draws from that the table lacks
+    // is declared, though the base is kept.
+    let (unused, used) = (
+        "endpoints-udp-7",
+        in_use.iter().next().expect("a map in use"),
+    );
+    assert!(!in_use.contains(unused));
+    let mut older = existing.clone();
+    older.sets.insert(unused.to_string());
+    older.sets.remove(used);
+    let (transactions, _, _) = full("ip", &base, &services, &older, false, None);
+    let text = transactions.concat();
+    assert!(
+        text.starts_with(&format!("add map ip kube-proxy {used} ")),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(&format!("delete map ip kube-proxy {unused}\n")),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 2, "{text}");
     // A set the digests do not vouch for (and not read back) is refilled; the others stay as
     // they are.
     let mut one_set = existing.clone();

@@ -4,6 +4,7 @@
 //! are kept (see `digests`).
 
 use super::*;
+use crate::proxier::nftables::slots::is_endpoint_map;
 
 impl<N: Nftables> NftablesMode<N> {
     /// What a full sync finds in the table: from memory when it did not `read` the table, else
@@ -63,8 +64,13 @@ impl<N: Nftables> NftablesMode<N> {
             .as_ref()
             .filter(|held| trust && held.share_a_part(wanted));
         let vouched = trusted.map(|held| held.chains_alike(wanted));
+        // Endpoint maps are declared only while a chain draws from them (`plan::full`).
         let names_present = base.chains.keys().all(|name| chains.contains(name))
-            && base.sets.keys().all(|name| sets.contains(name));
+            && base
+                .sets
+                .keys()
+                .filter(|name| !is_endpoint_map(name))
+                .all(|name| sets.contains(name));
         // The table's digests say the base was declared as we would declare it.
         let declared_alike = held.as_ref().is_some_and(|held| held.same_layout(wanted));
         let layout_vouched = trusted.is_some() && declared_alike;

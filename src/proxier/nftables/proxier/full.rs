@@ -5,6 +5,7 @@
 
 use super::adopt::{ReadBack, read_table};
 use super::apply::{transaction_failure, with_digests};
+use super::partial::with_endpoint_maps;
 use super::*;
 use crate::proxier::nftables::plan::Removed;
 
@@ -170,9 +171,20 @@ impl<N: Nftables> NftablesMode<N> {
         .collect();
         let mut stats = Stats::default();
         // Every service is among the deltas: none elsewhere keeps an element.
+        let slots = SlotTable::of(services.values().map(|o| o.slots.as_slice()));
         if let Some((mut text, mut written, removed)) =
             plan::partial(family_keyword(family), &deltas, &|_, _| false)
         {
+            let (before, after) = (current.slots.maps_in_use(), slots.maps_in_use());
+            let starting = after.difference(&before).cloned().collect();
+            let ending = before.difference(&after).cloned().collect();
+            with_endpoint_maps(
+                family,
+                &mut text,
+                &mut written,
+                &current.base,
+                (&starting, &ending),
+            );
             with_digests(family, &mut text, &mut written, &current.digests, &digests);
             self.apply(family, &text)
                 .map_err(|err| transaction_failure(err, &text, &services))?;
@@ -185,7 +197,7 @@ impl<N: Nftables> NftablesMode<N> {
                 ctx,
                 base,
                 holders: ElementHolders::of(services.values()),
-                slots: SlotTable::of(services.values().map(|o| o.slots.as_slice())),
+                slots,
                 services,
                 digests,
             },

@@ -4,6 +4,7 @@
 use super::apply::{transaction_failure, with_digests};
 use super::full::service_objects;
 use super::*;
+use crate::proxier::nftables::slots::{SlotKey, map_id, map_named};
 
 impl<N: Nftables> NftablesMode<N> {
     /// Programs the changed services of `family` (see [`Mode::partial_sync`]).
@@ -53,6 +54,14 @@ impl<N: Nftables> NftablesMode<N> {
         else {
             return Ok(Stats::default());
         };
+        let (starting, ending) = endpoint_map_changes(current, &rendered);
+        with_endpoint_maps(
+            family,
+            &mut text,
+            &mut stats,
+            &current.base,
+            (&starting, &ending),
+        );
         let digests = digests_after(current, &rendered);
         with_digests(family, &mut text, &mut stats, &current.digests, &digests);
         let involved: BTreeMap<NamespacedName, Objects> = rendered
@@ -154,6 +163,51 @@ fn render_changed<'a>(
         changing_keys,
         slots,
     }
+}
+
+/// The endpoint maps the rendered services start to draw from (no slot held in them yet) and
+/// those no chain will draw from once they replace their old objects: counted for the maps
+/// their claims touch alone.
+fn endpoint_map_changes(
+    current: &FamilyState,
+    rendered: &[(NamespacedName, Option<Objects>)],
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut change: BTreeMap<u32, (SlotKey, isize)> = BTreeMap::new();
+    for (key, new) in rendered {
+        let old = current.services.get(key).into_iter().flat_map(|o| &o.slots);
+        for claim in old.filter(|claim| current.slots.holds(claim)) {
+            change.entry(map_id(claim.0)).or_insert((claim.0, 0)).1 -= 1;
+        }
+        for claim in new.iter().flat_map(|o| &o.slots) {
+            change.entry(map_id(claim.0)).or_insert((claim.0, 0)).1 += 1;
+        }
+    }
+    let (mut starting, mut ending) = (BTreeSet::new(), BTreeSet::new());
+    for (id, (key, change)) in change {
+        let before = current.slots.held_in_map_of(key) as isize;
+        match (before, before + change) {
+            (0, after) if after > 0 => starting.insert(map_named(id)),
+            (before, 0) if before > 0 => ending.insert(map_named(id)),
+            _ => false,
+        };
+    }
+    (starting, ending)
+}
+
+/// Declares the endpoint maps a sync starts to draw from at the start of `text`, and deletes
+/// those it stops drawing from at its end (after the flushes and element deletions that free
+/// them).
+pub(super) fn with_endpoint_maps(
+    family: IpFamily,
+    text: &mut String,
+    stats: &mut Stats,
+    base: &Objects,
+    (starting, ending): (&BTreeSet<String>, &BTreeSet<String>),
+) {
+    let (first, last) = plan::endpoint_maps(family_keyword(family), base, starting, ending);
+    stats.lines += first.lines().count() + last.lines().count();
+    text.insert_str(0, &first);
+    text.push_str(&last);
 }
 
 /// The table's digests once the rendered services replace their old objects.

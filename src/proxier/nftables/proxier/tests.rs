@@ -14,7 +14,8 @@ use crate::model::{Endpoint, Protocol};
 use crate::proxier::Proxier;
 use crate::proxier::fixtures::{NODE, NODE_IP, ep, overall_services, svc};
 use crate::proxier::nftables::render::Chain;
-use crate::proxier::nftables::render::tests::table;
+use crate::proxier::nftables::render::tests::{keep_maps_in_use, table};
+use crate::proxier::nftables::slots::maps_of;
 use crate::sys::host::net::FixedAddresses;
 use crate::sys::nf_tables::fake::{FakeNftables, FakeTable};
 
@@ -131,6 +132,7 @@ fn expected(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) -> Object
     rerender_evicted(&mut slots, &mut services, state, &ctx, &mut digests);
     let services: Vec<Objects> = services.into_values().collect();
     assert_eq!(digests, Digests::of(&all, &services));
+    keep_maps_in_use(&mut all, &maps_of(services.iter().flat_map(|o| &o.slots)));
     all.chains.insert(
         DIGEST_CHAIN.to_string(),
         Chain {

@@ -30,7 +30,22 @@ pub fn table(services: &[Svc], ctx: &NftContext) -> Objects {
                 .extend(&elements);
         }
     }
+    keep_maps_in_use(&mut all, &slots.maps_in_use());
     all
+}
+
+/// Leaves out of `objects` the endpoint maps no chain draws from: the table declares only
+/// those in `in_use`.
+pub fn keep_maps_in_use(objects: &mut Objects, in_use: &std::collections::BTreeSet<String>) {
+    let unused: Vec<String> = objects
+        .sets
+        .keys()
+        .filter(|name| slots::is_endpoint_map(name) && !in_use.contains(*name))
+        .cloned()
+        .collect();
+    for name in unused {
+        objects.sets.remove(&name);
+    }
 }
 
 /// The table as `nft -f` text, one object a line.
