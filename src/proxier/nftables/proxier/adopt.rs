@@ -25,9 +25,17 @@ impl<N: Nftables> NftablesMode<N> {
                 .get(&family)
                 .ok_or_else(|| Failure::unattributed(SyncError::NotSynced))?;
             let mut existing = Existing::default();
+            // Of the endpoint maps, the table holds those a chain draws from.
+            let maps_in_use = programmed.slots.maps_in_use();
             for objects in std::iter::once(&programmed.base).chain(programmed.services.values()) {
                 existing.chains.extend(objects.chains.keys().cloned());
-                existing.sets.extend(objects.sets.keys().cloned());
+                existing.sets.extend(
+                    objects
+                        .sets
+                        .keys()
+                        .filter(|name| !is_endpoint_map(name) || maps_in_use.contains(*name))
+                        .cloned(),
+                );
             }
             existing.chains.extend(
                 self.stale_chains
