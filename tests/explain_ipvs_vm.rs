@@ -6,7 +6,10 @@
 mod support;
 
 use support::cluster::{Cluster, NODE_IP, addr, many, names, seed};
-use support::explain::{assert_matches, candidates, explain, pod_at, spread};
+use support::explain::{
+    assert_matches, assert_terminating_endpoints_serve, candidates, explain, pod_at, spread,
+    terminating_only,
+};
 use support::netns::tcp_request;
 use support::vm::in_vm;
 
@@ -17,10 +20,12 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
     }
     let cluster = Cluster::start().await;
     seed(&cluster.api);
+    terminating_only(&cluster);
     let extra = "ipvs:\n  scheduler: rr\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n";
     let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", extra));
     daemon.wait_for("\"Using ipvs Proxier\"").await;
     daemon.wait_for("\"Synced proxy rules\"").await;
+    assert_terminating_endpoints_serve(&cluster, 100);
 
     // A ClusterIP with four real servers: a quarter each, named by the daemon, agreeing.
     let web = explain(&cluster, "10.96.0.10:80/tcp");
@@ -77,7 +82,7 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
 
     // Every service port of the node agrees with the daemon.
     let all = explain(&cluster, "--all");
-    assert_eq!(all["checked"], 5, "{all:#}");
+    assert_eq!(all["checked"], 6, "{all:#}");
     assert_eq!(all["differing"], serde_json::json!([]), "{all:#}");
     daemon.stop().await;
 }
@@ -90,7 +95,8 @@ async fn explain_reads_ipv6_and_load_balancers_in_ipvs_mode() {
         return;
     }
     use support::explain::{
-        assert_ipv6_spread, assert_source_ranges_decide, dual_stack_load_balancer,
+        assert_external_ip_spread, assert_ipv6_spread, assert_source_ranges_decide,
+        dual_stack_load_balancer,
     };
 
     let mut cluster = Cluster::start().await;
@@ -102,6 +108,7 @@ async fn explain_reads_ipv6_and_load_balancers_in_ipvs_mode() {
     let n = 100;
     assert_ipv6_spread(&cluster, n).await;
     assert_source_ranges_decide(&cluster);
+    assert_external_ip_spread(&cluster, n);
     let lb = explain(&cluster, "192.168.200.1:80/tcp");
     assert!(lb["steps"].to_string().contains("give --from"), "{lb:#}");
     let predicted = candidates(&lb);

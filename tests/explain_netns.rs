@@ -9,8 +9,9 @@ mod support;
 use serde_json::{Value, json};
 use support::cluster::{BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
 use support::explain::{
-    assert_ipv6_spread, assert_matches, assert_source_ranges_decide, candidates, differing,
-    dual_stack_load_balancer, explain, pod_at, spread,
+    assert_external_ip_spread, assert_ipv6_spread, assert_matches, assert_source_ranges_decide,
+    assert_terminating_endpoints_serve, candidates, differing, dual_stack_load_balancer, explain,
+    pod_at, spread, terminating_only,
 };
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
@@ -72,7 +73,9 @@ async fn names_where_packets_go(mode: Mode) {
     require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
+    terminating_only(&cluster);
     let daemon = mode.daemon(&cluster, "").await;
+    assert_terminating_endpoints_serve(&cluster, 200);
 
     // A ClusterIP with four endpoints: a quarter each, and the connections agree.
     let web = explain(&cluster, "10.96.0.10:80/tcp");
@@ -81,7 +84,7 @@ async fn names_where_packets_go(mode: Mode) {
     // Every service port of the node agrees with the daemon (web's two, sticky, local, and
     // empty, whose rejection is what the daemon wants too).
     let all = explain(&cluster, "--all");
-    assert_eq!(all["checked"], 5, "{all:#}");
+    assert_eq!(all["checked"], 6, "{all:#}");
     assert_eq!(all["differing"], json!([]), "{all:#}");
     let predicted = candidates(&web);
     assert_eq!(predicted.len(), 4, "{web:#}");
@@ -238,6 +241,7 @@ async fn ipv6_and_load_balancers(mode: Mode) {
     let n = 200;
     assert_ipv6_spread(&cluster, n).await;
     assert_source_ranges_decide(&cluster);
+    assert_external_ip_spread(&cluster, n);
     let lb = explain(&cluster, "192.168.200.1:80/tcp");
     assert_eq!(lb["service"], "default/web:http", "{lb:#}");
     let firewall = match mode {

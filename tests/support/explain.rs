@@ -93,8 +93,8 @@ pub fn assert_matches(
 }
 
 /// A dual-stack LoadBalancer Service `web` (ClusterIPs 10.96.0.10 and fd00:10:96::10, ingress
-/// 192.168.200.1) whose source ranges let in the client alone, with pods a1 and b2 in both
-/// families.
+/// 192.168.200.1, external IP 192.168.201.1) whose source ranges let in the client alone, with
+/// pods a1 and b2 in both families.
 pub fn dual_stack_load_balancer(cluster: &Cluster) {
     let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
     let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
@@ -103,7 +103,8 @@ pub fn dual_stack_load_balancer(cluster: &Cluster) {
         "10.96.0.10",
         ports,
         json!({"type": "LoadBalancer", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
-               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")]}),
+               "loadBalancerSourceRanges": [format!("{CLIENT_IP}/32")],
+               "externalIPs": ["192.168.201.1"]}),
     );
     web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
     web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
@@ -177,4 +178,42 @@ pub fn differing(all: &Value) -> Vec<&str> {
         .iter()
         .map(|d| d["service_port"].as_str().unwrap())
         .collect()
+}
+
+/// web's external IP (see [`dual_stack_load_balancer`]), which source ranges do not restrict:
+/// explain names the two pods, and `n` connections from the client spread as it says.
+pub fn assert_external_ip_spread(cluster: &Cluster, n: usize) {
+    let external = explain(cluster, "192.168.201.1:80/tcp");
+    assert_eq!(external["service"], "default/web:http", "{external:#}");
+    let predicted = candidates(&external);
+    let named: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(named, ["pod-a1", "pod-b2"], "{external:#}");
+    assert_matches(&predicted, &spread(cluster, "192.168.201.1:80", n), n);
+}
+
+/// Service `draining` (10.96.0.14:80) whose every endpoint (pods a1 and b1) is terminating but
+/// still serving: upstream sends traffic to them when no endpoint is ready.
+pub fn terminating_only(cluster: &Cluster) {
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(service("draining", "10.96.0.14", ports, json!({})))
+        .unwrap();
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let mut draining = slice("draining", slice_ports, &["pod-a1", "pod-b1"]);
+    for endpoint in draining["endpoints"].as_array_mut().expect("endpoints") {
+        endpoint["conditions"] = json!({"ready": false, "serving": true, "terminating": true});
+    }
+    cluster.api.apply(draining).unwrap();
+}
+
+/// explain names `draining`'s terminating endpoints (see [`terminating_only`]), and `n`
+/// connections from the client land on them as it says.
+pub fn assert_terminating_endpoints_serve(cluster: &Cluster, n: usize) {
+    let answer = explain(cluster, "10.96.0.14:80/tcp");
+    assert_eq!(answer["daemon"]["comparison"], "agrees", "{answer:#}");
+    let predicted = candidates(&answer);
+    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(pods, ["pod-a1", "pod-b1"], "{answer:#}");
+    assert_matches(&predicted, &spread(cluster, "10.96.0.14:80", n), n);
 }
