@@ -9,9 +9,9 @@ mod support;
 use serde_json::{Value, json};
 use support::cluster::{BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
 use support::explain::{
-    assert_external_ip_spread, assert_ipv6_spread, assert_matches, assert_source_ranges_decide,
-    assert_terminating_endpoints_serve, candidates, differing, dual_stack_load_balancer, explain,
-    pod_at, spread, terminating_only,
+    assert_external_ip_spread, assert_hairpin, assert_ipv6_spread, assert_matches,
+    assert_source_ranges_decide, assert_terminating_endpoints_serve, candidates, differing,
+    dual_stack_load_balancer, explain, pod_at, spread, terminating_only,
 };
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
@@ -76,6 +76,7 @@ async fn names_where_packets_go(mode: Mode) {
     terminating_only(&cluster);
     let daemon = mode.daemon(&cluster, "").await;
     assert_terminating_endpoints_serve(&cluster, 200);
+    assert_hairpin(&cluster, 200);
 
     // A ClusterIP with four endpoints: a quarter each, and the connections agree.
     let web = explain(&cluster, "10.96.0.10:80/tcp");

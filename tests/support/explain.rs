@@ -217,3 +217,34 @@ pub fn assert_terminating_endpoints_serve(cluster: &Cluster, n: usize) {
     assert_eq!(pods, ["pod-a1", "pod-b1"], "{answer:#}");
     assert_matches(&predicted, &spread(cluster, "10.96.0.14:80", n), n);
 }
+
+/// From pod a1 to web's ClusterIP (four endpoints, a1 among them): explain says a connection
+/// drawn back to a1 is masqueraded (hairpin), and `n` connections from a1 land as it says,
+/// those to itself included (they work only masqueraded).
+pub fn assert_hairpin(cluster: &Cluster, n: usize) {
+    let output = cluster.node.raw_output(&[
+        BIN,
+        "explain",
+        "--to",
+        "10.96.0.10:80",
+        "--from",
+        "10.244.1.11",
+        "-o",
+        "json",
+    ]);
+    let answer: Value = serde_json::from_slice(&output.stdout).expect("explain's JSON");
+    assert!(
+        answer["steps"].to_string().contains("(hairpin)"),
+        "{answer:#}"
+    );
+    let predicted = candidates(&answer);
+    assert!(
+        predicted.keys().any(|e| pod_at(e) == "pod-a1"),
+        "{answer:#}"
+    );
+    assert_matches(
+        &predicted,
+        &spread_from(cluster.pod("pod-a1"), "10.96.0.10:80", n),
+        n,
+    );
+}

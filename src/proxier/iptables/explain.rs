@@ -488,14 +488,15 @@ impl Reader<'_> {
                 .push(format!("the rules of {} endpoint chains", targets.len()));
         }
         for (share, target) in &shares {
-            let endpoint = self
-                .cached(table, target)
+            let chain = self.cached(table, target);
+            let endpoint = chain
                 .rules
                 .iter()
                 .flatten()
                 .find_map(|rule| dnat_target(rule, self.flow.destination));
             if let Some(endpoint) = endpoint {
                 *candidates.entry(endpoint).or_default() += share;
+                self.hairpin(target, &chain, endpoint);
             }
         }
         self.step(format!(
@@ -524,6 +525,27 @@ impl Reader<'_> {
                 })
                 .collect(),
         })
+    }
+}
+
+impl Reader<'_> {
+    /// With `--from` an endpoint of the Service: its endpoint chain masquerades a connection
+    /// the draw sends back to it (hairpin), when the chain's masquerade rule holds.
+    fn hairpin(&mut self, chain: &str, read: &ReadChain, endpoint: SocketAddr) {
+        if self.flow.source != Some(endpoint.ip()) {
+            return;
+        }
+        let local = &self.session.local;
+        let masquerades = read.rules.iter().flatten().any(|rule| {
+            jump_of(rule).is_some_and(|(_, target)| target == KUBE_MARK_MASQ)
+                && evaluate(rule, self.flow, &|a| local.contains(&a)) == Some(true)
+        });
+        if masquerades {
+            self.step(format!(
+                "{chain}: marked for masquerade when the draw sends {} back to itself (hairpin)",
+                endpoint.ip()
+            ));
+        }
     }
 }
 

@@ -21,6 +21,8 @@ use crate::sys::ipvs::{IpvsClient, IpvsError, RealServer, VirtualServer};
 const FIREWALLED: &str = "KUBE-LOAD-BALANCER-FW";
 const ALLOWED_SOURCES: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
 const ALLOWED_NODE: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
+/// The set of endpoints whose connections to their own Service are masqueraded.
+const LOOP_BACK: &str = "KUBE-LOOP-BACK";
 
 /// Explains `flow` from the virtual servers the kernel holds.
 pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
@@ -104,7 +106,36 @@ impl Session {
             if reals.len() == 1 { "" } else { "s" }
         ));
         explanation.outcome = shares(&vs, &reals, &mut explanation.steps);
+        self.hairpin(flow, &reals, &mut explanation)?;
         Ok(explanation)
+    }
+
+    /// With `--from` one of the real servers: whether a connection the scheduler sends back to
+    /// it is masqueraded (its entry in KUBE-LOOP-BACK, one `ipset test`).
+    fn hairpin(
+        &mut self,
+        flow: &Flow,
+        reals: &[RealServer],
+        explanation: &mut Explanation,
+    ) -> Result<(), ExplainError> {
+        let Some(source) = flow.source else {
+            return Ok(());
+        };
+        let Some(own) = reals.iter().find(|r| r.address == source && r.weight > 0) else {
+            return Ok(());
+        };
+        let set = set_name(LOOP_BACK, IpFamily::of(&source));
+        let entry = format!("{source},{}:{},{source}", flow.protocol.lower(), own.port);
+        explanation
+            .reads
+            .push(format!("one entry of ipset {set} (ipset test)"));
+        let member = self.ipset.test(&set, &entry).map_err(read_error("ipset"))?;
+        if member == Some(true) {
+            explanation.steps.push(format!(
+                "{set}: {entry}: masqueraded when the scheduler sends {source} back to itself (hairpin)"
+            ));
+        }
+        Ok(())
     }
 
     /// A load-balancer IP with source ranges drops a source outside them (iptables' firewall

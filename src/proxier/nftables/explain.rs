@@ -33,6 +33,7 @@ use crate::sys::nf_tables::write::KeyType;
 const MAX_CHAINS: usize = 6;
 
 mod evaluate;
+mod hairpin;
 mod rules;
 
 use evaluate::{Context, evaluate};
@@ -430,8 +431,8 @@ impl Reader<'_> {
         } else {
             "Cluster"
         });
-        match pick.kind {
-            PickKind::Slot => self.draws(chain, pick),
+        let outcome = match pick.kind {
+            PickKind::Slot => self.draws(chain, pick)?,
             PickKind::Endpoints => {
                 let endpoints = self.indexed(&pick.set)?;
                 self.step(format!(
@@ -443,10 +444,12 @@ impl Reader<'_> {
                     .iter()
                     .filter_map(|data| destination(data))
                     .collect();
-                Ok(evenly(endpoints))
+                evenly(endpoints)
             }
-            PickKind::Chains => self.affinity(chain, pick),
-        }
+            PickKind::Chains => self.affinity(chain, pick)?,
+        };
+        self.hairpin(&outcome)?;
+        Ok(outcome)
     }
 
     /// The data of an anonymous map indexed by a numgen draw, in index order.
