@@ -5,10 +5,10 @@
 
 mod support;
 
-use support::cluster::{Cluster, NODE_IP, addr, many, names, seed};
+use support::cluster::{Cluster, addr, many, names, seed};
 use support::explain::{
-    assert_hairpin, assert_matches, assert_terminating_endpoints_serve, candidates, explain,
-    pod_at, spread, terminating_only,
+    assert_hairpin, assert_local_node_port, assert_matches, assert_terminating_endpoints_serve,
+    candidates, explain, spread, terminating_only,
 };
 use support::netns::tcp_request;
 use support::vm::in_vm;
@@ -39,17 +39,7 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
     assert_matches(&predicted, &spread(&cluster, "10.96.0.10:80", n), n);
 
     // A NodePort with externalTrafficPolicy Local: only this node's two pods.
-    let local = explain(&cluster, &format!("{NODE_IP}:30081/tcp"));
-    assert_eq!(local["service"], "default/local:http", "{local:#}");
-    assert_eq!(local["daemon"]["comparison"], "agrees", "{local:#}");
-    let predicted = candidates(&local);
-    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
-    assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
-    assert_matches(
-        &predicted,
-        &spread(&cluster, &format!("{NODE_IP}:30081"), n),
-        n,
-    );
+    assert_local_node_port(&cluster, n);
 
     // ClientIP affinity: persistence, and one client keeps to one of the four.
     let sticky = explain(&cluster, "10.96.0.11:80/tcp");

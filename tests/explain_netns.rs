@@ -9,9 +9,9 @@ mod support;
 use serde_json::{Value, json};
 use support::cluster::{BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
 use support::explain::{
-    assert_external_ip_spread, assert_hairpin, assert_ipv6_spread, assert_matches,
-    assert_source_ranges_decide, assert_terminating_endpoints_serve, candidates, differing,
-    dual_stack_load_balancer, explain, pod_at, spread, terminating_only,
+    assert_external_ip_spread, assert_hairpin, assert_ipv6_spread, assert_local_node_port,
+    assert_matches, assert_source_ranges_decide, assert_terminating_endpoints_serve, candidates,
+    differing, dual_stack_load_balancer, explain, pod_at, spread, terminating_only,
 };
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
@@ -118,16 +118,7 @@ async fn names_where_packets_go(mode: Mode) {
     }
 
     // A NodePort with externalTrafficPolicy Local: only this node's two pods.
-    let local = explain(&cluster, &format!("{NODE_IP}:30081/tcp"));
-    assert_eq!(local["service"], "default/local:http", "{local:#}");
-    let predicted = candidates(&local);
-    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
-    assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
-    assert_matches(
-        &predicted,
-        &spread(&cluster, &format!("{NODE_IP}:30081"), n),
-        n,
-    );
+    assert_local_node_port(&cluster, n);
 
     // ClientIP affinity: a new client goes to any of the four; one client keeps to one.
     let sticky = explain(&cluster, "10.96.0.11:80/tcp");

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::cluster::{BIN, CLIENT_IP, Cluster, PODS, addr, pod_ip6, service, slice, slice6};
+use super::cluster::{
+    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, service, slice, slice6,
+};
 use super::netns::{Netns, tcp_request};
 use super::{WAIT, eventually};
 
@@ -247,4 +249,18 @@ pub fn assert_hairpin(cluster: &Cluster, n: usize) {
         &spread_from(cluster.pod("pod-a1"), "10.96.0.10:80", n),
         n,
     );
+}
+
+/// The seeded `local` Service's NodePort (externalTrafficPolicy Local): explain names only this
+/// node's two pods, agreeing with the daemon, and `n` connections from the client land as it
+/// says.
+pub fn assert_local_node_port(cluster: &Cluster, n: usize) {
+    let to = format!("{NODE_IP}:30081");
+    let local = explain(cluster, &format!("{to}/tcp"));
+    assert_eq!(local["service"], "default/local:http", "{local:#}");
+    assert_eq!(local["daemon"]["comparison"], "agrees", "{local:#}");
+    let predicted = candidates(&local);
+    let pods: Vec<&str> = predicted.keys().map(|e| pod_at(e)).collect();
+    assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
+    assert_matches(&predicted, &spread(cluster, &to, n), n);
 }

@@ -164,3 +164,19 @@ pub(super) fn owner_of_line(
     };
     named.or_else(by_verdict).or_else(by_comment)
 }
+
+/// Declares the endpoint maps a sync starts to draw from at the start of `text`, and deletes
+/// those it stops drawing from at its end (after the flushes and element deletions that free
+/// them).
+pub(super) fn with_endpoint_maps(
+    family: IpFamily,
+    text: &mut String,
+    stats: &mut Stats,
+    base: &Objects,
+    (starting, ending): (&BTreeSet<String>, &BTreeSet<String>),
+) {
+    let (first, last) = plan::endpoint_maps(family_keyword(family), base, starting, ending);
+    stats.lines += first.lines().count() + last.lines().count();
+    text.insert_str(0, &first);
+    text.push_str(&last);
+}

@@ -4,8 +4,7 @@
 //! kernel's change events watched, a full sync writes only what differs from memory.
 
 use super::adopt::{ReadBack, read_table};
-use super::apply::{transaction_failure, with_digests};
-use super::partial::with_endpoint_maps;
+use super::apply::{transaction_failure, with_digests, with_endpoint_maps};
 use super::*;
 use crate::proxier::nftables::plan::Removed;
 

@@ -1,7 +1,7 @@
 //! A partial sync of one family: the changed services rendered again (and a service whose
 //! chain a changed one evicts from its endpoint-map slot), and one transaction of what differs.
 
-use super::apply::{transaction_failure, with_digests};
+use super::apply::{transaction_failure, with_digests, with_endpoint_maps};
 use super::full::service_objects;
 use super::*;
 use crate::proxier::nftables::slots::{SlotKey, map_id, map_named};
@@ -192,22 +192,6 @@ fn endpoint_map_changes(
         };
     }
     (starting, ending)
-}
-
-/// Declares the endpoint maps a sync starts to draw from at the start of `text`, and deletes
-/// those it stops drawing from at its end (after the flushes and element deletions that free
-/// them).
-pub(super) fn with_endpoint_maps(
-    family: IpFamily,
-    text: &mut String,
-    stats: &mut Stats,
-    base: &Objects,
-    (starting, ending): (&BTreeSet<String>, &BTreeSet<String>),
-) {
-    let (first, last) = plan::endpoint_maps(family_keyword(family), base, starting, ending);
-    stats.lines += first.lines().count() + last.lines().count();
-    text.insert_str(0, &first);
-    text.push_str(&last);
 }
 
 /// The table's digests once the rendered services replace their old objects.
