@@ -215,19 +215,6 @@ fn a_full_sync_programs_the_rendered_table_and_its_golden() {
     );
 }
 
-/// Without change events a forced full sync works from memory: the endpoint maps it finds
-/// there are those the table declares (the ones in use), so it deletes none that is absent.
-#[test]
-fn a_full_sync_from_memory_knows_which_endpoint_maps_the_table_declares() {
-    let state = state();
-    let mut p = proxier(FakeNftables::default());
-    p.sync(&state, &ChangeSummary::default()).unwrap();
-    p.force_full_sync();
-    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
-    assert!(report.full);
-    assert_table(&mut p, &state);
-}
-
 #[test]
 fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     let mut state = state();
