@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::config::{ProxyMode, read_config_file};
 use crate::proxier::explanation::{
     Checked, Comparison, Explanation, Flow, NamedDestination, Outcome, Tracked, Wanted, compare,
+    policy_name,
 };
 use crate::proxier::modes;
 use crate::servers::debug::{DESTINATIONS_PATH, SERVICES_PATH};
@@ -170,11 +171,7 @@ fn named_by_daemon(metrics: &str, explanation: &mut Explanation) -> Result<Wante
     let named: NamedDestination =
         serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
     explanation.service = Some(named.service_port);
-    explanation.policy = Some(if named.policy == "Local" {
-        "Local"
-    } else {
-        "Cluster"
-    });
+    explanation.policy = Some(policy_name(named.policy == "Local"));
     Ok(named.wanted)
 }
 

@@ -233,6 +233,11 @@ pub struct NamedDestination {
     pub wanted: Wanted,
 }
 
+/// A traffic policy's name: `Local` or `Cluster`.
+pub fn policy_name(local: bool) -> &'static str {
+    if local { "Local" } else { "Cluster" }
+}
+
 /// The service port (`ns/svc:port`) a flow is bound for, and the policy its traffic is under,
 /// from what the daemon `wanted` (for a mode whose kernel objects carry no Service names:
 /// IPVS). `node_address` says whether the destination is one NodePorts answer on.
@@ -242,7 +247,6 @@ pub fn port_of_flow(
     node_address: bool,
 ) -> Option<(String, &'static str)> {
     let (ip, port) = (flow.destination.ip(), flow.destination.port());
-    let policy = |local: bool| if local { "Local" } else { "Cluster" };
     for service in wanted {
         for p in &service.ports {
             if p.protocol != flow.protocol.lower() {
@@ -250,12 +254,12 @@ pub fn port_of_flow(
             }
             let name = format!("{}:{}", service.service, p.name);
             if p.cluster_ip == Some(ip) && p.port == port {
-                return Some((name, policy(p.internal_local)));
+                return Some((name, policy_name(p.internal_local)));
             }
             let external = p.external_ips.contains(&ip) && p.port == port;
             let node_port = node_address && p.node_port == Some(port);
             if external || node_port {
-                return Some((name, policy(p.external_local)));
+                return Some((name, policy_name(p.external_local)));
             }
         }
     }

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::explanation::{
     Checked, Comparison, ExplainError, Explanation, Flow, Wanted, cluster_ip_flows, compare,
-    tracked,
+    policy_name, tracked,
 };
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
@@ -98,10 +98,6 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
     Ok(explanation)
 }
 
-fn policy(local: bool) -> &'static str {
-    if local { "Local" } else { "Cluster" }
-}
-
 /// A mode's reader of flows, each read kept for the next flow.
 type Explainer = dyn FnMut(&Flow) -> Result<Explanation, ExplainError>;
 
@@ -137,7 +133,7 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
                 // A mode whose kernel objects carry no Service names (IPVS): the port asked.
                 if explanation.service.is_none() {
                     explanation.service = Some(format!("{}:{}", service.service, port.name));
-                    explanation.policy = Some(policy(port.internal_local));
+                    explanation.policy = Some(policy_name(port.internal_local));
                 }
                 compare(&explanation, service)
             }

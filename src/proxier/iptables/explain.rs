@@ -156,7 +156,9 @@ impl Session {
             self.read(family, NAT, &names)?;
             let mut next = BTreeSet::new();
             for chain in &level {
-                let read = &self.chains[&(family, NAT, chain.clone())];
+                let Some(read) = self.chains.get(&(family, NAT, chain.clone())) else {
+                    continue;
+                };
                 for rule in read.rules.iter().flatten() {
                     if let Some((_, target)) = jump_of(rule)
                         && target != KUBE_MARK_MASQ

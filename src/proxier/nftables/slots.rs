@@ -103,14 +103,10 @@ pub fn map_named(id: u32) -> String {
     map_name(protocol, id & 0x00ff_ffff)
 }
 
-/// The endpoint map of a slot.
-fn map_of(key: SlotKey) -> String {
-    map_named(map_id(key))
-}
-
 /// The endpoint maps these claims hold slots in.
 pub fn maps_of<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> BTreeSet<String> {
-    claims.into_iter().map(|(key, _, _)| map_of(*key)).collect()
+    let ids: BTreeSet<u32> = claims.into_iter().map(|(key, _, _)| map_id(*key)).collect();
+    ids.into_iter().map(map_named).collect()
 }
 
 /// Which chain holds which slot, in one family's table.
