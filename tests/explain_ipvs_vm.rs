@@ -7,8 +7,8 @@ mod support;
 
 use support::cluster::{Cluster, addr, many, names, seed};
 use support::explain::{
-    assert_hairpin, assert_local_node_port, assert_matches, assert_terminating_endpoints_serve,
-    candidates, explain, spread, terminating_only,
+    assert_hairpin, assert_local_node_port, assert_masquerade_follows_the_source, assert_matches,
+    assert_terminating_endpoints_serve, candidates, explain, spread, terminating_only,
 };
 use support::netns::tcp_request;
 use support::vm::in_vm;
@@ -27,6 +27,7 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
     daemon.wait_for("\"Synced proxy rules\"").await;
     assert_terminating_endpoints_serve(&cluster, 100);
     assert_hairpin(&cluster, 100);
+    assert_masquerade_follows_the_source(&cluster);
 
     // A ClusterIP with four real servers: a quarter each, named by the daemon, agreeing.
     let web = explain(&cluster, "10.96.0.10:80/tcp");

@@ -7,11 +7,12 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::cluster::{BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
+use support::cluster::{BIN, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
 use support::explain::{
     assert_external_ip_spread, assert_hairpin, assert_ipv6_spread, assert_local_node_port,
-    assert_matches, assert_source_ranges_decide, assert_terminating_endpoints_serve, candidates,
-    differing, dual_stack_load_balancer, explain, pod_at, spread, terminating_only,
+    assert_masquerade_follows_the_source, assert_matches, assert_source_ranges_decide,
+    assert_terminating_endpoints_serve, candidates, differing, dual_stack_load_balancer, explain,
+    pod_at, spread, terminating_only,
 };
 use support::netns::{require_netns, tcp_connect, tcp_request};
 use support::{WAIT, eventually};
@@ -95,20 +96,7 @@ async fn names_where_packets_go(mode: Mode) {
         .node
         .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
     eprintln!("{text}");
-    // With --from, the masquerade match is evaluated: a pod's traffic is not masqueraded, the
-    // client's is.
-    let from = |source: &str| {
-        cluster
-            .node
-            .output(&[BIN, "explain", "--to", "10.96.0.10:80", "--from", source])
-    };
-    let pod = from("10.244.1.11");
-    assert!(pod.contains("not marked for masquerade"), "{pod}");
-    let client = from(CLIENT_IP);
-    assert!(
-        client.contains("marked for masquerade (its match holds"),
-        "{client}"
-    );
+    assert_masquerade_follows_the_source(&cluster);
     for line in [
         "service:  default/web:http",
         "verdict:  DNAT to one of 4:",

@@ -264,3 +264,57 @@ pub fn assert_local_node_port(cluster: &Cluster, n: usize) {
     assert_eq!(pods, ["pod-a1", "pod-a2"], "{local:#}");
     assert_matches(&predicted, &spread(cluster, &to, n), n);
 }
+
+/// With `--from`, explain says whether a connection is masqueraded, and real connections are
+/// as it says (conntrack's reply tuple goes back to the node, not the client, when they are):
+/// a pod's to a ClusterIP is not, the client's is; the client's to the Cluster-policy NodePort
+/// (web's 30080) is, to the Local-policy one (local's 30081) is not.
+pub fn assert_masquerade_follows_the_source(cluster: &Cluster) {
+    let said = |to: &str, from: &str| {
+        let text = cluster
+            .node
+            .output(&[BIN, "explain", "--to", to, "--from", from]);
+        // One step that marks it is enough (another may not hold for this packet); hairpin
+        // marks only a connection drawn back to its source (assert_hairpin).
+        let marked = text.lines().any(|line| {
+            line.contains("marked for masquerade")
+                && !line.contains("not marked")
+                && !line.contains("(hairpin)")
+        });
+        (marked, text)
+    };
+    let (marked, text) = said("10.96.0.10:80", "10.244.1.11");
+    assert!(
+        !marked && text.contains("not marked for masquerade"),
+        "{text}"
+    );
+    let (marked, text) = said("10.96.0.10:80", CLIENT_IP);
+    assert!(marked, "{text}");
+    for (port, masqueraded) in [(30080, true), (30081, false)] {
+        let to = format!("{NODE_IP}:{port}");
+        let (marked, text) = said(&to, CLIENT_IP);
+        assert_eq!(marked, masqueraded, "{text}");
+        tcp_request(&cluster.client, addr(&to)).expect("a connection to the NodePort");
+        let tracked = cluster.node.output(&[
+            "conntrack",
+            "-L",
+            "-p",
+            "tcp",
+            "-s",
+            CLIENT_IP,
+            "--dport",
+            &port.to_string(),
+        ]);
+        let replies_to: Vec<&str> = tracked
+            .lines()
+            .filter_map(|line| line.split("dst=").nth(2)?.split(' ').next())
+            .collect();
+        assert!(!replies_to.is_empty(), "no connection tracked:\n{tracked}");
+        assert!(
+            replies_to
+                .iter()
+                .all(|to| (*to != CLIENT_IP) == masqueraded),
+            "{port}: masqueraded {masqueraded}, but conntrack says:\n{tracked}"
+        );
+    }
+}

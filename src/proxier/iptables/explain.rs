@@ -14,18 +14,17 @@ use crate::model::IpFamily;
 use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
 };
+use crate::proxier::xtables::evaluate::evaluate;
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_RETURN};
 use crate::sys::xtables::rules::{RuleOptions, Target};
 use crate::sys::xtables::{Backend, Iptables, ReadRule, SystemIptables};
 
 mod chain;
-mod evaluate;
 mod rules;
 
 use chain::ReadChain;
 
-use evaluate::evaluate;
 use rules::*;
 
 /// How many chains deep the reader follows jumps (ours go at most four: KUBE-SERVICES, a
@@ -303,7 +302,7 @@ impl Reader<'_> {
         depth: usize,
     ) -> Result<Option<Walk>, ExplainError> {
         let local = &self.session.local;
-        let applies = evaluate(rule, self.flow, &|address| local.contains(&address));
+        let applies = evaluate(rule, self.flow, &|address: IpAddr| local.contains(&address));
         if let Some((list, seconds)) = affinity_check(rule) {
             if applies != Some(false) {
                 self.step(format!(
@@ -540,7 +539,7 @@ impl Reader<'_> {
         let local = &self.session.local;
         let masquerades = read.rules.iter().flatten().any(|rule| {
             jump_of(rule).is_some_and(|(_, target)| target == KUBE_MARK_MASQ)
-                && evaluate(rule, self.flow, &|a| local.contains(&a)) == Some(true)
+                && evaluate(rule, self.flow, &|a: IpAddr| local.contains(&a)) == Some(true)
         });
         if masquerades {
             self.step(format!(

@@ -1,8 +1,11 @@
 //! One packet through IPVS mode, read from the kernel: the one virtual server its destination,
 //! protocol and port name (one request, never a dump of every virtual server), that virtual
 //! server's real servers (one dump of them), and, for a load-balancer IP with source ranges,
-//! the ipset entries that decide whether its source may in. IPVS keeps no Service names:
-//! `explain` asks the daemon which Service port the destination is.
+//! the ipset entries that decide whether its source may in; then iptables' few nat rules that
+//! mark it for masquerade (masquerade.rs). IPVS keeps no Service names: `explain` asks the
+//! daemon which Service port the destination is.
+
+mod masquerade;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -16,6 +19,7 @@ use crate::sys::host::net::{LocalAddresses, SystemAddresses};
 use crate::sys::ipset::{SystemIpset, parse_save};
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
 use crate::sys::ipvs::{IpvsClient, IpvsError, RealServer, VirtualServer};
+use crate::sys::xtables::{Backend, SystemIptables};
 
 /// The sets that say which load-balancer IPs have source ranges, and which sources they let in.
 const FIREWALLED: &str = "KUBE-LOAD-BALANCER-FW";
@@ -24,13 +28,27 @@ const ALLOWED_NODE: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
 /// The set of endpoints whose connections to their own Service are masqueraded.
 const LOOP_BACK: &str = "KUBE-LOOP-BACK";
 
-/// Explains `flow` from the virtual servers the kernel holds.
+/// Explains `flow` from the virtual servers the kernel holds, and, when it is forwarded,
+/// whether iptables marks it for masquerade.
 pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
-    Session::open()?.explain(flow)
+    let session = &mut Session::open()?;
+    let mut explanation = session.explain(flow)?;
+    if matches!(explanation.outcome, Outcome::Dnat { .. }) {
+        let iptables = &mut SystemIptables::new(Backend::detect());
+        masquerade::masquerade(
+            iptables,
+            &session.ipset,
+            &session.local,
+            flow,
+            &mut explanation,
+        )?;
+    }
+    Ok(explanation)
 }
 
 /// Reads for several flows (`explain --all`): one socket, each family's firewalled
-/// load-balancer entries read once.
+/// load-balancer entries read once. Masquerade is left to [`explain`]: `--all` compares
+/// endpoints.
 pub struct Session {
     ipvs: IpvsClient,
     ipset: SystemIpset,

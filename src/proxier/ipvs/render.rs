@@ -201,4 +201,4 @@ use port::Port;
 pub(super) use rules::{RuleInputs, iptables_rules};
 
 #[cfg(test)]
-pub(super) mod tests;
+pub(in crate::proxier::ipvs) mod tests;

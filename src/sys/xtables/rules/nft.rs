@@ -216,6 +216,9 @@ fn match_expressions(
             1,
             xt::nfacct_v1(name).ok_or_else(|| Untranslatable("nfacct name too long".into()))?,
         )),
+        // The kernel's set match holds the set's index, which only ipset can tell.
+        MatchOptions::Set { .. } => return refuse("match set"),
+        MatchOptions::Physdev { .. } => return refuse("match physdev"),
     }
     Ok(())
 }

@@ -60,6 +60,17 @@ pub enum MatchOptions {
         side: u8,
     },
     Nfacct(String),
+    /// `-m set [!] --match-set NAME FLAGS`: whether the packet's `FLAGS` (`dst,dst`: its
+    /// destination address and port) make an entry of ipset NAME.
+    Set {
+        name: String,
+        flags: String,
+        inverted: bool,
+    },
+    /// `-m physdev [!] --physdev-is-in`: whether the packet came in through a bridge port.
+    Physdev {
+        is_in: Option<bool>,
+    },
 }
 
 /// The rule's target.
@@ -194,6 +205,12 @@ fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<RuleOptions, Untranslatab
                         side: 0,
                     },
                     "nfacct" => MatchOptions::Nfacct(String::new()),
+                    "set" => MatchOptions::Set {
+                        name: String::new(),
+                        flags: String::new(),
+                        inverted: false,
+                    },
+                    "physdev" => MatchOptions::Physdev { is_in: None },
                     other => return refuse(format!("match {other}")),
                 };
                 parsed.matches.push(matched);
@@ -421,6 +438,17 @@ fn extension_option(
                 };
             }
             (MatchOptions::Nfacct(name), "--nfacct-name") => *name = value()?,
+            (
+                MatchOptions::Set {
+                    name,
+                    flags,
+                    inverted: inv,
+                },
+                "--match-set",
+            ) => {
+                (*name, *flags, *inv) = (value()?, value()?, inverted);
+            }
+            (MatchOptions::Physdev { is_in }, "--physdev-is-in") => *is_in = Some(!inverted),
             _ => continue,
         }
         return Ok(());

@@ -240,6 +240,22 @@ fn save_match(ipv6: bool, matched: &MatchOptions, out: &mut String) {
             out.push_str(" -m nfacct --nfacct-name ");
             save_string(name, out);
         }
+        MatchOptions::Set {
+            name,
+            flags,
+            inverted,
+        } => {
+            let not = if *inverted { " !" } else { "" };
+            let _ = write!(out, " -m set{not} --match-set {name} {flags}");
+        }
+        MatchOptions::Physdev { is_in } => {
+            out.push_str(" -m physdev");
+            match is_in {
+                Some(true) => out.push_str(" --physdev-is-in"),
+                Some(false) => out.push_str(" ! --physdev-is-in"),
+                None => {}
+            }
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! says: addresses and their masks, the protocol, the destination port, whether an address is
 //! the node's (`addrtype`), and the state of a new connection. What the flow does not say (its
 //! source, when not given; an interface; a mark; a random draw; a recent list) leaves the answer
-//! open.
+//! open. A set match asks the caller ([`PacketFacts::in_set`]): IPVS mode's rules match ipsets.
 
 use std::net::IpAddr;
 
@@ -18,13 +18,28 @@ const NEW: u16 = 8;
 /// recent's `--set`: an action, which always matches.
 const RECENT_SET: u8 = 2;
 
+/// What the packet meets besides its own fields: which addresses are the node's, and which
+/// ipset entries exist.
+pub trait PacketFacts {
+    /// Whether `address` is one of the node's.
+    fn is_local(&self, address: IpAddr) -> bool;
+    /// Whether the flow's parts that `flags` name (`dst,dst`) make an entry of ipset `set`;
+    /// `None` when that cannot be told.
+    fn in_set(&self, _set: &str, _flags: &str) -> Option<bool> {
+        None
+    }
+}
+
+/// The node's addresses alone (no set is asked about).
+impl<F: Fn(IpAddr) -> bool> PacketFacts for F {
+    fn is_local(&self, address: IpAddr) -> bool {
+        self(address)
+    }
+}
+
 /// `Some(true)` when every match of `rule` holds, `Some(false)` when one does not, `None` when
 /// one cannot be told.
-pub(super) fn evaluate(
-    rule: &RuleOptions,
-    flow: &Flow,
-    local: &dyn Fn(IpAddr) -> bool,
-) -> Option<bool> {
+pub fn evaluate(rule: &RuleOptions, flow: &Flow, facts: &dyn PacketFacts) -> Option<bool> {
     let mut open = false;
     let mut answer = |holds: Option<bool>| match holds {
         Some(false) => false,
@@ -53,7 +68,7 @@ pub(super) fn evaluate(
         answer(None);
     }
     for matched in &rule.matches {
-        if !answer(match_holds(matched, flow, local)) {
+        if !answer(match_holds(matched, flow, facts)) {
             return Some(false);
         }
     }
@@ -75,11 +90,7 @@ fn in_range(port: u16, range: Option<([u16; 2], bool)>) -> bool {
     range.is_none_or(|([low, high], inverted)| (low..=high).contains(&port) != inverted)
 }
 
-fn match_holds(
-    matched: &MatchOptions,
-    flow: &Flow,
-    local: &dyn Fn(IpAddr) -> bool,
-) -> Option<bool> {
+fn match_holds(matched: &MatchOptions, flow: &Flow, facts: &dyn PacketFacts) -> Option<bool> {
     let port = flow.destination.port();
     let protocol = flow.protocol.number();
     match matched {
@@ -119,7 +130,13 @@ fn match_holds(
             if flags & 0b1100 != 0 {
                 return None;
             }
-            let kind = |address: IpAddr| if local(address) { LOCAL } else { UNICAST };
+            let kind = |address: IpAddr| {
+                if facts.is_local(address) {
+                    LOCAL
+                } else {
+                    UNICAST
+                }
+            };
             let mut holds = true;
             if *source != 0 {
                 let kind = kind(flow.source?);
@@ -133,6 +150,14 @@ fn match_holds(
         }
         MatchOptions::Conntrack { states, inverted } => Some((states & NEW != 0) != *inverted),
         MatchOptions::Recent { check_set, .. } if *check_set == RECENT_SET => Some(true),
+        MatchOptions::Set {
+            name,
+            flags,
+            inverted,
+        } => facts.in_set(name, flags).map(|member| member != *inverted),
+        MatchOptions::Physdev { is_in: None } => Some(true),
+        // Whether it came in through a bridge port is not the flow's to say.
+        MatchOptions::Physdev { is_in: Some(_) } => None,
         MatchOptions::Mark { .. }
         | MatchOptions::Statistic { .. }
         | MatchOptions::Recent { .. } => None,
@@ -154,7 +179,7 @@ mod tests {
 
     #[test]
     fn matches_hold_or_not_or_stay_open() {
-        let never = |_| false;
+        let never = |_: IpAddr| false;
         let service = rule("-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A");
         assert_eq!(
             evaluate(&service, &flow("10.96.0.10:80", None), &never),

@@ -2,6 +2,8 @@
 //! kernel's built-in chains into ours, and finding those a built-in chain lacks by reading that
 //! chain alone.
 
+pub mod evaluate;
+
 use crate::model::IpFamily;
 use crate::sys::xtables::{Iptables, IptablesError, jump_target};
 
