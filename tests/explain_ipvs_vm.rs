@@ -7,8 +7,9 @@ mod support;
 
 use support::cluster::{Cluster, addr, many, names, seed};
 use support::explain::{
-    assert_hairpin, assert_local_node_port, assert_masquerade_follows_the_source, assert_matches,
-    assert_terminating_endpoints_serve, candidates, explain, spread, terminating_only,
+    assert_gone_endpoint_named, assert_hairpin, assert_local_node_port,
+    assert_masquerade_follows_the_source, assert_matches, assert_terminating_endpoints_serve,
+    candidates, explain, spread, terminating_only,
 };
 use support::netns::tcp_request;
 use support::vm::in_vm;
@@ -71,6 +72,8 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
             .contains("kube-ipvs0"),
         "{other_port:#}"
     );
+
+    assert_gone_endpoint_named(&cluster).await;
 
     // Every service port of the node agrees with the daemon.
     let all = explain(&cluster, "--all");

@@ -7,14 +7,14 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::cluster::{BIN, Cluster, NODE_IP, PODS, addr, seed, slice, web_ports};
+use support::cluster::{BIN, Cluster, NODE_IP, addr, seed, slice, web_ports};
 use support::explain::{
-    assert_external_ip_spread, assert_hairpin, assert_ipv6_spread, assert_local_node_port,
-    assert_masquerade_follows_the_source, assert_matches, assert_source_ranges_decide,
-    assert_terminating_endpoints_serve, candidates, differing, dual_stack_load_balancer, explain,
-    pod_at, spread, terminating_only,
+    assert_external_ip_spread, assert_gone_endpoint_named, assert_hairpin, assert_ipv6_spread,
+    assert_local_node_port, assert_masquerade_follows_the_source, assert_matches,
+    assert_source_ranges_decide, assert_terminating_endpoints_serve, candidates, differing,
+    dual_stack_load_balancer, explain, pod_at, spread, terminating_only,
 };
-use support::netns::{require_netns, tcp_connect, tcp_request};
+use support::netns::{require_netns, tcp_request};
 use support::{WAIT, eventually};
 
 /// A mode as the tests run it: its config, and on iptables the back end.
@@ -125,39 +125,7 @@ async fn names_where_packets_go(mode: Mode) {
         "{counts:?}"
     );
 
-    // A connection held open to an endpoint that then goes: conntrack keeps it, and explain
-    // names it as going to a gone endpoint.
-    let (held, greeting) = tcp_connect(&cluster.client, addr("10.96.0.10:80"));
-    let pod = greeting.split(' ').next().unwrap_or_default().to_string();
-    let remaining: Vec<&str> = PODS
-        .iter()
-        .map(|(name, _, _)| *name)
-        .filter(|name| *name != pod)
-        .collect();
-    cluster
-        .api
-        .apply(slice("web", web_ports().1, &remaining))
-        .unwrap();
-    assert!(
-        eventually(WAIT, || candidates(&explain(&cluster, "10.96.0.10:80/tcp"))
-            .len()
-            == 3)
-        .await,
-        "the endpoint went"
-    );
-    let web = explain(&cluster, "10.96.0.10:80/tcp");
-    let tracked = web["conntrack"].as_array().expect("conntrack entries");
-    assert!(
-        tracked.iter().any(
-            |entry| pod_at(entry["endpoint"].as_str().unwrap()) == pod && entry["gone"] == true
-        ),
-        "{pod}'s connection: {web:#}"
-    );
-    let text = cluster
-        .node
-        .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
-    assert!(text.contains("a gone endpoint"), "{text}");
-    drop(held);
+    assert_gone_endpoint_named(&cluster).await;
 
     // No endpoints: rejected, and refused (from the node, as the modes' tests check it). A
     // port the Service does not have: nftables mode rejects it too; iptables mode leaves it

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::cluster::{
-    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, service, slice, slice6,
+    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, service, slice, slice6, web_ports,
 };
-use super::netns::{Netns, tcp_request};
+use super::netns::{Netns, tcp_connect, tcp_request};
 use super::{WAIT, eventually};
 
 /// `explain`'s JSON answer for `to` (`--all` for every service port), run in the node's
@@ -317,4 +317,40 @@ pub fn assert_masquerade_follows_the_source(cluster: &Cluster) {
             "{port}: masqueraded {masqueraded}, but conntrack says:\n{tracked}"
         );
     }
+}
+
+/// A connection held open to one of web's endpoints, which then goes from its EndpointSlice:
+/// conntrack keeps the connection, and explain names it as going to a gone endpoint.
+pub async fn assert_gone_endpoint_named(cluster: &Cluster) {
+    let (held, greeting) = tcp_connect(&cluster.client, addr("10.96.0.10:80"));
+    let pod = greeting.split(' ').next().unwrap_or_default().to_string();
+    let remaining: Vec<&str> = PODS
+        .iter()
+        .map(|(name, _, _)| *name)
+        .filter(|name| *name != pod)
+        .collect();
+    cluster
+        .api
+        .apply(slice("web", web_ports().1, &remaining))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || candidates(&explain(cluster, "10.96.0.10:80/tcp"))
+            .len()
+            == 3)
+        .await,
+        "the endpoint went"
+    );
+    let web = explain(cluster, "10.96.0.10:80/tcp");
+    let tracked = web["conntrack"].as_array().expect("conntrack entries");
+    assert!(
+        tracked.iter().any(
+            |entry| pod_at(entry["endpoint"].as_str().unwrap()) == pod && entry["gone"] == true
+        ),
+        "{pod}'s connection: {web:#}"
+    );
+    let text = cluster
+        .node
+        .output(&[BIN, "explain", "--to", "10.96.0.10:80"]);
+    assert!(text.contains("a gone endpoint"), "{text}");
+    drop(held);
 }
