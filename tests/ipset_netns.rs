@@ -121,3 +121,103 @@ fn sets_converge_with_minimal_batched_changes() {
         assert!(!parse_save(&ipset.save_sets(&names()).unwrap()).contains_key("KUBE-CLUSTER-IP"));
     });
 }
+
+/// Membership over netlink answers as `ipset test` does, for every set type IPVS mode uses, both
+/// families, many tests in one send; a set's name is found from its kernel index.
+#[test]
+fn netlink_tests_answer_as_ipset_test_does() {
+    use kube_proxy_rs::sys::ipset::netlink::{Entry, IpsetNetlink};
+    require_netns();
+    let ns = Netns::new("ipset-nl");
+    for (name, kind, family) in [
+        ("CLUSTER", "hash:ip,port", "inet"),
+        ("LOOP", "hash:ip,port,ip", "inet"),
+        ("CIDR", "hash:ip,port,net", "inet"),
+        ("PORTS", "bitmap:port", ""),
+        ("IPS", "hash:ip", "inet"),
+        ("CLUSTER6", "hash:ip,port", "inet6"),
+    ] {
+        let mut args = vec!["ipset", "create", name, kind];
+        if family.is_empty() {
+            args.extend(["range", "0-65535"]);
+        } else {
+            args.extend(["family", family]);
+        }
+        ns.exec(&args);
+    }
+    for (set, entry) in [
+        ("CLUSTER", "10.96.0.10,tcp:80"),
+        ("LOOP", "10.244.1.5,udp:53,10.244.1.5"),
+        ("CIDR", "192.168.200.1,tcp:80,192.168.100.0/24"),
+        ("PORTS", "30080"),
+        ("IPS", "10.96.0.10"),
+        ("CLUSTER6", "fd00::10,tcp:80"),
+    ] {
+        ns.exec(&["ipset", "add", set, entry]);
+    }
+    let ip = |text: &str| Some(text.parse().unwrap());
+    let service = |address: &str, protocol: u8, port: u16| Entry {
+        address: ip(address),
+        protocol: Some(protocol),
+        port: Some(port),
+        address2: None,
+    };
+    let with = |entry: Entry, address2: &str| Entry {
+        address2: ip(address2),
+        ..entry
+    };
+    let port = |port: u16| Entry {
+        port: Some(port),
+        ..Entry::default()
+    };
+    let address = |address: &str| Entry {
+        address: ip(address),
+        ..Entry::default()
+    };
+    let tests: Vec<(&'static str, Entry, Option<bool>)> = vec![
+        ("CLUSTER", service("10.96.0.10", 6, 80), Some(true)),
+        ("CLUSTER", service("10.96.0.10", 17, 80), Some(false)),
+        ("CLUSTER", service("10.96.0.10", 6, 81), Some(false)),
+        (
+            "LOOP",
+            with(service("10.244.1.5", 17, 53), "10.244.1.5"),
+            Some(true),
+        ),
+        (
+            "LOOP",
+            with(service("10.244.1.5", 17, 53), "10.244.1.6"),
+            Some(false),
+        ),
+        // A host address in a set of networks: in when a network of the set holds it.
+        (
+            "CIDR",
+            with(service("192.168.200.1", 6, 80), "192.168.100.7"),
+            Some(true),
+        ),
+        (
+            "CIDR",
+            with(service("192.168.200.1", 6, 80), "192.168.101.7"),
+            Some(false),
+        ),
+        ("PORTS", port(30080), Some(true)),
+        ("PORTS", port(30081), Some(false)),
+        ("IPS", address("10.96.0.10"), Some(true)),
+        ("IPS", address("10.96.0.11"), Some(false)),
+        ("CLUSTER6", service("fd00::10", 6, 80), Some(true)),
+        ("CLUSTER6", service("fd00::11", 6, 80), Some(false)),
+        ("NOT-THERE", service("10.96.0.10", 6, 80), None),
+    ];
+    let (answers, names) = ns.run(move || {
+        let mut ipset = IpsetNetlink::open().unwrap();
+        let asked: Vec<(&str, Entry)> = tests.iter().map(|(s, e, _)| (*s, e.clone())).collect();
+        let answers = ipset.test(&asked).unwrap();
+        let expected: Vec<Option<bool>> = tests.iter().map(|(_, _, m)| *m).collect();
+        let names: Vec<Option<String>> = [0, 5, 6].map(|i| ipset.name_of(i).unwrap()).to_vec();
+        (answers == expected, names)
+    });
+    assert!(answers, "netlink answers differ from ipset's entries");
+    assert_eq!(
+        names,
+        [Some("CLUSTER".to_string()), Some("CLUSTER6".into()), None]
+    );
+}

@@ -296,3 +296,76 @@ fn rules_it_cannot_vouch_for_are_refused() {
         }]
     ));
 }
+
+/// IPVS mode's rules match ipsets, which iptables-nft keeps as the set's kernel index: read back
+/// over netlink (the set named through ipset) and on legacy from the saved text, each rule reads
+/// as our parser reads what we wrote.
+#[test]
+fn set_matches_read_back_with_their_set_names() {
+    use kube_proxy_rs::sys::xtables::rules::read_rule;
+    use kube_proxy_rs::sys::xtables::{Backend, Iptables, SystemIptables};
+    require_netns();
+    let rules = [
+        "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ",
+        "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ",
+        "-m set ! --match-set KUBE-LOOP-BACK dst,dst,src -j RETURN",
+        "-p tcp -m comment --comment \"Kubernetes nodeport TCP port for masquerade purpose\" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ",
+        "-m comment --comment \"Kubernetes service external ip + port for masquerade and filter purpose\" -m set --match-set KUBE-EXTERNAL-IP dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT",
+        "-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT",
+    ];
+    for backend in [Backend::Nft, Backend::Legacy] {
+        let ns = Netns::new("xlate-sets");
+        for (set, kind) in [
+            ("KUBE-CLUSTER-IP", "hash:ip,port"),
+            ("KUBE-LOOP-BACK", "hash:ip,port,ip"),
+            ("KUBE-EXTERNAL-IP", "hash:ip,port"),
+        ] {
+            ns.exec(&["ipset", "create", set, kind]);
+        }
+        ns.exec(&[
+            "ipset",
+            "create",
+            "KUBE-NODE-PORT-TCP",
+            "bitmap:port",
+            "range",
+            "0-65535",
+        ]);
+        let mut text = String::from("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
+        for rule in rules {
+            text.push_str(&format!("-A KUBE-SERVICES {rule}\n"));
+        }
+        text.push_str("COMMIT\n");
+        let tool = format!("iptables-{}-restore", backend.as_str());
+        let restore = ns.output_with_stderr(&[
+            "sh",
+            "-c",
+            &format!(
+                "printf '%s' '{}' | {tool} --noflush && echo restored",
+                text.replace('\'', "'\\''")
+            ),
+        ]);
+        assert!(restore.contains("restored"), "{restore}");
+        let read = ns.run(move || {
+            SystemIptables::new(backend)
+                .rule_options(IpFamily::V4, "nat", &["KUBE-SERVICES"])
+                .unwrap()
+        });
+        let expected: Vec<_> = rules.iter().map(|rule| read_rule(false, rule)).collect();
+        assert_eq!(read.len(), 1);
+        for ((got, want), rule) in read[0].iter().zip(&expected).zip(rules) {
+            let mut got = got
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{backend:?}: {rule}: {err}"))
+                .clone();
+            // The kernel's index is what iptables-nft reads; the name is what we wrote.
+            for matched in &mut got.matches {
+                if let kube_proxy_rs::sys::xtables::rules::MatchOptions::Set { index, .. } = matched
+                {
+                    *index = None;
+                }
+            }
+            assert_eq!(&got, want.as_ref().unwrap(), "{backend:?}: {rule}");
+        }
+        assert_eq!(read[0].len(), rules.len(), "{backend:?}");
+    }
+}

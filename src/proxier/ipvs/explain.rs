@@ -1,13 +1,12 @@
 //! One packet through IPVS mode, read from the kernel: the one virtual server its destination,
 //! protocol and port name (one request, never a dump of every virtual server), that virtual
 //! server's real servers (one dump of them), and, for a load-balancer IP with source ranges,
-//! the ipset entries that decide whether its source may in; then iptables' few nat rules that
-//! mark it for masquerade (masquerade.rs). IPVS keeps no Service names: `explain` asks the
+//! the ipset entries that decide whether its source may in (each asked over netlink, never a
+//! process); then iptables' few nat rules that mark it for masquerade (masquerade.rs). IPVS keeps no Service names: `explain` asks the
 //! daemon which Service port the destination is.
 
 mod masquerade;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::render::set_name;
@@ -16,7 +15,7 @@ use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
 };
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
-use crate::sys::ipset::{SystemIpset, parse_save};
+use crate::sys::ipset::netlink::{Entry, IpsetNetlink};
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
 use crate::sys::ipvs::{IpvsClient, IpvsError, RealServer, VirtualServer};
 use crate::sys::xtables::{Backend, SystemIptables};
@@ -37,7 +36,7 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
         let iptables = &mut SystemIptables::new(Backend::detect());
         masquerade::masquerade(
             iptables,
-            &session.ipset,
+            &mut session.ipset,
             &session.local,
             flow,
             &mut explanation,
@@ -46,13 +45,11 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
     Ok(explanation)
 }
 
-/// Reads for several flows (`explain --all`): one socket, each family's firewalled
-/// load-balancer entries read once. Masquerade is left to [`explain`]: `--all` compares
-/// endpoints.
+/// Reads for several flows (`explain --all`): one IPVS socket and one ipset socket.
+/// Masquerade is left to [`explain`]: `--all` compares endpoints.
 pub struct Session {
     ipvs: IpvsClient,
-    ipset: SystemIpset,
-    firewalled: BTreeMap<IpFamily, BTreeSet<String>>,
+    ipset: IpsetNetlink,
     local: Vec<IpAddr>,
 }
 
@@ -66,8 +63,7 @@ impl Session {
         })?;
         Ok(Session {
             ipvs,
-            ipset: SystemIpset,
-            firewalled: BTreeMap::new(),
+            ipset: IpsetNetlink::open().map_err(read_error("ipset"))?,
             local: SystemAddresses.addresses(),
         })
     }
@@ -129,7 +125,7 @@ impl Session {
     }
 
     /// With `--from` one of the real servers: whether a connection the scheduler sends back to
-    /// it is masqueraded (its entry in KUBE-LOOP-BACK, one `ipset test`).
+    /// it is masqueraded (its entry in KUBE-LOOP-BACK, asked over netlink).
     fn hairpin(
         &mut self,
         flow: &Flow,
@@ -143,14 +139,24 @@ impl Session {
             return Ok(());
         };
         let set = set_name(LOOP_BACK, IpFamily::of(&source));
-        let entry = format!("{source},{}:{},{source}", flow.protocol.lower(), own.port);
+        let entry = Entry {
+            address: Some(source),
+            protocol: Some(flow.protocol.number()),
+            port: Some(own.port),
+            address2: Some(source),
+        };
         explanation
             .reads
-            .push(format!("one entry of ipset {set} (ipset test)"));
-        let member = self.ipset.test(&set, &entry).map_err(read_error("ipset"))?;
-        if member == Some(true) {
+            .push(format!("one entry of ipset {set} (over netlink)"));
+        let member = self
+            .ipset
+            .test(&[(&set, entry)])
+            .map_err(read_error("ipset"))?;
+        if member.first() == Some(&Some(true)) {
             explanation.steps.push(format!(
-                "{set}: {entry}: masqueraded when the scheduler sends {source} back to itself (hairpin)"
+                "{set}: {source},{}:{},{source}: masqueraded when the scheduler sends {source} back to itself (hairpin)",
+                flow.protocol.lower(),
+                own.port
             ));
         }
         Ok(())
@@ -164,26 +170,21 @@ impl Session {
         explanation: &mut Explanation,
     ) -> Result<Option<Outcome>, ExplainError> {
         let family = IpFamily::of(&flow.destination.ip());
-        let entry = format!(
-            "{},{}:{}",
-            flow.destination.ip(),
-            flow.protocol.lower(),
-            flow.destination.port()
-        );
+        let service = Entry {
+            address: Some(flow.destination.ip()),
+            protocol: Some(flow.protocol.number()),
+            port: Some(flow.destination.port()),
+            address2: None,
+        };
         let firewalled = set_name(FIREWALLED, family);
-        if !self.firewalled.contains_key(&family) {
-            let saved = self
-                .ipset
-                .save_set(&firewalled)
-                .map_err(read_error("ipset"))?
-                .unwrap_or_default();
-            let entries = parse_save(&saved).remove(&firewalled).unwrap_or_default();
-            self.firewalled.insert(family, entries);
-        }
         explanation
             .reads
-            .push(format!("the entries of ipset {firewalled}"));
-        if !self.firewalled[&family].contains(&entry) {
+            .push(format!("one entry of ipset {firewalled} (over netlink)"));
+        let member = self
+            .ipset
+            .test(&[(&firewalled, service.clone())])
+            .map_err(read_error("ipset"))?;
+        if member.first() != Some(&Some(true)) {
             return Ok(None);
         }
         let Some(source) = flow.source else {
@@ -192,19 +193,24 @@ impl Session {
             );
             return Ok(None);
         };
-        let mut allowed = false;
-        for set in [ALLOWED_SOURCES, ALLOWED_NODE] {
-            let set = set_name(set, family);
-            explanation
-                .reads
-                .push(format!("one entry of ipset {set} (ipset test)"));
-            let member = self
-                .ipset
-                .test(&set, &format!("{entry},{source}"))
-                .map_err(read_error("ipset"))?;
-            allowed |= member == Some(true);
-        }
-        if allowed {
+        let allowing = [
+            set_name(ALLOWED_SOURCES, family),
+            set_name(ALLOWED_NODE, family),
+        ];
+        let with_source = Entry {
+            address2: Some(source),
+            ..service
+        };
+        let asked: Vec<(&str, Entry)> = allowing
+            .iter()
+            .map(|set| (set.as_str(), with_source.clone()))
+            .collect();
+        explanation.reads.push(format!(
+            "one entry of ipsets {} (over netlink)",
+            allowing.join(" and ")
+        ));
+        let members = self.ipset.test(&asked).map_err(read_error("ipset"))?;
+        if members.contains(&Some(true)) {
             explanation
                 .steps
                 .push("its source is within the Service's loadBalancerSourceRanges".into());

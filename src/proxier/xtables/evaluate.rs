@@ -154,6 +154,7 @@ fn match_holds(matched: &MatchOptions, flow: &Flow, facts: &dyn PacketFacts) -> 
             name,
             flags,
             inverted,
+            ..
         } => facts.in_set(name, flags).map(|member| member != *inverted),
         MatchOptions::Physdev { is_in: None } => Some(true),
         // Whether it came in through a bridge port is not the flow's to say.

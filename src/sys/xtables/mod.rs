@@ -161,13 +161,7 @@ pub trait Iptables: Send {
         if !self.reads_each_chain() {
             return Ok(among(&self.chain_names(family, table)?, chains));
         }
-        let mut found = BTreeSet::new();
-        for chain in chains {
-            if self.chain_exists(family, table, chain)? {
-                found.insert(chain.to_string());
-            }
-        }
-        Ok(found)
+        each_looked_up(self, family, table, chains)
     }
     /// The rules of `chains` of `table`, each read into its options (`kube-proxy-rs
     /// explain`), one list per chain of `chains`, in that order: nft decodes them from netlink
@@ -278,6 +272,22 @@ impl Backend {
             Backend::Nft
         }
     }
+}
+
+/// Those of `chains` that exist, each looked up by name.
+fn each_looked_up<I: Iptables + ?Sized>(
+    iptables: &mut I,
+    family: IpFamily,
+    table: &str,
+    chains: &[&str],
+) -> Result<BTreeSet<String>, IptablesError> {
+    let mut found = BTreeSet::new();
+    for chain in chains {
+        if iptables.chain_exists(family, table, chain)? {
+            found.insert(chain.to_string());
+        }
+    }
+    Ok(found)
 }
 
 /// Those of `chains` that `names` holds.

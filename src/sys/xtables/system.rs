@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::ReadRule;
-use super::text::{declared_chains, failed_line, input_context, rules_of};
+use super::text::{declared_among, declared_chains, failed_line, input_context, rules_of};
 use super::*;
+use crate::sys::ipset::netlink::IpsetNetlink;
 
 /// The tool for a family, back end and job: `iptables-nft-restore`, `ip6tables-legacy-save`, `iptables-nft`.
 pub fn tool(family: IpFamily, backend: Backend, job: &str) -> String {
@@ -112,6 +113,18 @@ impl Iptables for SystemIptables {
         }
     }
 
+    fn existing_chains(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        match self.backend {
+            Backend::Legacy => Ok(declared_among(&self.legacy_save(family, table)?, chains)),
+            Backend::Nft => each_looked_up(self, family, table, chains),
+        }
+    }
+
     fn chain_rules(
         &mut self,
         family: IpFamily,
@@ -173,7 +186,7 @@ impl Iptables for SystemIptables {
             }
         })?;
         let ipv6 = family == IpFamily::V6;
-        Ok(read
+        let mut options: Vec<Vec<ReadRule>> = read
             .iter()
             .map(|chain| {
                 chain
@@ -181,7 +194,16 @@ impl Iptables for SystemIptables {
                     .map(|rule| rules::rule_options(ipv6, rule))
                     .collect()
             })
-            .collect())
+            .collect();
+        // Opened only when a rule matches a set (IPVS mode's rules).
+        let mut ipset = None;
+        rules::name_sets(&mut options, |index| {
+            if ipset.is_none() {
+                ipset = IpsetNetlink::open().ok();
+            }
+            ipset.as_mut()?.name_of(index).ok().flatten()
+        });
+        Ok(options)
     }
 
     fn chain_exists(

@@ -25,6 +25,17 @@ pub fn declared_chains(save: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Which of `chains` an iptables-save output declares (without collecting every other name:
+/// a table of 10,000 services declares over 100,000 chains).
+pub fn declared_among(save: &str, chains: &[&str]) -> BTreeSet<String> {
+    save.lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|decl| decl.split_whitespace().next())
+        .filter(|name| chains.contains(name))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The rules of `chain` in iptables-save or `iptables -S` output, without `-A <chain> `.
 pub fn rules_of(listing: &str, chain: &str) -> Vec<String> {
     let prefix = format!("-A {chain} ");

@@ -1,20 +1,21 @@
 //! Whether IPVS mode masquerades a connection. IPVS forwards it; iptables' nat KUBE-SERVICES
 //! (and the KUBE-NODE-PORT and KUBE-LOAD-BALANCER chains it jumps to) mark it first, with rules
 //! that match ipsets rather than each Service: a dozen rules however many Services there are,
-//! read as text on either back end and evaluated on the flow, each set match one `ipset test`.
+//! read into their options (over netlink on the nft back end), their set matches tested on the
+//! flow in one netlink send, then walked in order.
 
-use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::super::render::{SETS, set_name};
 use crate::model::IpFamily;
 use crate::proxier::explanation::{ExplainError, Explanation, Flow, read_error};
 use crate::proxier::xtables::evaluate::{PacketFacts, evaluate};
-use crate::sys::ipset::{SetType, SystemIpset};
+use crate::sys::ipset::SetType;
+use crate::sys::ipset::netlink::{Entry, IpsetNetlink};
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NFT_RETURN};
-use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target, read_rule};
-use crate::sys::xtables::{ChainRules, Iptables};
+use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target, saved_form};
+use crate::sys::xtables::{Iptables, ReadRule};
 
 const SERVICES: &str = "KUBE-SERVICES";
 const MARK_MASQ: &str = "KUBE-MARK-MASQ";
@@ -23,13 +24,14 @@ const CHAINS: [&str; 3] = [SERVICES, "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER"];
 /// How deep jumps are followed (ours go one deep).
 const MAX_DEPTH: usize = 2;
 
-/// What the flow is, for the rules' matches: the node's addresses, and the ipset entries the
-/// flow's parts make, each asked of the kernel once.
+/// nat's chains by name, each rule read into its options.
+type Chains = BTreeMap<&'static str, Vec<ReadRule>>;
+
+/// What the flow is, for the rules' matches: the node's addresses, and whether the entry the
+/// flow makes is in each set a rule matches (by set and flags; absent when it cannot be told).
 struct Facts<'a> {
-    flow: &'a Flow,
     local: &'a [IpAddr],
-    ipset: &'a SystemIpset,
-    tested: RefCell<BTreeSet<String>>,
+    members: BTreeMap<(String, String), Option<bool>>,
 }
 
 impl PacketFacts for Facts<'_> {
@@ -38,40 +40,67 @@ impl PacketFacts for Facts<'_> {
     }
 
     fn in_set(&self, set: &str, flags: &str) -> Option<bool> {
-        let family = IpFamily::of(&self.flow.destination.ip());
-        let (_, kind, _) = SETS
-            .iter()
-            .find(|(base, _, _)| set_name(base, family) == set)?;
-        let entry = set_entry(*kind, flags, self.flow)?;
-        self.tested.borrow_mut().insert(set.to_string());
-        // A set that does not exist holds nothing.
-        let member = self.ipset.test(set, &entry).ok()?;
-        Some(member.unwrap_or(false))
+        *self.members.get(&(set.to_string(), flags.to_string()))?
     }
 }
 
+/// The set matches of `chains` with the entry the flow makes for each (those of our sets whose
+/// entry the flow tells).
+fn set_tests(chains: &Chains, flow: &Flow) -> BTreeMap<(String, String), Entry> {
+    let family = IpFamily::of(&flow.destination.ip());
+    let mut tests = BTreeMap::new();
+    for rule in chains.values().flatten().flatten() {
+        for matched in &rule.matches {
+            let MatchOptions::Set { name, flags, .. } = matched else {
+                continue;
+            };
+            let kind = SETS
+                .iter()
+                .find(|(base, _, _)| set_name(base, family) == *name)
+                .map(|(_, kind, _)| *kind);
+            if let Some(entry) = kind.and_then(|kind| set_entry(kind, flags, flow)) {
+                tests.insert((name.clone(), flags.clone()), entry);
+            }
+        }
+    }
+    tests
+}
+
 /// The entry of a set of type `kind` that the flow's parts named by `flags` make (`dst,dst` on
-/// hash:ip,port: `10.96.0.10,tcp:80`), `None` when the flow does not tell one (its source,
-/// when not given; a source port).
-fn set_entry(kind: SetType, flags: &str, flow: &Flow) -> Option<String> {
+/// hash:ip,port: its destination address, protocol and port), `None` when the flow does not
+/// tell one (its source, when not given; a source port).
+fn set_entry(kind: SetType, flags: &str, flow: &Flow) -> Option<Entry> {
     let (_, parts) = kind.as_str().split_once(':')?;
     let parts: Vec<&str> = parts.split(',').collect();
     let sides: Vec<&str> = flags.split(',').collect();
     if parts.len() != sides.len() {
         return None;
     }
-    let port = flow.destination.port();
-    let mut entry = Vec::with_capacity(parts.len());
-    for (part, side) in parts.into_iter().zip(sides) {
-        entry.push(match (part, side) {
-            ("ip" | "net", "src") => flow.source?.to_string(),
-            ("ip" | "net", "dst") => flow.destination.ip().to_string(),
-            ("port", "dst") if kind == SetType::BitmapPort => port.to_string(),
-            ("port", "dst") => format!("{}:{port}", flow.protocol.lower()),
+    let mut entry = Entry::default();
+    for (at, (part, side)) in parts.into_iter().zip(sides).enumerate() {
+        match (part, side) {
+            ("ip" | "net", side) => {
+                let address = match side {
+                    "src" => flow.source?,
+                    "dst" => flow.destination.ip(),
+                    _ => return None,
+                };
+                if at == 0 {
+                    entry.address = Some(address);
+                } else {
+                    entry.address2 = Some(address);
+                }
+            }
+            ("port", "dst") => {
+                entry.port = Some(flow.destination.port());
+                if kind != SetType::BitmapPort {
+                    entry.protocol = Some(flow.protocol.number());
+                }
+            }
             _ => return None,
-        });
+        }
     }
-    Some(entry.join(","))
+    Some(entry)
 }
 
 /// The masquerade rule the packet meets: where, the rule's text, and whether it surely does.
@@ -84,7 +113,7 @@ struct Marking {
 
 /// The packet through the rules: whether every step so far is sure, and the marking found.
 struct Walk<'a> {
-    rules: &'a ChainRules,
+    chains: &'a Chains,
     flow: &'a Flow,
     facts: &'a dyn PacketFacts,
     ipv6: bool,
@@ -95,15 +124,15 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// Walks `chain`; `true` when the packet surely leaves the table there (ACCEPT).
     fn chain(&mut self, chain: &str, depth: usize) -> bool {
-        let Some(rules) = self.rules.get(chain) else {
+        let Some(rules) = self.chains.get(chain) else {
             return false;
         };
-        for text in rules {
-            let Ok(rule) = read_rule(self.ipv6, text) else {
+        for rule in rules {
+            let Ok(rule) = rule else {
                 self.sure = false;
                 continue;
             };
-            let applies = evaluate(&rule, self.flow, self.facts);
+            let applies = evaluate(rule, self.flow, self.facts);
             if applies == Some(false) {
                 continue;
             }
@@ -116,8 +145,8 @@ impl Walk<'_> {
                 {
                     self.marked = Some(Marking {
                         chain: chain.to_string(),
-                        rule: without_comment(text),
-                        comment: comment_of(&rule),
+                        rule: shown(self.ipv6, rule),
+                        comment: comment_of(rule),
                         sure,
                     });
                 }
@@ -140,10 +169,10 @@ impl Walk<'_> {
     }
 }
 
-/// The masquerade rule that `flow` meets in `rules` (nat's chains by name), if any.
-fn marking(rules: &ChainRules, flow: &Flow, facts: &dyn PacketFacts) -> Option<Marking> {
+/// The masquerade rule that `flow` meets in `chains`, if any.
+fn marking(chains: &Chains, flow: &Flow, facts: &dyn PacketFacts) -> Option<Marking> {
     let mut walk = Walk {
-        rules,
+        chains,
         flow,
         facts,
         ipv6: flow.destination.is_ipv6(),
@@ -164,50 +193,53 @@ fn comment_of(rule: &RuleOptions) -> String {
         .unwrap_or_default()
 }
 
-/// The rule's text without its `-m comment --comment "..."`: the comment is told apart.
-fn without_comment(text: &str) -> String {
-    let Some(start) = text.find("-m comment --comment \"") else {
-        return text.to_string();
-    };
-    let quoted = start + "-m comment --comment \"".len();
-    let Some(end) = text[quoted..].find('"') else {
-        return text.to_string();
-    };
-    format!(
-        "{}{}",
-        &text[..start],
-        text[quoted + end + 1..].trim_start()
-    )
+/// The rule as iptables-save prints it, without its comment (told apart).
+fn shown(ipv6: bool, rule: &RuleOptions) -> String {
+    let mut bare = rule.clone();
+    bare.matches
+        .retain(|m| !matches!(m, MatchOptions::Comment(_)));
+    saved_form(ipv6, &bare).unwrap_or_default()
 }
 
 /// Reads nat's KUBE-SERVICES and the chains it jumps to, and says whether the flow is marked
 /// for masquerade and by which rule.
 pub(super) fn masquerade(
     iptables: &mut dyn Iptables,
-    ipset: &SystemIpset,
+    ipset: &mut IpsetNetlink,
     local: &[IpAddr],
     flow: &Flow,
     explanation: &mut Explanation,
 ) -> Result<(), ExplainError> {
     let family = IpFamily::of(&flow.destination.ip());
-    let rules = iptables
-        .chain_rules(family, "nat", &CHAINS)
+    let read = iptables
+        .rule_options(family, "nat", &CHAINS)
         .map_err(read_error("iptables"))?;
+    let chains: Chains = CHAINS.into_iter().zip(read).collect();
     explanation
         .reads
         .push(format!("the rules of nat's {}", CHAINS.join(", ")));
-    let facts = Facts {
-        flow,
-        local,
-        ipset,
-        tested: RefCell::new(BTreeSet::new()),
-    };
-    let marked = marking(&rules, flow, &facts);
-    for set in facts.tested.into_inner() {
-        explanation
-            .reads
-            .push(format!("one entry of ipset {set} (ipset test)"));
+    let tests = set_tests(&chains, flow);
+    let asked: Vec<(&str, Entry)> = tests
+        .iter()
+        .map(|((set, _), entry)| (set.as_str(), entry.clone()))
+        .collect();
+    let answers = ipset.test(&asked).map_err(read_error("ipset"))?;
+    if !asked.is_empty() {
+        explanation.reads.push(format!(
+            "one entry of each of {} ipsets (one netlink send)",
+            asked.len()
+        ));
     }
+    let facts = Facts {
+        local,
+        // A set that does not exist holds nothing.
+        members: tests
+            .into_keys()
+            .zip(answers)
+            .map(|(key, member)| (key, Some(member.unwrap_or(false))))
+            .collect(),
+    };
+    let marked = marking(&chains, flow, &facts);
     explanation.steps.push(match marked {
         Some(Marking {
             chain,
@@ -236,13 +268,14 @@ pub(super) fn masquerade(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::BTreeSet;
 
     use super::*;
     use crate::model::{NodeInfo, ProxyState};
     use crate::proxier::fixtures::{NODE, Svc, ep, svc};
     use crate::proxier::ipvs::aggregate::render;
     use crate::proxier::ipvs::render::tests::context;
+    use crate::sys::xtables::rules::read_rule;
 
     fn state(services: Vec<Svc>) -> ProxyState {
         let mut state = ProxyState {
@@ -263,10 +296,26 @@ mod tests {
         Flow::parse(to, from).unwrap()
     }
 
+    /// An entry as ipset prints it.
+    fn text(entry: Entry) -> String {
+        let protocol = match entry.protocol {
+            Some(6) => "tcp:",
+            Some(17) => "udp:",
+            Some(_) => "?:",
+            None => "",
+        };
+        let parts = [
+            entry.address.map(|a| a.to_string()),
+            entry.port.map(|p| format!("{protocol}{p}")),
+            entry.address2.map(|a| a.to_string()),
+        ];
+        parts.into_iter().flatten().collect::<Vec<_>>().join(",")
+    }
+
     #[test]
     fn set_entries_are_made_of_the_parts_the_flags_name() {
         let pod = flow("10.96.0.10:80/udp", Some("10.244.1.5"));
-        let entry = |kind, flags| set_entry(kind, flags, &pod);
+        let entry = |kind, flags| set_entry(kind, flags, &pod).map(text);
         assert_eq!(
             entry(SetType::HashIpPort, "dst,dst").as_deref(),
             Some("10.96.0.10,udp:80")
@@ -288,14 +337,13 @@ mod tests {
         assert_eq!(entry(SetType::HashIpPort, "dst"), None);
         let v6 = flow("[fd00::10]:80", Some("fd00:10:244::5"));
         assert_eq!(
-            set_entry(SetType::HashIpPortIp, "dst,dst,src", &v6).as_deref(),
-            Some("fd00::10,tcp:80,fd00:10:244::5")
+            set_entry(SetType::HashIpPortIp, "dst,dst,src", &v6).map(text),
+            Some("fd00::10,tcp:80,fd00:10:244::5".to_string())
         );
     }
 
-    /// The rules and set entries that IPVS mode renders, the sets asked as the kernel would.
+    /// The set entries that IPVS mode renders, asked as the kernel would be.
     struct Rendered {
-        rules: ChainRules,
         sets: BTreeMap<String, (SetType, BTreeSet<String>)>,
         flow: Flow,
     }
@@ -308,17 +356,27 @@ mod tests {
         fn in_set(&self, set: &str, flags: &str) -> Option<bool> {
             let (kind, entries) = &self.sets[set];
             let entry = set_entry(*kind, flags, &self.flow)?;
-            Some(entries.contains(&entry))
+            Some(entries.contains(&text(entry)))
         }
     }
 
-    fn rendered(services: Vec<Svc>) -> (ChainRules, BTreeMap<String, (SetType, BTreeSet<String>)>) {
+    type Sets = BTreeMap<String, (SetType, BTreeSet<String>)>;
+
+    /// IPVS mode's nat chains and sets for `services`, its rules read as the kernel holds them.
+    fn rendered(services: Vec<Svc>) -> (Chains, Sets) {
         let desired = render(&state(services), &context(IpFamily::V4));
         let nat = desired.iptables.split("COMMIT").next().unwrap();
-        let mut rules = ChainRules::new();
+        let mut chains = Chains::new();
         for line in nat.lines() {
-            if let Some((chain, rule)) = line.strip_prefix("-A ").and_then(|l| l.split_once(' ')) {
-                rules.entry(chain.into()).or_default().push(rule.into());
+            let Some((chain, rule)) = line.strip_prefix("-A ").and_then(|l| l.split_once(' '))
+            else {
+                continue;
+            };
+            if let Some(chain) = CHAINS.into_iter().find(|c| *c == chain) {
+                chains
+                    .entry(chain)
+                    .or_default()
+                    .push(read_rule(false, rule));
             }
         }
         let sets = desired
@@ -326,21 +384,20 @@ mod tests {
             .into_iter()
             .map(|(spec, entries)| (spec.name.clone(), (spec.set_type, entries)))
             .collect();
-        (rules, sets)
+        (chains, sets)
     }
 
     /// Where each flow is marked, by the comment of the rule that marks it; `?` when it may be.
     fn marked_by(services: Vec<Svc>, flows: &[(&str, Option<&str>)]) -> Vec<String> {
-        let (rules, sets) = rendered(services);
+        let (chains, sets) = rendered(services);
         flows
             .iter()
             .map(|(to, from)| {
                 let facts = Rendered {
-                    rules: rules.clone(),
                     sets: sets.clone(),
                     flow: flow(to, *from),
                 };
-                match marking(&facts.rules, &facts.flow, &facts) {
+                match marking(&chains, &facts.flow, &facts) {
                     Some(m) => format!("{}{}", if m.sure { "" } else { "? " }, m.comment),
                     None => "-".into(),
                 }
@@ -398,13 +455,19 @@ mod tests {
     }
 
     #[test]
-    fn the_comment_is_told_apart_from_the_rule() {
+    fn a_marking_rule_is_shown_as_saved_without_its_comment() {
+        let rule = read_rule(
+            false,
+            "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ",
+        )
+        .unwrap();
         assert_eq!(
-            without_comment(
-                "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"
-            ),
-            "-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"
+            shown(false, &rule),
+            "! -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ"
         );
-        assert_eq!(without_comment("-j KUBE-MARK-MASQ"), "-j KUBE-MARK-MASQ");
+        assert_eq!(
+            comment_of(&rule),
+            "Kubernetes service cluster ip + port for masquerade purpose"
+        );
     }
 }

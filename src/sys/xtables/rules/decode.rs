@@ -111,6 +111,13 @@ pub fn rule_options(ipv6: bool, expressions: &[Expr]) -> Result<RuleOptions, Unt
                     }
                 }
             }
+            // Revision 0 of the set match has another layout; iptables uses it on no kernel
+            // since 2.6.39.
+            Expr::Match {
+                name, revision: 0, ..
+            } if name == "set" => {
+                return refuse("set match revision 0");
+            }
             Expr::Match { name, info, .. } => options.matches.push(xt_match(name, info)?),
             Expr::Immediate {
                 data: Data::Verdict(verdict),
@@ -286,6 +293,35 @@ fn xt_match(name: &str, info: &[u8]) -> Result<MatchOptions, Untranslatable> {
             side: *info.get(210).unwrap_or(&0),
         },
         "nfacct" => MatchOptions::Nfacct(text(info, 0, 32)?),
+        // xt_set_info at the start of revisions 1-4: the set's index, its dimensions, and a
+        // bit per dimension that takes the source (bit 0: inverted).
+        "set" => {
+            let index = ne_u16(info, 0)?;
+            let (dimensions, flags) = match info.get(2..4) {
+                Some(&[dimensions, flags]) if (1..=6).contains(&dimensions) => (dimensions, flags),
+                _ => return refuse("a set match without dimensions"),
+            };
+            MatchOptions::Set {
+                name: String::new(),
+                flags: (1..=dimensions)
+                    .map(|d| if flags & (1 << d) != 0 { "src" } else { "dst" })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                inverted: flags & 1 != 0,
+                index: Some(index),
+            }
+        }
+        // xt_physdev_info: four 16-byte names and masks, then the inverted and given options;
+        // only `[!] --physdev-is-in` is ours.
+        "physdev" => {
+            const IS_IN: u8 = 0x08;
+            match info.get(64..66) {
+                Some(&[inverted, IS_IN]) => MatchOptions::Physdev {
+                    is_in: Some(inverted & IS_IN == 0),
+                },
+                _ => return refuse("a physdev match other than --physdev-is-in"),
+            }
+        }
         other => return refuse(format!("match {other}")),
     })
 }

@@ -33,6 +33,37 @@ use crate::sys::netlink::NetlinkError;
 use crate::sys::nf_tables::expr::{Expr, rule_expressions};
 use crate::sys::nf_tables::read::{chain_rules, rules_per_chain};
 
+/// Names the sets of the set matches in `rules` that hold only the kernel's index of their set
+/// (read from iptables-nft), each index asked of `name_of` once; a rule whose set has no name
+/// becomes unreadable.
+pub fn name_sets(
+    rules: &mut [Vec<Result<RuleOptions, Untranslatable>>],
+    mut name_of: impl FnMut(u16) -> Option<String>,
+) {
+    let mut named: std::collections::BTreeMap<u16, Option<String>> = Default::default();
+    for rule in rules.iter_mut().flatten() {
+        let Ok(options) = rule else { continue };
+        let mut unnamed = None;
+        for matched in &mut options.matches {
+            if let MatchOptions::Set {
+                name,
+                index: Some(index),
+                ..
+            } = matched
+                && name.is_empty()
+            {
+                match named.entry(*index).or_insert_with(|| name_of(*index)) {
+                    Some(found) => *name = found.clone(),
+                    None => unnamed = Some(*index),
+                }
+            }
+        }
+        if let Some(index) = unnamed {
+            *rule = Err(Untranslatable(format!("ipset index {index} has no set")));
+        }
+    }
+}
+
 /// A rule reduced to a number: equal rules (in one process) have equal fingerprints.
 pub type RuleFingerprint = u64;
 

@@ -61,11 +61,14 @@ pub enum MatchOptions {
     },
     Nfacct(String),
     /// `-m set [!] --match-set NAME FLAGS`: whether the packet's `FLAGS` (`dst,dst`: its
-    /// destination address and port) make an entry of ipset NAME.
+    /// destination address and port) make an entry of ipset NAME. Read from iptables-nft, the
+    /// kernel holds the set's index, not its name: `index` is set and `name` empty until
+    /// ipset names it.
     Set {
         name: String,
         flags: String,
         inverted: bool,
+        index: Option<u16>,
     },
     /// `-m physdev [!] --physdev-is-in`: whether the packet came in through a bridge port.
     Physdev {
@@ -209,6 +212,7 @@ fn parse(ipv6: bool, words: &[Cow<'_, str>]) -> Result<RuleOptions, Untranslatab
                         name: String::new(),
                         flags: String::new(),
                         inverted: false,
+                        index: None,
                     },
                     "physdev" => MatchOptions::Physdev { is_in: None },
                     other => return refuse(format!("match {other}")),
@@ -443,6 +447,7 @@ fn extension_option(
                     name,
                     flags,
                     inverted: inv,
+                    ..
                 },
                 "--match-set",
             ) => {

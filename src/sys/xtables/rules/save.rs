@@ -244,6 +244,7 @@ fn save_match(ipv6: bool, matched: &MatchOptions, out: &mut String) {
             name,
             flags,
             inverted,
+            ..
         } => {
             let not = if *inverted { " !" } else { "" };
             let _ = write!(out, " -m set{not} --match-set {name} {flags}");

@@ -3,6 +3,8 @@
 //! made nodes with thousands of services time out); reads of our sets only, never `ipset save` of
 //! every set.
 
+pub mod netlink;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
