@@ -242,22 +242,33 @@ impl Backend {
     /// KUBE-IPTABLES-HINT chain wins, then kubelet's KUBE-KUBELET-CANARY, then the canary an
     /// earlier kube-proxy left; a node without any of them uses legacy only if legacy tables
     /// hold rules and nf_tables holds no iptables table, else nft.
+    ///
+    /// Each back end's mangle table is asked for all three names at once (legacy: one save of
+    /// mangle per family, not a process per name).
     pub fn detect() -> Backend {
-        for marker in [
+        const MARKERS: [&str; 3] = [
             "KUBE-IPTABLES-HINT",
             "KUBE-KUBELET-CANARY",
             "KUBE-PROXY-CANARY",
-        ] {
-            for backend in [Backend::Legacy, Backend::Nft] {
-                let mut iptables = SystemIptables::new(backend);
-                let marked = [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
+        ];
+        let marked = |backend: Backend| -> BTreeSet<String> {
+            let mut iptables = SystemIptables::new(backend);
+            [IpFamily::V4, IpFamily::V6]
+                .into_iter()
+                .flat_map(|family| {
                     iptables
-                        .chain_exists(family, "mangle", marker)
-                        .unwrap_or(false)
-                });
-                if marked {
-                    return backend;
-                }
+                        .existing_chains(family, "mangle", &MARKERS)
+                        .unwrap_or_default()
+                })
+                .collect()
+        };
+        let (legacy, nft) = (marked(Backend::Legacy), marked(Backend::Nft));
+        for marker in MARKERS {
+            if legacy.contains(marker) {
+                return Backend::Legacy;
+            }
+            if nft.contains(marker) {
+                return Backend::Nft;
             }
         }
         let legacy_rules = Tool::new(&tool(IpFamily::V4, Backend::Legacy, "save"), &[])
