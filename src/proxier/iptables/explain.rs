@@ -51,9 +51,9 @@ pub struct Session {
 }
 
 impl Session {
-    /// The back end's tools as the daemon chooses them.
+    /// The tools of the back end that holds our KUBE-SERVICES chain.
     pub fn open() -> Session {
-        let backend = Backend::detect();
+        let backend = Backend::holding(NAT, KUBE_SERVICES);
         Session::with(
             Box::new(SystemIptables::new(backend)),
             backend,

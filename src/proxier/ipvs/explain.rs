@@ -33,7 +33,7 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
     let session = &mut Session::open()?;
     let mut explanation = session.explain(flow)?;
     if matches!(explanation.outcome, Outcome::Dnat { .. }) {
-        let iptables = &mut SystemIptables::new(Backend::detect());
+        let iptables = &mut SystemIptables::new(Backend::holding("nat", "KUBE-SERVICES"));
         masquerade::masquerade(
             iptables,
             &mut session.ipset,

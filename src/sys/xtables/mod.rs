@@ -238,6 +238,20 @@ impl Backend {
         }
     }
 
+    /// The back end whose `table` holds `chain` in either family (`explain`: where our rules
+    /// are, whatever marks the node): nft when nf_tables holds it (one netlink request per
+    /// family), else legacy, which hands out whole tables only and so is not asked.
+    pub fn holding(table: &str, chain: &str) -> Backend {
+        let in_nft = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .any(|family| nf_tables::chain_exists(family, table, chain).unwrap_or(false));
+        if in_nft {
+            Backend::Nft
+        } else {
+            Backend::Legacy
+        }
+    }
+
     /// Chooses as kube-proxy's image does (iptables-wrapper), from chain names only: kubelet's
     /// KUBE-IPTABLES-HINT chain wins, then kubelet's KUBE-KUBELET-CANARY, then the canary an
     /// earlier kube-proxy left; a node without any of them uses legacy only if legacy tables
