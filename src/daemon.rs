@@ -67,7 +67,7 @@ pub fn version_line() -> String {
 /// `--version=raw`'s line, in the shape of upstream's `version.Info`.
 pub fn version_raw() -> String {
     format!(
-        "version.Info{{Major:\"1\", Minor:\"35\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
+        "version.Info{{Major:\"1\", Minor:\"37\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
         env!("CARGO_PKG_VERSION"),
         std::env::consts::OS,
         std::env::consts::ARCH

@@ -17,6 +17,14 @@ const COMMAND_LINES: &[(&str, &str)] = &[
         "--config={config} --hostname-override=node-a",
     ),
     (
+        "kubeadm 1.37, IPVS mode's gate on",
+        "--config={config} --hostname-override=node-a --feature-gates=KubeProxyIPVS=true,NFTablesNetlink=true",
+    ),
+    (
+        "a 1.33 manifest, a gate 1.37 dropped",
+        "--config={config} --hostname-override=node-a --feature-gates=ServiceTrafficDistribution=true",
+    ),
+    (
         "EKS DaemonSet",
         "--v=2 --config={config} --hostname-override=node-a",
     ),
@@ -104,7 +112,7 @@ fn version_help_and_refused_flags() {
     let version = binary(&["--version"]);
     assert!(version.status.success());
     let text = String::from_utf8_lossy(&version.stdout);
-    assert!(text.starts_with("Kubernetes v1.35"), "{text}");
+    assert!(text.starts_with("Kubernetes v1.37"), "{text}");
     let help = binary(&["--help"]);
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--conntrack-max-per-core"));
@@ -121,6 +129,19 @@ fn version_help_and_refused_flags() {
     assert_ne!(gate.status.code(), Some(0));
     assert!(
         String::from_utf8_lossy(&gate.stderr).contains("unrecognized feature gate: NoSuchGate")
+    );
+    // Upstream 1.37 gates IPVS mode: turned off, ipvs mode refuses to start and says why.
+    let ipvs_off = binary(&[
+        "--proxy-mode=ipvs",
+        "--feature-gates=KubeProxyIPVS=false",
+        "--hostname-override=n",
+        "--dry-run",
+    ]);
+    assert_ne!(ipvs_off.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&ipvs_off.stderr);
+    assert!(
+        said.contains("mode") && said.contains("\"ipvs\"") && said.contains("KubeProxyIPVS"),
+        "{said}"
     );
 }
 

@@ -410,6 +410,6 @@ async fn print_config_shows_defaults_and_a_missing_kubeconfig_exits_1() {
     );
     let version = Command::new(BIN).arg("--version").output().await.unwrap();
     assert!(
-        String::from_utf8_lossy(&version.stdout).starts_with("Kubernetes v1.35.0 (kube-proxy-rs ")
+        String::from_utf8_lossy(&version.stdout).starts_with("Kubernetes v1.37.0 (kube-proxy-rs ")
     );
 }

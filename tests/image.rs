@@ -71,7 +71,7 @@ fn install_binary_puts_kube_proxy_rs_and_the_kube_proxy_link_in_place() {
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
         format!(
-            "Kubernetes v1.35.0 (kube-proxy-rs {})",
+            "Kubernetes v1.37.0 (kube-proxy-rs {})",
             env!("CARGO_PKG_VERSION")
         )
     );

@@ -19,7 +19,7 @@ pub use write::config_yaml;
 
 /// The Kubernetes release whose kube-proxy this program stands in for (its flags, feature
 /// gates, configuration and metrics).
-pub const KUBERNETES_VERSION: &str = "v1.35.0";
+pub const KUBERNETES_VERSION: &str = "v1.37.0";
 
 /// Why the configuration cannot be used; each says the field and the value.
 #[derive(Debug, thiserror::Error)]

@@ -293,6 +293,10 @@ fn validation_names_field_and_value() {
         ),
         ("oomScoreAdj: 2000", "oomScoreAdj: invalid value \"2000\""),
         (
+            "mode: ipvs\nfeatureGates: {KubeProxyIPVS: false}",
+            "mode: invalid value \"ipvs\": ipvs mode needs the KubeProxyIPVS feature gate",
+        ),
+        (
             "conntrack: {maxPerCore: -1}",
             "conntrack.maxPerCore: invalid value \"-1\"",
         ),
@@ -327,6 +331,7 @@ fn validation_names_field_and_value() {
     // IPVS settings are only checked in IPVS mode, as upstream.
     assert!(errors_of("ipvs: {scheduler: fastest}").is_empty());
     assert!(errors_of("nodePortAddresses: [primary]").is_empty());
+    assert!(errors_of("mode: ipvs\nfeatureGates: {KubeProxyIPVS: true}").is_empty());
 }
 
 fn write_temp(text: &str) -> tempfile::NamedTempFile {

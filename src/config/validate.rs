@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 
 use super::duration::GoDuration;
+use super::feature_gates;
 use super::types::{DetectLocalMode, KubeProxyConfiguration, ProxyMode};
 
 /// The IPVS schedulers the kernel ships and upstream accepts.
@@ -55,6 +56,16 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
         );
     }
 
+    // Upstream 1.37 gates IPVS mode (KEP-5495: off by default in 1.40, then removed).
+    if mode == Some(ProxyMode::Ipvs)
+        && !feature_gates::enabled(&config.feature_gates, "KubeProxyIPVS")
+    {
+        fail(
+            "mode",
+            &config.mode,
+            "ipvs mode needs the KubeProxyIPVS feature gate, which featureGates turns off (upstream deprecates ipvs mode; \"nftables\" replaces it)",
+        );
+    }
     check_mode_settings(config, mode, &mut fail);
 
     if config.config_sync_period.is_zero() {

@@ -1,0 +1,40 @@
+//! Gates that upstream kube-proxy registered in an earlier release operators still run (1.33
+//! to 1.36) and 1.37 no longer does, with the last release known to register each. Upstream
+//! 1.37 refuses them as unknown; we accept them with a warning and ignore them, so that an
+//! older manifest starts us unchanged.
+
+pub const RETIRED: &[(&str, &str)] = &[
+    ("APIServerTracing", "1.35"),
+    ("AnonymousAuthConfigurableEndpoints", "1.35"),
+    ("AnyVolumeDataSource", "1.35"),
+    ("AuthorizeNodeWithSelectors", "1.35"),
+    ("AuthorizeWithSelectors", "1.35"),
+    ("BtreeWatchCache", "1.35"),
+    ("CSIMigrationPortworx", "1.35"),
+    ("ConsistentListFromCache", "1.35"),
+    ("GangScheduling", "1.35"),
+    ("HonorPVReclaimPolicy", "1.35"),
+    ("InPlacePodVerticalScalingAllocatedStatus", "1.35"),
+    ("InTreePluginPortworxUnregister", "1.35"),
+    ("JobBackoffLimitPerIndex", "1.35"),
+    ("JobPodReplacementPolicy", "1.35"),
+    ("JobSuccessPolicy", "1.35"),
+    ("LogarithmicScaleDown", "1.35"),
+    ("MemoryManager", "1.35"),
+    ("OrderedNamespaceDeletion", "1.35"),
+    ("PodLifecycleSleepAction", "1.35"),
+    ("PodLifecycleSleepActionAllowZero", "1.35"),
+    ("PreventStaticPodAPIReferences", "1.35"),
+    ("RelaxedDNSSearchValidation", "1.35"),
+    ("ResilientWatchCacheInitialization", "1.35"),
+    ("RetryGenerateName", "1.35"),
+    ("SchedulerQueueingHints", "1.35"),
+    ("ServiceTrafficDistribution", "1.35"),
+    ("SidecarContainers", "1.35"),
+    ("StreamingCollectionEncodingToJSON", "1.35"),
+    ("StreamingCollectionEncodingToProtobuf", "1.35"),
+    ("StructuredAuthenticationConfiguration", "1.35"),
+    ("StructuredAuthorizationConfiguration", "1.35"),
+    ("TopologyAwareHints", "1.35"),
+    ("WatchFromStorageWithoutResourceVersion", "1.35"),
+];
