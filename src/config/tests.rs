@@ -284,8 +284,8 @@ fn validation_names_field_and_value() {
             "port must be between 1 and 65535",
         ),
         (
-            "nodePortAddresses: [primary, 10.0.0.0/8]",
-            "nodePortAddresses[0]: invalid value \"primary\"",
+            "nodePortAddresses: [primary, everything]",
+            "nodePortAddresses[1]: invalid value \"everything\": must be a CIDR (like 192.168.0.0/16) or one of the keywords",
         ),
         (
             "nodePortAddresses: [10.0.0.1]",
@@ -331,6 +331,8 @@ fn validation_names_field_and_value() {
     // IPVS settings are only checked in IPVS mode, as upstream.
     assert!(errors_of("ipvs: {scheduler: fastest}").is_empty());
     assert!(errors_of("nodePortAddresses: [primary]").is_empty());
+    // Upstream 1.37: keywords mixed with each other and with CIDRs.
+    assert!(errors_of("nodePortAddresses: [primary, localhost, 10.0.0.0/8, all]").is_empty());
     assert!(errors_of("mode: ipvs\nfeatureGates: {KubeProxyIPVS: true}").is_empty());
 }
 

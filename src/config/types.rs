@@ -281,3 +281,7 @@ fn default_duration(field: &mut GoDuration, secs: u64) {
         *field = GoDuration::from_secs(secs);
     }
 }
+
+/// nodePortAddresses' keywords (upstream 1.37; before it, `primary` alone): the node's address,
+/// the loopback addresses, every address. Mixed freely with each other and with CIDRs.
+pub const NODE_PORT_KEYWORDS: [&str; 3] = ["primary", "localhost", "all"];

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 
 use super::duration::GoDuration;
 use super::feature_gates;
+use super::types::NODE_PORT_KEYWORDS;
 use super::types::{DetectLocalMode, KubeProxyConfiguration, ProxyMode};
 
 /// The IPVS schedulers the kernel ships and upstream accepts.
@@ -284,20 +285,11 @@ fn check_cluster_cidr(value: &str, fail: &mut Fail<'_>) {
 
 fn check_node_port_addresses(values: &[String], fail: &mut Fail<'_>) {
     for (i, value) in values.iter().enumerate() {
-        let field = format!("nodePortAddresses[{i}]");
-        if value == "primary" {
-            if values.len() > 1 {
-                fail(
-                    &field,
-                    value,
-                    "\"primary\" cannot be combined with other values",
-                );
-            }
-        } else if value.parse::<IpNet>().is_err() {
+        if !NODE_PORT_KEYWORDS.contains(&value.as_str()) && value.parse::<IpNet>().is_err() {
             fail(
-                &field,
+                &format!("nodePortAddresses[{i}]"),
                 value,
-                "must be a CIDR (like 192.168.0.0/16) or \"primary\"",
+                "must be a CIDR (like 192.168.0.0/16) or one of the keywords \"primary\", \"localhost\", \"all\"",
             );
         }
     }

@@ -85,25 +85,84 @@ impl LocalTraffic {
     }
 }
 
-/// The addresses `nodePortAddresses` selects in one family: `None` means every local address
-/// (the list is empty); `primary` means the node's own address; else the local addresses inside
-/// the listed CIDRs. `local` gives this family's local addresses; it is only asked for CIDRs.
+/// The addresses `nodePortAddresses` selects in one family, its keywords read as upstream 1.37
+/// reads them (mixed freely with each other and with CIDRs): `None` means every local address
+/// (an empty list, or `all`); `primary` adds the node's own address (unless it is a loopback
+/// one); `localhost` the loopback addresses (127.0.0.0/8, ::1/128); a CIDR the local addresses
+/// inside it. `local` gives this family's local addresses; it is only asked for CIDRs and
+/// `localhost`.
 pub fn selected_node_port_ips(
     configured: &[String],
     node_ip: Option<IpAddr>,
     local: impl FnOnce() -> Vec<IpAddr>,
 ) -> Option<Vec<IpAddr>> {
-    if configured.is_empty() {
+    if configured.is_empty() || configured.iter().any(|a| a == "all") {
         return None;
     }
-    if configured.iter().any(|a| a == "primary") {
-        return Some(node_ip.into_iter().collect());
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut nets: Vec<IpNet> = Vec::new();
+    for entry in configured {
+        match entry.as_str() {
+            "primary" => ips.extend(node_ip.filter(|ip| !ip.is_loopback())),
+            "localhost" => {
+                nets.extend(LOOPBACK_NETS.iter().filter_map(|n| n.parse::<IpNet>().ok()))
+            }
+            cidr => nets.extend(cidr.parse::<IpNet>().ok()),
+        }
     }
-    let nets: Vec<IpNet> = configured.iter().filter_map(|c| c.parse().ok()).collect();
-    let mut ips: Vec<IpAddr> = local()
-        .into_iter()
-        .filter(|ip| nets.iter().any(|n| n.contains(ip)))
-        .collect();
+    if !nets.is_empty() {
+        ips.extend(
+            local()
+                .into_iter()
+                .filter(|ip| nets.iter().any(|n| n.contains(ip))),
+        );
+    }
     ips.sort();
+    ips.dedup();
     Some(ips)
+}
+
+/// What `localhost` in nodePortAddresses stands for.
+const LOOPBACK_NETS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn selected(configured: &[&str], node_ip: &str) -> Option<Vec<String>> {
+        let configured: Vec<String> = configured.iter().map(|c| c.to_string()).collect();
+        let local = || {
+            ["127.0.0.1", "192.168.0.2", "10.244.1.1"]
+                .map(|a| a.parse().unwrap())
+                .to_vec()
+        };
+        selected_node_port_ips(&configured, node_ip.parse().ok(), local)
+            .map(|ips| ips.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn keywords_mix_with_each_other_and_with_cidrs() {
+        let some = |ips: &[&str]| Some(ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>());
+        assert_eq!(selected(&[], "192.168.0.2"), None);
+        assert_eq!(
+            selected(&["primary"], "192.168.0.2"),
+            some(&["192.168.0.2"])
+        );
+        assert_eq!(
+            selected(&["localhost"], "192.168.0.2"),
+            some(&["127.0.0.1"])
+        );
+        assert_eq!(
+            selected(&["primary", "localhost"], "192.168.0.2"),
+            some(&["127.0.0.1", "192.168.0.2"])
+        );
+        assert_eq!(
+            selected(&["10.244.0.0/16", "primary"], "192.168.0.2"),
+            some(&["10.244.1.1", "192.168.0.2"])
+        );
+        assert_eq!(selected(&["primary", "all"], "192.168.0.2"), None);
+        // A node whose address in this family is loopback has no primary one.
+        assert_eq!(selected(&["primary"], "127.0.0.1"), some(&[]));
+        assert_eq!(selected(&["primary"], "none"), some(&[]));
+    }
 }
