@@ -109,6 +109,7 @@ pub const KNOWN: &[(&str, Stage, bool, bool)] = &[
     ("DRAConsumableCapacity", Stage::Beta, true, false),
     ("DRADerivedAttributes", Stage::Alpha, false, false),
     ("DRADeviceBindingConditions", Stage::Beta, true, false),
+    ("DRADeviceCompatibilityGroups", Stage::Alpha, false, false),
     ("DRADeviceTaintRules", Stage::Ga, true, false),
     ("DRADeviceTaints", Stage::Ga, true, false),
     ("DRAExtendedResource", Stage::Ga, true, true),
@@ -228,6 +229,12 @@ pub const KNOWN: &[(&str, Stage, bool, bool)] = &[
         false,
     ),
     ("InformerResourceVersion", Stage::Ga, true, false),
+    (
+        "InterPodAffinityHostnameFastPath",
+        Stage::Alpha,
+        false,
+        false,
+    ),
     ("JobManagedBy", Stage::Ga, true, true),
     ("KMSv1", Stage::Deprecated, false, false),
     ("KubeProxyIPVS", Stage::Deprecated, true, false),
@@ -403,6 +410,7 @@ pub const KNOWN: &[(&str, Stage, bool, bool)] = &[
     ("SchedulerAsyncAPICalls", Stage::Beta, false, false),
     ("SchedulerAsyncPreemption", Stage::Beta, true, false),
     ("SchedulerPopFromBackoffQ", Stage::Beta, true, false),
+    ("SchedulerPreQueueingHints", Stage::Alpha, false, false),
     ("SeparateCacheWatchRPC", Stage::Deprecated, false, true),
     ("SeparateTaintEvictionController", Stage::Ga, true, true),
     (
