@@ -17,7 +17,7 @@ use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
 use crate::servers::{
-    ConnectionTable, Metrics, ProxyHealth, ServerError, ServiceHealthServers, bind,
+    ConnectionTable, Metrics, MetricsPages, ProxyHealth, ServerError, ServiceHealthServers, bind,
     capacity_for_open_files, serve_health, serve_metrics,
 };
 use crate::sync_failures::FailureLog;
@@ -295,13 +295,21 @@ async fn start_servers(
         serve_health(listener, connections, health.clone(), metrics.clone());
     }
     if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
+        let configz = crate::config::configz_json(config).unwrap_or_else(|error| {
+            warn!(%error, "Cannot write the configuration for /configz");
+            "{}".into()
+        });
+        let pages = MetricsPages {
+            mode: mode.as_str(),
+            configz,
+            debug: Some(debug),
+        };
         serve_metrics(
             listener,
             connections,
             metrics.clone(),
             health.clone(),
-            mode.as_str(),
-            Some(debug),
+            pages,
         );
     }
     Ok(())

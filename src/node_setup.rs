@@ -34,14 +34,22 @@ pub fn raise_open_files_limit() -> Option<u64> {
     }
 }
 
-/// The table size upstream wants: maxPerCore x cores, at least `min`; None leaves it alone.
+/// The most that maxPerCore x cores asks for (upstream 1.36, kubernetes#137002: a large
+/// machine's product made tables of millions of entries nobody needed).
+const CONNTRACK_MAX_SCALED: u64 = 1_048_576;
+
+/// The table size upstream wants: maxPerCore x cores, at most 1,048,576, at least `min`; None
+/// leaves it alone.
 pub fn conntrack_max(config: &KubeProxyConfiguration, cores: usize) -> Option<u64> {
     let per_core = u64::try_from(config.conntrack.max_per_core.unwrap_or(0)).ok()?;
     if per_core == 0 {
         return None;
     }
     let min = u64::try_from(config.conntrack.min.unwrap_or(0)).unwrap_or(0);
-    Some((per_core * cores as u64).max(min))
+    let scaled = per_core
+        .saturating_mul(cores as u64)
+        .min(CONNTRACK_MAX_SCALED);
+    Some(scaled.max(min))
 }
 
 /// The conntrack timeouts to set (sysctl, seconds); zero durations leave the kernel's.
@@ -125,6 +133,18 @@ mod tests {
             "min wins on 2 cores"
         );
         assert_eq!(conntrack_max(&config, 8), Some(262144), "32768 x 8");
+        assert_eq!(
+            conntrack_max(&config, 64),
+            Some(1_048_576),
+            "capped, not 32768 x 64"
+        );
+        let mut big_min = config.clone();
+        big_min.conntrack.min = Some(2_000_000);
+        assert_eq!(
+            conntrack_max(&big_min, 64),
+            Some(2_000_000),
+            "min above the cap"
+        );
         let mut off = config.clone();
         off.conntrack.max_per_core = Some(0);
         assert_eq!(conntrack_max(&off, 8), None, "0 leaves the table alone");

@@ -155,6 +155,18 @@ async fn health_metrics_and_service_health_servers() {
         http_get(node, addr("127.0.0.1:10249"), "/proxyMode").unwrap(),
         (200, "iptables".to_string())
     );
+    // The configuration in force, with its apiVersion and kind, as upstream 1.36 serves it.
+    let (status, configz) = http_get(node, addr("127.0.0.1:10249"), "/configz").unwrap();
+    assert_eq!(status, 200);
+    let configz: serde_json::Value = serde_json::from_str(&configz).expect("JSON");
+    let served = &configz["kubeproxy.config.k8s.io"];
+    assert_eq!(
+        served["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1",
+        "{configz}"
+    );
+    assert_eq!(served["kind"], "KubeProxyConfiguration", "{configz}");
+    assert_eq!(served["mode"], "iptables", "{configz}");
+    assert_eq!(served["metricsBindAddress"], "127.0.0.1:10249", "{configz}");
     assert_eq!(
         http_get(node, addr("127.0.0.1:10249"), "/healthz")
             .unwrap()

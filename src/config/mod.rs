@@ -15,7 +15,7 @@ pub use flags::{Command, FlagError, Flags, VersionRequest, usage};
 pub use load::{API_VERSION, Decoded, KIND, LoadError, decode_config, read_config_file};
 pub use types::*;
 pub use validate::{FieldError, IPVS_SCHEDULERS, validate};
-pub use write::config_yaml;
+pub use write::{config_yaml, configz_json};
 
 /// The Kubernetes release whose kube-proxy this program stands in for (its flags, feature
 /// gates, configuration and metrics).

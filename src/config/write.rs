@@ -8,6 +8,20 @@ use super::types::KubeProxyConfiguration;
 
 /// `config` as YAML that upstream kube-proxy and this program both read back unchanged.
 pub fn config_yaml(config: &KubeProxyConfiguration) -> Result<String, String> {
+    let value = filled(config)?;
+    // serde_json's maps are sorted, as the keys upstream writes.
+    serde_yaml_ng::to_string(&value).map_err(|e| e.to_string())
+}
+
+/// What `/configz` on the metrics address answers, as upstream 1.36 does (kubernetes#136044):
+/// the configuration in force, with its apiVersion and kind, under the group's name.
+pub fn configz_json(config: &KubeProxyConfiguration) -> Result<String, String> {
+    let value = filled(config)?;
+    serde_json::to_string(&json!({ "kubeproxy.config.k8s.io": value })).map_err(|e| e.to_string())
+}
+
+/// `config` as a JSON value, every default filled in and the platform's spelled out.
+fn filled(config: &KubeProxyConfiguration) -> Result<Value, String> {
     let mut config = config.clone();
     config.apply_defaults();
     if config.mode.is_empty() {
@@ -24,8 +38,7 @@ pub fn config_yaml(config: &KubeProxyConfiguration) -> Result<String, String> {
             "rootHnsEndpointName": "", "sourceVip": ""
         });
     }
-    // serde_json's maps are sorted, as the keys upstream writes.
-    serde_yaml_ng::to_string(&value).map_err(|e| e.to_string())
+    Ok(value)
 }
 
 /// The logging section as component-base defaults it.

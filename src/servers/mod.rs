@@ -41,20 +41,33 @@ pub fn serve_health(
     });
 }
 
-/// Starts the metrics server on `listener`: `/metrics`, `/healthz`, `/proxyMode`, and the debug
-/// endpoint `explain` reads (see [`debug`]).
+/// What the metrics server answers besides the metrics: the mode, the configuration in force
+/// (`/configz`, as JSON), and the debug endpoint `explain` reads (see [`debug`]).
+pub struct MetricsPages {
+    pub mode: &'static str,
+    pub configz: String,
+    pub debug: Option<Arc<debug::DebugView>>,
+}
+
+/// Starts the metrics server on `listener`: `/metrics`, `/healthz`, `/proxyMode`, `/configz`,
+/// and the debug endpoint.
 pub fn serve_metrics(
     listener: tokio::net::TcpListener,
     connections: &ConnectionTable,
     metrics: Arc<Metrics>,
     health: Arc<ProxyHealth>,
-    mode: &'static str,
-    debug: Option<Arc<debug::DebugView>>,
+    pages: MetricsPages,
 ) {
+    let MetricsPages {
+        mode,
+        configz,
+        debug,
+    } = pages;
     serve(listener, connections, "metrics", move |path| match path {
         "/metrics" => Reply::ok("text/plain; version=0.0.4; charset=utf-8", metrics.encode()),
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
+        "/configz" => Reply::ok("application/json", configz.clone()),
         _ => match (
             &debug,
             debug::services_route(path),
