@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::{KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings};
-use crate::k8s::{self, ClientError, Synced, WatchSink};
+use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
@@ -130,6 +130,17 @@ pub async fn run(
         Some(request_observer(&metrics)),
     )
     .await?;
+    // A dry run writes nothing, to the API server either.
+    let events = (!options.dry_run).then(|| {
+        let hostname = gethostname::gethostname().to_string_lossy().to_lowercase();
+        k8s::NodeEvents::new(client.clone(), &settings.node_name, &hostname)
+    });
+    if mode == ProxyMode::Ipvs {
+        error!("{}", k8s::IPVS_DEPRECATION);
+        if let Some(events) = &events {
+            events.post(NodeEvent::IpvsDeprecation);
+        }
+    }
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let sink = WatchSink {
         tracker: tracker.clone(),
@@ -163,6 +174,9 @@ pub async fn run(
         _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
     }
     info!("Caches are synced");
+    if let Some(events) = &events {
+        events.post(NodeEvent::Starting);
+    }
 
     let sync_loop = SyncLoop {
         tracker,

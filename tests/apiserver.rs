@@ -31,6 +31,7 @@ async fn discovery_lists_the_served_kinds() {
         kinds,
         vec![
             "discovery.k8s.io/v1/EndpointSlice",
+            "events.k8s.io/v1/Event",
             "networking.k8s.io/v1/ServiceCIDR",
             "v1/ConfigMap",
             "v1/Event",

@@ -206,6 +206,30 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
         .await;
     daemon.wait_for("\"Using iptables Proxier\"").await;
     daemon.wait_for("\"Synced proxy rules\"").await;
+    // Upstream's start event regarding the Node; no IPVS deprecation, as no ipvs proxier runs.
+    let started = |event: &serde_json::Value| {
+        event["reason"] == "Starting"
+            && event["type"] == "Normal"
+            && event["action"] == "StartKubeProxy"
+            && event["reportingController"] == "kube-proxy"
+            && event["regarding"]["kind"] == "Node"
+            && event["regarding"]["name"] == "node-a"
+    };
+    assert!(
+        eventually(WAIT, || cluster
+            .api
+            .list(Resource::EventsV1)
+            .iter()
+            .any(started))
+        .await,
+        "{:?}",
+        cluster.api.list(Resource::EventsV1)
+    );
+    let events = cluster.api.list(Resource::EventsV1);
+    assert!(
+        events.iter().all(|e| e["reason"] != "IPVSDeprecation"),
+        "{events:?}"
+    );
     let answers = many(10, || tcp_request(&cluster.node, addr("10.96.0.10:80")));
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert!(

@@ -28,7 +28,28 @@ async fn ipvs_mode_end_to_end() {
     let config = cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n");
     let daemon = cluster.daemon(&config);
     daemon.wait_for("\"Using ipvs Proxier\"").await;
+    // Upstream's deprecation of the ipvs proxier: logged as an error, and a Warning Event
+    // regarding the Node.
+    daemon
+        .wait_for("\"The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.\"")
+        .await;
     daemon.wait_for("\"Synced proxy rules\"").await;
+    let deprecation = |event: &serde_json::Value| {
+        event["reason"] == "IPVSDeprecation"
+            && event["type"] == "Warning"
+            && event["action"] == "StartKubeProxy"
+            && event["regarding"]["kind"] == "Node"
+            && event["regarding"]["name"] == "node-a"
+            && event["note"]
+                .as_str()
+                .is_some_and(|note| note.starts_with("The ipvs proxier is now deprecated"))
+    };
+    let events = || cluster.api.list(test_apiserver::Resource::EventsV1);
+    assert!(
+        eventually(WAIT, || events().iter().any(deprecation)).await,
+        "{:?}",
+        events()
+    );
     let node = &cluster.node;
     let listing = node.output(&["ipvsadm", "-Ln"]);
     for want in [

@@ -4,10 +4,12 @@
 mod backoff;
 mod client;
 pub mod convert;
+mod events;
 pub mod files;
 mod lenient;
 pub mod rules;
 mod watch;
 
 pub use client::{ClientError, RequestObserver, RequestRecord, build_client};
+pub use events::{IPVS_DEPRECATION, NodeEvent, NodeEvents};
 pub use watch::{InvalidInput, Synced, WatchSink, proxy_label_selector, spawn_watches};

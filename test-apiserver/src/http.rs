@@ -234,6 +234,7 @@ fn route(path: &str) -> Option<Target> {
         ["apis"] => return Some(Target::Groups),
         ["apis", "discovery.k8s.io"] => return Some(Target::Group("discovery.k8s.io")),
         ["apis", "networking.k8s.io"] => return Some(Target::Group("networking.k8s.io")),
+        ["apis", "events.k8s.io"] => return Some(Target::Group("events.k8s.io")),
         ["api", "v1"] => return Some(Target::Resources("v1")),
         ["apis", "discovery.k8s.io", "v1"] => {
             return Some(Target::Resources("discovery.k8s.io/v1"));
@@ -241,9 +242,13 @@ fn route(path: &str) -> Option<Target> {
         ["apis", "networking.k8s.io", "v1"] => {
             return Some(Target::Resources("networking.k8s.io/v1"));
         }
+        ["apis", "events.k8s.io", "v1"] => {
+            return Some(Target::Resources("events.k8s.io/v1"));
+        }
         ["api", "v1", rest @ ..] => ("v1", rest),
         ["apis", "discovery.k8s.io", "v1", rest @ ..] => ("discovery.k8s.io/v1", rest),
         ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io/v1", rest),
+        ["apis", "events.k8s.io", "v1", rest @ ..] => ("events.k8s.io/v1", rest),
         _ => return None,
     };
     let found = |plural: &str| Resource::from_path(api_version, plural);

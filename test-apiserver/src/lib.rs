@@ -1,7 +1,8 @@
 //! A Kubernetes API server for tests and the sandbox: in-process, plain HTTP on loopback, serving
 //! the part of the API kube-proxy uses (discovery; list with label/field selectors and pagination;
 //! watch with resource versions, bookmarks and 410 Gone; create/replace/patch/delete) for v1
-//! Services, Nodes, ConfigMaps, Events and discovery.k8s.io/v1 EndpointSlices. kube-rs talks to it
+//! Services, Nodes, ConfigMaps, Events, discovery.k8s.io/v1 EndpointSlices, events.k8s.io/v1
+//! Events and networking.k8s.io/v1 ServiceCIDRs. kube-rs talks to it
 //! unmodified through a kubeconfig. Faults can be injected: closed watches, error answers, stalls,
 //! restarts and compaction.
 

@@ -13,17 +13,20 @@ pub enum Resource {
     Nodes,
     ConfigMaps,
     Events,
+    /// events.k8s.io/v1 Events (what kube-proxy posts since 1.20).
+    EventsV1,
     ServiceCidrs,
 }
 
 impl Resource {
     /// Every served resource.
-    pub const ALL: [Resource; 6] = [
+    pub const ALL: [Resource; 7] = [
         Resource::Services,
         Resource::EndpointSlices,
         Resource::Nodes,
         Resource::ConfigMaps,
         Resource::Events,
+        Resource::EventsV1,
         Resource::ServiceCidrs,
     ];
 
@@ -34,7 +37,7 @@ impl Resource {
             Resource::EndpointSlices => "endpointslices",
             Resource::Nodes => "nodes",
             Resource::ConfigMaps => "configmaps",
-            Resource::Events => "events",
+            Resource::Events | Resource::EventsV1 => "events",
             Resource::ServiceCidrs => "servicecidrs",
         }
     }
@@ -46,7 +49,7 @@ impl Resource {
             Resource::EndpointSlices => "EndpointSlice",
             Resource::Nodes => "Node",
             Resource::ConfigMaps => "ConfigMap",
-            Resource::Events => "Event",
+            Resource::Events | Resource::EventsV1 => "Event",
             Resource::ServiceCidrs => "ServiceCIDR",
         }
     }
@@ -56,6 +59,7 @@ impl Resource {
         match self {
             Resource::EndpointSlices => "discovery.k8s.io/v1",
             Resource::ServiceCidrs => "networking.k8s.io/v1",
+            Resource::EventsV1 => "events.k8s.io/v1",
             _ => "v1",
         }
     }

@@ -3,7 +3,7 @@
 use super::*;
 
 /// The API groups served besides the core group.
-pub(super) const GROUPS: [&str; 2] = ["discovery.k8s.io", "networking.k8s.io"];
+pub(super) const GROUPS: [&str; 3] = ["discovery.k8s.io", "events.k8s.io", "networking.k8s.io"];
 
 pub(super) fn group(name: &str) -> Value {
     let version = format!("{name}/v1");

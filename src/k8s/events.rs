@@ -1,0 +1,79 @@
+//! The Events kube-proxy posts about its node, as upstream does: events.k8s.io/v1, regarding
+//! the Node (`v1`, `Node`, its name), reporting controller `kube-proxy`, instance
+//! `kube-proxy-<hostname>`, through kube-rs's recorder. Each is posted in the background: an API
+//! server that refuses or is slow never holds the daemon up, and a failure is a warning.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::warn;
+
+/// The action upstream names its start events with.
+const START: &str = "StartKubeProxy";
+
+/// What upstream posts when the ipvs proxier is chosen (kubernetes#134539).
+pub const IPVS_DEPRECATION: &str = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
+
+/// An event about this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// Normal, reason `Starting`: the proxier runs (upstream's "birth cry").
+    Starting,
+    /// Warning, reason `IPVSDeprecation`: the ipvs proxier was chosen.
+    IpvsDeprecation,
+}
+
+impl NodeEvent {
+    fn event(self) -> Event {
+        let (type_, reason, note) = match self {
+            NodeEvent::Starting => (EventType::Normal, "Starting", None),
+            NodeEvent::IpvsDeprecation => (
+                EventType::Warning,
+                "IPVSDeprecation",
+                Some(IPVS_DEPRECATION.to_string()),
+            ),
+        };
+        Event {
+            type_,
+            reason: reason.into(),
+            note,
+            action: START.into(),
+            secondary: None,
+        }
+    }
+}
+
+/// Posts events regarding one Node.
+#[derive(Clone)]
+pub struct NodeEvents {
+    recorder: Recorder,
+    node: ObjectReference,
+}
+
+impl NodeEvents {
+    pub fn new(client: Client, node_name: &str, hostname: &str) -> NodeEvents {
+        let reporter = Reporter {
+            controller: "kube-proxy".into(),
+            instance: Some(format!("kube-proxy-{hostname}")),
+        };
+        NodeEvents {
+            recorder: Recorder::new(client, reporter),
+            node: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node_name.into()),
+                ..ObjectReference::default()
+            },
+        }
+    }
+
+    /// Posts `event` in the background.
+    pub fn post(&self, event: NodeEvent) {
+        let (recorder, node) = (self.recorder.clone(), self.node.clone());
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event.event(), &node).await {
+                warn!(?event, %error, "Cannot post an event");
+            }
+        });
+    }
+}
