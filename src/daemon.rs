@@ -102,6 +102,10 @@ pub async fn run(
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     if config.mode.is_empty() {
         info!("Using iptables proxy");
+        // Upstream 1.37 warns of the coming default (KEP-5343); its words were not published.
+        warn!(
+            "The proxy mode was not set: using iptables. The default becomes nftables in Kubernetes 1.40; set mode (or --proxy-mode) to keep iptables"
+        );
     }
     let (min_sync, sync_period) = sync_periods(config, mode);
     let requester = SyncRequester::default();

@@ -91,6 +91,9 @@ async fn follows_the_cluster_and_stops_on_sigterm() {
     let config_arg = format!("--config={}", config.display());
     let d = Daemon::spawn(&[&config_arg, "--hostname-override=node-a", "--v=2"]);
     d.wait_for("\"Using iptables proxy\"").await;
+    // The mode was left to its default: the coming change of default is named.
+    d.wait_for("The default becomes nftables in Kubernetes 1.40")
+        .await;
     d.wait_for("\"Caches are synced\"").await;
     d.wait_for("endpoints=\"10.244.1.5:8080,10.244.1.6:8080\"")
         .await;

@@ -16,6 +16,9 @@ use crate::proxier::nftables::slots::{DRAWS, Placement, SlotTable};
 use crate::proxier::nftables::text::{self, ElementText};
 use crate::proxier::policy::{PortPolicy, Refusal};
 
+/// The longest comment nft accepts.
+const MAX_COMMENT: usize = 128;
+
 /// A port and what every part of its objects needs.
 pub(super) struct Port<'a> {
     port: &'a ServicePort,
@@ -73,9 +76,19 @@ impl<'a> Port<'a> {
         self.endpoint_chains(text, out);
     }
 
-    /// Only elements of services without usable endpoints carry it.
+    /// Only elements of services without usable endpoints carry it: the service port's name,
+    /// cut to nft's 128 bytes as upstream 1.36 cuts it (kubernetes#139516; names of the longest
+    /// a Service may have make 143).
     fn comment(&self) -> String {
-        quoted(&self.port.name.to_string())
+        let mut name = self.port.name.to_string();
+        if name.len() > MAX_COMMENT {
+            let mut end = MAX_COMMENT;
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            name.truncate(end);
+        }
+        quoted(&name)
     }
 
     fn policy_chain(&self, local: bool) -> &str {

@@ -306,3 +306,33 @@ fn counts_ports_without_local_endpoints() {
         "svc2: Local external policy, no local endpoint"
     );
 }
+
+#[test]
+fn element_comments_are_cut_to_what_nft_accepts() {
+    use crate::model::Protocol;
+    use crate::proxier::fixtures::svc_port;
+    // The longest names a Service may have: 63, 63 and 15 bytes make 143 with the separators.
+    let (namespace, name, port) = ("n".repeat(63), "s".repeat(63), "p".repeat(15));
+    let long = svc_port(
+        &namespace,
+        &name,
+        &port,
+        Protocol::Tcp,
+        80,
+        "172.30.0.99",
+        |_| {},
+    );
+    let objects = render_service(&long.ports, None, &context(), &mut SlotTable::default());
+    let comments: Vec<&str> = objects
+        .elements
+        .values()
+        .flat_map(|elements| elements.iter())
+        .filter_map(|(_, value)| value.split(" comment \"").nth(1))
+        .map(|rest| rest.split('"').next().unwrap_or_default())
+        .collect();
+    assert!(!comments.is_empty(), "{objects:?}");
+    for comment in comments {
+        assert_eq!(comment.len(), 128, "{comment}");
+        assert!(format!("{namespace}/{name}:{port}").starts_with(comment));
+    }
+}
