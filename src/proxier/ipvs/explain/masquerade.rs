@@ -271,26 +271,10 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::model::{NodeInfo, ProxyState};
     use crate::proxier::fixtures::{NODE, Svc, ep, svc};
     use crate::proxier::ipvs::aggregate::render;
-    use crate::proxier::ipvs::render::tests::context;
+    use crate::proxier::ipvs::render::tests::{context, state};
     use crate::sys::xtables::rules::read_rule;
-
-    fn state(services: Vec<Svc>) -> ProxyState {
-        let mut state = ProxyState {
-            node: NodeInfo {
-                name: NODE.into(),
-                ..NodeInfo::default()
-            },
-            ..ProxyState::default()
-        };
-        for s in services {
-            state.services.insert(s.key.clone(), s.ports);
-            state.endpoints.insert(s.key, s.endpoints);
-        }
-        state
-    }
 
     fn flow(to: &str, from: Option<&str>) -> Flow {
         Flow::parse(to, from).unwrap()

@@ -21,7 +21,7 @@ pub(in crate::proxier::ipvs) fn context(family: IpFamily) -> IpvsContext {
     }
 }
 
-fn state(services: Vec<Svc>) -> ProxyState {
+pub(in crate::proxier::ipvs) fn state(services: Vec<Svc>) -> ProxyState {
     let mut state = ProxyState {
         node: NodeInfo {
             name: NODE.into(),
