@@ -66,8 +66,11 @@ pub fn version_line() -> String {
 
 /// `--version=raw`'s line, in the shape of upstream's `version.Info`.
 pub fn version_raw() -> String {
+    // "v1.37.0": major 1, minor 37.
+    let mut parts = KUBERNETES_VERSION.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     format!(
-        "version.Info{{Major:\"1\", Minor:\"37\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
+        "version.Info{{Major:\"{major}\", Minor:\"{minor}\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
         env!("CARGO_PKG_VERSION"),
         std::env::consts::OS,
         std::env::consts::ARCH
@@ -136,7 +139,7 @@ pub async fn run(
     .await?;
     // A dry run writes nothing, to the API server either.
     let events = (!options.dry_run).then(|| {
-        let hostname = gethostname::gethostname().to_string_lossy().to_lowercase();
+        let hostname = gethostname::gethostname().to_string_lossy().into_owned();
         k8s::NodeEvents::new(client.clone(), &settings.node_name, &hostname)
     });
     if mode == ProxyMode::Ipvs {

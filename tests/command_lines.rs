@@ -137,7 +137,7 @@ fn version_help_and_refused_flags() {
         "--hostname-override=n",
         "--dry-run",
     ]);
-    assert_ne!(ipvs_off.status.code(), Some(0));
+    assert_eq!(ipvs_off.status.code(), Some(64), "an invalid configuration");
     let said = String::from_utf8_lossy(&ipvs_off.stderr);
     assert!(
         said.contains("mode") && said.contains("\"ipvs\"") && said.contains("KubeProxyIPVS"),

@@ -25,6 +25,9 @@ pub enum NetlinkError {
     /// The kernel's state changed while it was being dumped: the dump may be inconsistent.
     #[error("the dump was interrupted by a concurrent change")]
     DumpInterrupted,
+    /// The kernel does not offer what was asked (a protocol version, a command), and why.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl NetlinkError {

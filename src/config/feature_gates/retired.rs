@@ -1,8 +1,8 @@
 //! Gates that upstream kube-proxy registered in an earlier release operators still run (1.33
-//! to 1.36) and 1.37 no longer does, with the last release known to register each (1.33 and 1.34 from upstream's generated
-//! gate lists at their branch points, 1.36 from its published gate reference). Upstream
-//! 1.37 refuses them as unknown; we accept them with a warning and ignore them, so that an
-//! older manifest starts us unchanged.
+//! to 1.36) and 1.37 no longer does, with the last release known to register each (1.33's and
+//! 1.34's from upstream's generated gate lists at their branch points, 1.36's from its
+//! published gate reference). Upstream 1.37 refuses them as unknown; we accept them with a
+//! warning and ignore them, so that an older manifest starts us unchanged.
 
 pub const RETIRED: &[(&str, &str)] = &[
     ("APIServerTracing", "1.35"),

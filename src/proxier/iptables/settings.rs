@@ -14,7 +14,7 @@ pub struct IptablesSettings {
     pub localhost_node_ports: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
-    /// CIDRs or `primary`, as configured.
+    /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured.
     pub node_port_addresses: Vec<String>,
     pub tcp_be_liberal: bool,
     /// How often the canary chains are checked (syncPeriod).

@@ -2,8 +2,8 @@
 //! protocol and port name (one request, never a dump of every virtual server), that virtual
 //! server's real servers (one dump of them), and, for a load-balancer IP with source ranges,
 //! the ipset entries that decide whether its source may in (each asked over netlink, never a
-//! process); then iptables' few nat rules that mark it for masquerade (masquerade.rs). IPVS keeps no Service names: `explain` asks the
-//! daemon which Service port the destination is.
+//! process); then iptables' few nat rules that mark it for masquerade (masquerade.rs). IPVS
+//! keeps no Service names: `explain` asks the daemon which Service port the destination is.
 
 mod masquerade;
 
@@ -33,7 +33,8 @@ pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
     let session = &mut Session::open()?;
     let mut explanation = session.explain(flow)?;
     if matches!(explanation.outcome, Outcome::Dnat { .. }) {
-        let iptables = &mut SystemIptables::new(Backend::holding("nat", "KUBE-SERVICES"));
+        let backend = Backend::holding(masquerade::NAT, masquerade::SERVICES);
+        let iptables = &mut SystemIptables::new(backend);
         masquerade::masquerade(
             iptables,
             &mut session.ipset,

@@ -10,7 +10,8 @@ pub struct NftablesSettings {
     pub masquerade_all: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
-    /// CIDRs or `primary`, as configured; upstream's nftables default (empty) is `primary`.
+    /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured; upstream's nftables
+    /// default (empty) is `primary`.
     pub node_port_addresses: Vec<String>,
 }
 

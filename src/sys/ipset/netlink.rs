@@ -12,8 +12,14 @@ use crate::sys::netlink::{Attributes, Connection, NFPROTO_IPV4, NetlinkError, Ra
 const NFNL_SUBSYS_IPSET: u16 = 6;
 const IPSET_CMD_TEST: u16 = 11;
 const IPSET_CMD_GET_BYINDEX: u16 = 15;
-/// The protocol version the kernel speaks since 5.5 (the one with GET_BYINDEX over netlink).
+/// The oldest protocol version kernels speak: 5.5 and later (protocol 7) still take it for a
+/// test, and older ones take nothing else.
+const IPSET_PROTOCOL_MIN: u8 = 6;
+/// The version GET_BYINDEX came with over netlink (5.5); older kernels answer it only through
+/// getsockopt, so [`IpsetNetlink::name_of`] fails there, and says so.
 const IPSET_PROTOCOL: u8 = 7;
+/// The kernel's answer to a request of a protocol it does not speak.
+const IPSET_ERR_PROTOCOL: i32 = 4097;
 
 const IPSET_ATTR_PROTOCOL: u16 = 1;
 const IPSET_ATTR_SETNAME: u16 = 2;
@@ -37,10 +43,13 @@ const ENOENT: i32 = 2;
 /// port alone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
+    /// The first dimension's address (`ip` of every hash type here).
     pub address: Option<IpAddr>,
     /// The protocol number that goes with `port` (hash types; a bitmap of ports takes none).
     pub protocol: Option<u8>,
+    /// The port dimension.
     pub port: Option<u16>,
+    /// The third dimension's address (`ip` or `net`).
     pub address2: Option<IpAddr>,
 }
 
@@ -50,6 +59,7 @@ pub struct IpsetNetlink {
 }
 
 impl IpsetNetlink {
+    /// A socket in the calling thread's network namespace.
     pub fn open() -> Result<IpsetNetlink, NetlinkError> {
         Ok(IpsetNetlink {
             connection: Connection::open(NETLINK_NETFILTER)?,
@@ -61,13 +71,7 @@ impl IpsetNetlink {
     pub fn test(&mut self, tests: &[(&str, Entry)]) -> Result<Vec<Option<bool>>, NetlinkError> {
         let requests = tests
             .iter()
-            .map(|(set, entry)| {
-                let mut attributes = header();
-                attributes
-                    .string(IPSET_ATTR_SETNAME, set)
-                    .nested(IPSET_ATTR_DATA, |data| entry_attributes(entry, data));
-                message(IPSET_CMD_TEST, attributes)
-            })
+            .map(|(set, entry)| test_request(set, entry))
             .collect();
         self.connection
             .batch(requests)?
@@ -76,6 +80,7 @@ impl IpsetNetlink {
                 Ok(()) => Ok(Some(true)),
                 Err(IPSET_ERR_EXIST) => Ok(Some(false)),
                 Err(ENOENT) => Ok(None),
+                Err(IPSET_ERR_PROTOCOL) => Err(protocol_refused()),
                 Err(errno) => Err(NetlinkError::Errno(errno)),
             })
             .collect()
@@ -83,14 +88,10 @@ impl IpsetNetlink {
 
     /// The name of the set the kernel holds at `index`, `None` when it holds none there.
     pub fn name_of(&mut self, index: u16) -> Result<Option<String>, NetlinkError> {
-        let mut attributes = header();
-        attributes.raw(IPSET_ATTR_INDEX | NLA_F_NET_BYTEORDER, &index.to_be_bytes());
-        let replies = match self
-            .connection
-            .request(message(IPSET_CMD_GET_BYINDEX, attributes), false)
-        {
+        let replies = match self.connection.request(name_request(index), false) {
             Ok(replies) => replies,
             Err(NetlinkError::Errno(ENOENT)) => return Ok(None),
+            Err(NetlinkError::Errno(IPSET_ERR_PROTOCOL)) => return Err(protocol_refused()),
             Err(err) => return Err(err),
         };
         Ok(replies
@@ -103,9 +104,31 @@ impl IpsetNetlink {
     }
 }
 
-fn header() -> Attributes {
+fn protocol_refused() -> NetlinkError {
+    NetlinkError::Unsupported(
+        "the kernel's ipset refuses this protocol version over netlink (a kernel before 5.5 names no set by index there)".into(),
+    )
+}
+
+/// IPSET_CMD_TEST of `entry` in `set`.
+fn test_request(set: &str, entry: &Entry) -> RawMessage {
+    let mut attributes = header(IPSET_PROTOCOL_MIN);
+    attributes
+        .string(IPSET_ATTR_SETNAME, set)
+        .nested(IPSET_ATTR_DATA, |data| entry_attributes(entry, data));
+    message(IPSET_CMD_TEST, attributes)
+}
+
+/// IPSET_CMD_GET_BYINDEX of `index`.
+fn name_request(index: u16) -> RawMessage {
+    let mut attributes = header(IPSET_PROTOCOL);
+    attributes.raw(IPSET_ATTR_INDEX | NLA_F_NET_BYTEORDER, &index.to_be_bytes());
+    message(IPSET_CMD_GET_BYINDEX, attributes)
+}
+
+fn header(protocol: u8) -> Attributes {
     let mut attributes = Attributes::new();
-    attributes.raw(IPSET_ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
+    attributes.raw(IPSET_ATTR_PROTOCOL, &[protocol]);
     attributes
 }
 
@@ -177,6 +200,40 @@ mod tests {
                 8, 0, 1, 0x40, 10, 96, 0, 10, // IPADDR_IPV4, network byte order
                 6, 0, 4, 0x40, 0, 80, 0, 0, // PORT, network byte order
                 5, 0, 7, 0, 6, 0, 0, 0, // PROTO
+            ]
+        );
+    }
+
+    #[test]
+    fn whole_requests_are_as_the_kernel_reads_them() {
+        let entry = Entry {
+            port: Some(30080),
+            ..Entry::default()
+        };
+        let test = test_request("KUBE-NODE-PORT-TCP", &entry);
+        assert_eq!(test.message_type, 6 << 8 | 11, "nfnetlink ipset, TEST");
+        assert_eq!(
+            test.payload,
+            [
+                &[2, 0, 0, 0][..],         // nfgenmsg: AF_INET, version 0, resource 0
+                &[5, 0, 1, 0, 6, 0, 0, 0], // PROTOCOL 6
+                &[23, 0, 2, 0],            // SETNAME, NUL-terminated, padded
+                b"KUBE-NODE-PORT-TCP\0\0",
+                &[12, 0, 7, 0x80],                  // DATA, nested
+                &[6, 0, 4, 0x40, 0x75, 0x80, 0, 0], // PORT 30080, network byte order
+            ]
+            .concat()
+        );
+        let name = name_request(3);
+        assert_eq!(
+            name.message_type,
+            6 << 8 | 15,
+            "nfnetlink ipset, GET_BYINDEX"
+        );
+        assert_eq!(
+            name.payload,
+            [
+                2, 0, 0, 0, 5, 0, 1, 0, 7, 0, 0, 0, 6, 0, 11, 0x40, 0, 3, 0, 0
             ]
         );
     }

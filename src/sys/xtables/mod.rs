@@ -241,12 +241,13 @@ impl Backend {
     /// The back end whose `table` holds `chain` in either family (`explain`: where our rules
     /// are, whatever marks the node): nft when nf_tables holds it (one netlink request per
     /// family), else legacy, which hands out whole tables only and so is not asked.
+    /// When nf_tables cannot be asked, the daemon's choice ([`Backend::detect`]).
     pub fn holding(table: &str, chain: &str) -> Backend {
-        let in_nft = [IpFamily::V4, IpFamily::V6]
-            .into_iter()
-            .any(|family| nf_tables::chain_exists(family, table, chain).unwrap_or(false));
-        if in_nft {
+        let asked = [IpFamily::V4, IpFamily::V6].map(|f| nf_tables::chain_exists(f, table, chain));
+        if asked.iter().any(|held| matches!(held, Ok(true))) {
             Backend::Nft
+        } else if asked.iter().any(Result::is_err) {
+            Backend::detect()
         } else {
             Backend::Legacy
         }

@@ -196,12 +196,17 @@ impl Iptables for SystemIptables {
             })
             .collect();
         // Opened only when a rule matches a set (IPVS mode's rules).
-        let mut ipset = None;
+        let mut ipset: Option<IpsetNetlink> = None;
         rules::name_sets(&mut options, |index| {
-            if ipset.is_none() {
-                ipset = IpsetNetlink::open().ok();
+            let socket = match &mut ipset {
+                Some(socket) => socket,
+                None => ipset.insert(IpsetNetlink::open().map_err(|err| err.to_string())?),
+            };
+            match socket.name_of(index) {
+                Ok(Some(name)) => Ok(name),
+                Ok(None) => Err("the kernel holds no set there".into()),
+                Err(err) => Err(err.to_string()),
             }
-            ipset.as_mut()?.name_of(index).ok().flatten()
         });
         Ok(options)
     }

@@ -17,7 +17,9 @@ use crate::sys::nf_tables::wire::{NF_ACCEPT, NFT_RETURN};
 use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target, saved_form};
 use crate::sys::xtables::{Iptables, ReadRule};
 
-const SERVICES: &str = "KUBE-SERVICES";
+/// Where the rules are, and the chain they start from.
+pub(super) const NAT: &str = "nat";
+pub(super) const SERVICES: &str = "KUBE-SERVICES";
 const MARK_MASQ: &str = "KUBE-MARK-MASQ";
 /// The chains a packet can meet: KUBE-SERVICES and those it jumps to.
 const CHAINS: [&str; 3] = [SERVICES, "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER"];
@@ -121,12 +123,24 @@ struct Walk<'a> {
     marked: Option<Marking>,
 }
 
+/// How the packet left a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Left {
+    /// Surely accepted: it leaves the table.
+    Accepted,
+    /// Maybe accepted (a rule whose match is open): what follows is unsure.
+    MaybeAccepted,
+    /// Back to the chain that jumped (or the table's end).
+    Returned,
+}
+
 impl Walk<'_> {
-    /// Walks `chain`; `true` when the packet surely leaves the table there (ACCEPT).
-    fn chain(&mut self, chain: &str, depth: usize) -> bool {
+    /// Walks `chain` and says how the packet left it.
+    fn chain(&mut self, chain: &str, depth: usize) -> Left {
         let Some(rules) = self.chains.get(chain) else {
-            return false;
+            return Left::Returned;
         };
+        let mut may_accept = false;
         for rule in rules {
             let Ok(rule) = rule else {
                 self.sure = false;
@@ -154,18 +168,30 @@ impl Walk<'_> {
                 Some(Target::Jump(target, _)) if depth < MAX_DEPTH => {
                     let before = self.sure;
                     self.sure = sure;
-                    if self.chain(target, depth + 1) {
-                        return true;
+                    match self.chain(target, depth + 1) {
+                        Left::Accepted => return Left::Accepted,
+                        Left::MaybeAccepted => {
+                            self.sure = false;
+                            may_accept = true;
+                        }
+                        Left::Returned => self.sure = before,
                     }
-                    self.sure = before;
                 }
-                Some(Target::Verdict(NFT_RETURN)) if sure => return false,
-                Some(Target::Verdict(NF_ACCEPT)) if sure => return true,
-                Some(Target::Verdict(NFT_RETURN | NF_ACCEPT)) => self.sure = false,
+                Some(Target::Verdict(NFT_RETURN)) if sure => break,
+                Some(Target::Verdict(NF_ACCEPT)) if sure => return Left::Accepted,
+                Some(Target::Verdict(NFT_RETURN)) => self.sure = false,
+                Some(Target::Verdict(NF_ACCEPT)) => {
+                    self.sure = false;
+                    may_accept = true;
+                }
                 _ => {}
             }
         }
-        false
+        if may_accept {
+            Left::MaybeAccepted
+        } else {
+            Left::Returned
+        }
     }
 }
 
@@ -212,7 +238,7 @@ pub(super) fn masquerade(
 ) -> Result<(), ExplainError> {
     let family = IpFamily::of(&flow.destination.ip());
     let read = iptables
-        .rule_options(family, "nat", &CHAINS)
+        .rule_options(family, NAT, &CHAINS)
         .map_err(read_error("iptables"))?;
     let chains: Chains = CHAINS.into_iter().zip(read).collect();
     explanation
@@ -226,7 +252,7 @@ pub(super) fn masquerade(
     let answers = ipset.test(&asked).map_err(read_error("ipset"))?;
     if !asked.is_empty() {
         explanation.reads.push(format!(
-            "one entry of each of {} ipsets (one netlink send)",
+            "{} ipset entries the flow makes (one netlink send)",
             asked.len()
         ));
     }
@@ -453,5 +479,36 @@ mod tests {
             comment_of(&rule),
             "Kubernetes service cluster ip + port for masquerade purpose"
         );
+    }
+
+    /// Facts of a flow that meets no set.
+    struct NoSets;
+
+    impl PacketFacts for NoSets {
+        fn is_local(&self, _: IpAddr) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn an_accept_that_may_happen_in_a_jumped_chain_leaves_the_rest_unsure() {
+        let mut chains = Chains::new();
+        chains.insert(
+            SERVICES,
+            vec![
+                read_rule(false, "-j KUBE-NODE-PORT"),
+                read_rule(false, "-j KUBE-MARK-MASQ"),
+            ],
+        );
+        chains.insert(
+            "KUBE-NODE-PORT",
+            vec![read_rule(false, "-s 10.0.0.0/8 -j ACCEPT")],
+        );
+        let marked = |from: Option<&str>| {
+            marking(&chains, &flow("10.96.0.10:80", from), &NoSets).map(|m| m.sure)
+        };
+        assert_eq!(marked(None), Some(false), "accepted or marked: unsure");
+        assert_eq!(marked(Some("10.1.1.1")), None, "accepted before the mark");
+        assert_eq!(marked(Some("192.168.1.1")), Some(true));
     }
 }

@@ -111,13 +111,11 @@ pub fn rule_options(ipv6: bool, expressions: &[Expr]) -> Result<RuleOptions, Unt
                     }
                 }
             }
-            // Revision 0 of the set match has another layout; iptables uses it on no kernel
-            // since 2.6.39.
             Expr::Match {
-                name, revision: 0, ..
-            } if name == "set" => {
-                return refuse("set match revision 0");
-            }
+                name,
+                revision,
+                info,
+            } if name == "set" => options.matches.push(set_match(*revision, info)?),
             Expr::Match { name, info, .. } => options.matches.push(xt_match(name, info)?),
             Expr::Immediate {
                 data: Data::Verdict(verdict),
@@ -293,24 +291,6 @@ fn xt_match(name: &str, info: &[u8]) -> Result<MatchOptions, Untranslatable> {
             side: *info.get(210).unwrap_or(&0),
         },
         "nfacct" => MatchOptions::Nfacct(text(info, 0, 32)?),
-        // xt_set_info at the start of revisions 1-4: the set's index, its dimensions, and a
-        // bit per dimension that takes the source (bit 0: inverted).
-        "set" => {
-            let index = ne_u16(info, 0)?;
-            let (dimensions, flags) = match info.get(2..4) {
-                Some(&[dimensions, flags]) if (1..=6).contains(&dimensions) => (dimensions, flags),
-                _ => return refuse("a set match without dimensions"),
-            };
-            MatchOptions::Set {
-                name: String::new(),
-                flags: (1..=dimensions)
-                    .map(|d| if flags & (1 << d) != 0 { "src" } else { "dst" })
-                    .collect::<Vec<_>>()
-                    .join(","),
-                inverted: flags & 1 != 0,
-                index: Some(index),
-            }
-        }
         // xt_physdev_info: four 16-byte names and masks, then the inverted and given options;
         // only `[!] --physdev-is-in` is ours.
         "physdev" => {
@@ -323,6 +303,40 @@ fn xt_match(name: &str, info: &[u8]) -> Result<MatchOptions, Untranslatable> {
             }
         }
         other => return refuse(format!("match {other}")),
+    })
+}
+
+/// The set match's info struct: `xt_set_info` first in revisions 1-4 (the set's index, its
+/// dimensions, a bit per dimension that takes the source, bit 0 inverted, bit 7 return-nomatch),
+/// then in 3 and 4 two counter conditions (`--packets-gt` ...), whose operators we refuse.
+fn set_match(revision: u32, info: &[u8]) -> Result<MatchOptions, Untranslatable> {
+    const RETURN_NOMATCH: u8 = 1 << 7;
+    let index = ne_u16(info, 0)?;
+    let (dimensions, flags) = match (revision, info.get(2..4)) {
+        (1..=4, Some(&[dimensions, flags])) if (1..=6).contains(&dimensions) => (dimensions, flags),
+        _ => return refuse(format!("set match revision {revision}")),
+    };
+    // Revision 3's counters are (op, value), revision 4's (value, op), each 16 bytes from 8.
+    let operators = match revision {
+        3 => [8, 24],
+        4 => [16, 32],
+        _ => [0, 0],
+    };
+    let counted = revision >= 3
+        && operators
+            .iter()
+            .any(|at| info.get(*at).is_none_or(|op| *op != 0));
+    if flags & RETURN_NOMATCH != 0 || counted {
+        return refuse("a set match with --return-nomatch or counter conditions");
+    }
+    Ok(MatchOptions::Set {
+        name: String::new(),
+        flags: (1..=dimensions)
+            .map(|d| if flags & (1 << d) != 0 { "src" } else { "dst" })
+            .collect::<Vec<_>>()
+            .join(","),
+        inverted: flags & 1 != 0,
+        index: Some(index),
     })
 }
 
@@ -420,6 +434,44 @@ mod tests {
             let read = read_rule(ipv6, spec).expect(spec);
             assert_eq!(format!("{decoded:?}"), format!("{read:?}"), "{spec}");
         }
+    }
+
+    #[test]
+    fn set_and_physdev_matches_read_as_their_options() {
+        // Revision 4: index 3, three dimensions, the first a source, inverted.
+        let mut info = vec![0u8; 48];
+        info[..4].copy_from_slice(&[3, 0, 3, 0b0000_0011]);
+        assert_eq!(
+            set_match(4, &info).unwrap(),
+            MatchOptions::Set {
+                name: String::new(),
+                flags: "src,dst,dst".into(),
+                inverted: true,
+                index: Some(u16::from_ne_bytes([3, 0])),
+            }
+        );
+        let mut counted = info.clone();
+        counted[16] = 1;
+        assert!(set_match(4, &counted).is_err(), "a counter condition");
+        let mut nomatch = info.clone();
+        nomatch[3] |= 1 << 7;
+        assert!(set_match(4, &nomatch).is_err(), "return-nomatch");
+        assert!(set_match(0, &info).is_err(), "revision 0's layout");
+        assert!(set_match(1, &info[..4]).is_ok());
+
+        let mut physdev = vec![0u8; 66];
+        physdev[65] = 0x08;
+        assert_eq!(
+            xt_match("physdev", &physdev).unwrap(),
+            MatchOptions::Physdev { is_in: Some(true) }
+        );
+        physdev[64] = 0x08;
+        assert_eq!(
+            xt_match("physdev", &physdev).unwrap(),
+            MatchOptions::Physdev { is_in: Some(false) }
+        );
+        physdev[65] = 0x01;
+        assert!(xt_match("physdev", &physdev).is_err(), "--physdev-in");
     }
 
     #[test]

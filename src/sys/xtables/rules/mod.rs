@@ -34,13 +34,13 @@ use crate::sys::nf_tables::expr::{Expr, rule_expressions};
 use crate::sys::nf_tables::read::{chain_rules, rules_per_chain};
 
 /// Names the sets of the set matches in `rules` that hold only the kernel's index of their set
-/// (read from iptables-nft), each index asked of `name_of` once; a rule whose set has no name
-/// becomes unreadable.
+/// (read from iptables-nft), each index asked of `name_of` once; a rule whose set cannot be
+/// named becomes unreadable, saying why.
 pub fn name_sets(
     rules: &mut [Vec<Result<RuleOptions, Untranslatable>>],
-    mut name_of: impl FnMut(u16) -> Option<String>,
+    mut name_of: impl FnMut(u16) -> Result<String, String>,
 ) {
-    let mut named: std::collections::BTreeMap<u16, Option<String>> = Default::default();
+    let mut named: std::collections::BTreeMap<u16, Result<String, String>> = Default::default();
     for rule in rules.iter_mut().flatten() {
         let Ok(options) = rule else { continue };
         let mut unnamed = None;
@@ -53,13 +53,13 @@ pub fn name_sets(
                 && name.is_empty()
             {
                 match named.entry(*index).or_insert_with(|| name_of(*index)) {
-                    Some(found) => *name = found.clone(),
-                    None => unnamed = Some(*index),
+                    Ok(found) => *name = found.clone(),
+                    Err(why) => unnamed = Some(format!("the set of ipset index {index}: {why}")),
                 }
             }
         }
-        if let Some(index) = unnamed {
-            *rule = Err(Untranslatable(format!("ipset index {index} has no set")));
+        if let Some(why) = unnamed {
+            *rule = Err(Untranslatable(why));
         }
     }
 }
@@ -120,4 +120,46 @@ pub fn chain_expressions(
 ) -> Result<Vec<Vec<Expr>>, NetlinkError> {
     let read = chain_rules(family, table, &[chain])?;
     Ok(read.into_iter().next().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_matches_are_named_from_their_index_or_say_why_not() {
+        let unnamed = |index| MatchOptions::Set {
+            name: String::new(),
+            flags: "dst,dst".into(),
+            inverted: false,
+            index: Some(index),
+        };
+        let rule = |index| RuleOptions {
+            matches: vec![unnamed(index)],
+            ..RuleOptions::default()
+        };
+        let mut rules = vec![vec![Ok(rule(0)), Ok(rule(7)), Ok(rule(0))]];
+        let mut asked = Vec::new();
+        name_sets(&mut rules, |index| {
+            asked.push(index);
+            match index {
+                0 => Ok("KUBE-CLUSTER-IP".into()),
+                _ => Err("no set at that index".into()),
+            }
+        });
+        assert_eq!(asked, [0, 7], "each index asked once");
+        let named = |at: usize| match &rules[0][at] {
+            Ok(RuleOptions { matches, .. }) => match &matches[0] {
+                MatchOptions::Set { name, .. } => Ok(name.clone()),
+                other => panic!("{other:?}"),
+            },
+            Err(why) => Err(why.to_string()),
+        };
+        assert_eq!(named(0), Ok("KUBE-CLUSTER-IP".into()));
+        assert_eq!(named(2), Ok("KUBE-CLUSTER-IP".into()));
+        assert_eq!(
+            named(1),
+            Err("the set of ipset index 7: no set at that index".into())
+        );
+    }
 }
