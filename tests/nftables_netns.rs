@@ -10,8 +10,8 @@ use std::io::ErrorKind;
 use kube_proxy_rs::proxier::nftables::names::hash_and_truncate;
 use serde_json::json;
 use support::cluster::{
-    CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, many, names, seed, service, slice, slice6,
-    web_ports,
+    CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, apply_dual_stack_slices, many, names, seed,
+    service, slice, web_ports,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -469,14 +469,7 @@ async fn dual_stack_through_the_nftables_proxier() {
     web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
     cluster.api.apply(web).unwrap();
     let pods = ["pod-a1", "pod-b2"];
-    cluster
-        .api
-        .apply(slice("web", slice_ports.clone(), &pods))
-        .unwrap();
-    cluster
-        .api
-        .apply(slice6("web", slice_ports, &pods))
-        .unwrap();
+    apply_dual_stack_slices(&cluster, "web", slice_ports, &pods);
     let mut empty = service(
         "empty6",
         "fd00:10:96::13",

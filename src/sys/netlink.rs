@@ -347,6 +347,21 @@ pub const NFPROTO_IPV6: u8 = 10;
 
 /// An attribute holding attributes.
 pub const NLA_F_NESTED: u16 = 0x8000;
+/// An attribute type without its nested / byte-order flags.
+pub const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// The attributes in `value` (a message's, or a nested attribute's), as (type, value); the
+/// type keeps no flag bits. A malformed tail ends the list.
+pub fn attributes(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut rest = value;
+    std::iter::from_fn(move || {
+        let length = usize::from(u16::from_ne_bytes([*rest.first()?, *rest.get(1)?]));
+        let kind = u16::from_ne_bytes([*rest.get(2)?, *rest.get(3)?]) & NLA_TYPE_MASK;
+        let attribute = rest.get(4..length)?;
+        rest = rest.get(length.div_ceil(4) * 4..).unwrap_or_default();
+        Some((kind, attribute))
+    })
+}
 
 /// Attributes being written into a buffer; nested attributes are written in place and their
 /// length filled in when they close.
@@ -416,5 +431,25 @@ impl Attributes {
         while !self.bytes.len().is_multiple_of(4) {
             self.bytes.push(0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_read_back_as_written() {
+        let mut written = Attributes::new();
+        written.raw(1, &[7]).string(2, "KUBE-CLUSTER-IP");
+        let bytes = written.into_bytes();
+        let found = |kind| attributes(&bytes).find(|(k, _)| *k == kind).map(|(_, v)| v);
+        assert_eq!(found(2), Some(&b"KUBE-CLUSTER-IP\0"[..]));
+        assert_eq!(found(3), None);
+        assert_eq!(
+            attributes(&[5, 0]).count(),
+            0,
+            "a malformed tail ends the list"
+        );
     }
 }

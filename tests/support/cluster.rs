@@ -333,6 +333,15 @@ pub fn service(name: &str, ip: &str, ports: Value, extra: Value) -> Value {
 }
 
 /// The IPv6 slice `<service>-6` of the pods' v6 addresses.
+/// A service's IPv4 and IPv6 EndpointSlices, with `pods` in both.
+pub fn apply_dual_stack_slices(cluster: &Cluster, service: &str, ports: Value, pods: &[&str]) {
+    cluster
+        .api
+        .apply(slice(service, ports.clone(), pods))
+        .unwrap();
+    cluster.api.apply(slice6(service, ports, pods)).unwrap();
+}
+
 pub fn slice6(service: &str, ports: Value, pods: &[&str]) -> Value {
     let endpoints: Vec<Value> = PODS
         .iter()

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::cluster::{
-    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, pod_ip6, service, slice, slice6, web_ports,
+    BIN, CLIENT_IP, Cluster, NODE_IP, PODS, addr, apply_dual_stack_slices, pod_ip6, service, slice,
+    web_ports,
 };
 use super::netns::{Netns, tcp_connect, tcp_request};
 use super::{WAIT, eventually};
@@ -111,15 +112,7 @@ pub fn dual_stack_load_balancer(cluster: &Cluster) {
     web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
     web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.168.200.1"}]}});
     cluster.api.apply(web).unwrap();
-    let pods = ["pod-a1", "pod-b2"];
-    cluster
-        .api
-        .apply(slice("web", slice_ports.clone(), &pods))
-        .unwrap();
-    cluster
-        .api
-        .apply(slice6("web", slice_ports, &pods))
-        .unwrap();
+    apply_dual_stack_slices(cluster, "web", slice_ports, &["pod-a1", "pod-b2"]);
 }
 
 /// IPv6 to web's ClusterIP (see [`dual_stack_load_balancer`]): explain names the two pods, and

@@ -3,6 +3,7 @@
 //! chain alone.
 
 pub mod evaluate;
+pub mod text;
 
 use crate::model::IpFamily;
 use crate::sys::xtables::{Iptables, IptablesError, jump_target};

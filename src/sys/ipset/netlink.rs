@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::model::address::octets;
-use crate::sys::netlink::{Attributes, Connection, NFPROTO_IPV4, NetlinkError, RawMessage};
+use crate::sys::netlink::{
+    Attributes, Connection, NFPROTO_IPV4, NetlinkError, RawMessage, attributes,
+};
 
 const NFNL_SUBSYS_IPSET: u16 = 6;
 const IPSET_CMD_TEST: u16 = 11;
@@ -96,7 +98,10 @@ impl IpsetNetlink {
         };
         Ok(replies
             .iter()
-            .find_map(|reply| attribute(reply.payload.get(4..)?, IPSET_ATTR_SETNAME))
+            .find_map(|reply| {
+                attributes(reply.payload.get(4..)?).find(|(kind, _)| *kind == IPSET_ATTR_SETNAME)
+            })
+            .map(|(_, name)| name)
             .map(|name| {
                 let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
                 String::from_utf8_lossy(&name[..end]).into_owned()
@@ -163,22 +168,6 @@ fn entry_attributes(entry: &Entry, data: &mut Attributes) {
     }
 }
 
-/// The payload of the first attribute of `kind` among `attributes`.
-fn attribute(mut attributes: &[u8], kind: u16) -> Option<&[u8]> {
-    while attributes.len() >= 4 {
-        let length = usize::from(u16::from_ne_bytes([attributes[0], attributes[1]]));
-        let found = u16::from_ne_bytes([attributes[2], attributes[3]]) & 0x3fff;
-        if length < 4 || length > attributes.len() {
-            return None;
-        }
-        if found == kind {
-            return Some(&attributes[4..length]);
-        }
-        attributes = attributes.get((length + 3) & !3..).unwrap_or_default();
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,15 +225,5 @@ mod tests {
                 2, 0, 0, 0, 5, 0, 1, 0, 7, 0, 0, 0, 6, 0, 11, 0x40, 0, 3, 0, 0
             ]
         );
-    }
-
-    #[test]
-    fn attributes_are_found_by_kind() {
-        let mut attributes = Attributes::new();
-        attributes.raw(1, &[7]).string(2, "KUBE-CLUSTER-IP");
-        let bytes = attributes.into_bytes();
-        assert_eq!(attribute(&bytes, 2), Some(&b"KUBE-CLUSTER-IP\0"[..]));
-        assert_eq!(attribute(&bytes, 3), None);
-        assert_eq!(attribute(&[5, 0], 1), None);
     }
 }

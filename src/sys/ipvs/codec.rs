@@ -46,8 +46,7 @@ const DEST_ADDR_FAMILY: u16 = 11;
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLA_F_NESTED: u16 = 0x8000;
+use crate::sys::netlink::{NLA_F_NESTED, NLA_TYPE_MASK};
 
 /// Persistence (ClientIP affinity).
 pub const FLAG_PERSISTENT: u32 = 0x1;

@@ -14,13 +14,14 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::model::IpFamily;
 pub(crate) use crate::sys::netlink::RawMessage;
+pub use crate::sys::netlink::attributes;
 use crate::sys::netlink::{Connection, NetlinkError};
 
 use super::wire::{
     NFNL_SUBSYS_NFTABLES, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
     NFT_MSG_GETSET, NFT_MSG_GETTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET,
     NFTA_CHAIN_NAME, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA, NFTA_SET_NAME, NFTA_TABLE_NAME,
-    NFTNL_UDATA_COMMENT, NLA_TYPE_MASK,
+    NFTNL_UDATA_COMMENT,
 };
 
 /// A dump the ruleset's changes interrupt is read again, this many times at most.
@@ -343,19 +344,6 @@ impl RawMessage {
             .then(|| self.payload.get(4..))
             .flatten()
     }
-}
-
-/// The attributes in `value` (a message's, or a nested attribute's), as (type, value); the
-/// type keeps no flag bits. A malformed tail ends the list.
-pub fn attributes(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut rest = value;
-    std::iter::from_fn(move || {
-        let length = usize::from(u16::from_ne_bytes([*rest.first()?, *rest.get(1)?]));
-        let kind = u16::from_ne_bytes([*rest.get(2)?, *rest.get(3)?]) & NLA_TYPE_MASK;
-        let attribute = rest.get(4..length)?;
-        rest = rest.get(length.div_ceil(4) * 4..).unwrap_or_default();
-        Some((kind, attribute))
-    })
 }
 
 /// The comment in a rule's or an element's user data (libnftnl's type-length-value records,

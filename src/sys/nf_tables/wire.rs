@@ -57,8 +57,7 @@ pub const NFTA_EXPR_NAME: u16 = 1;
 pub const NFTA_EXPR_DATA: u16 = 2;
 /// In a rule's or an element's user data (libnftnl's TLVs), the comment.
 pub const NFTNL_UDATA_COMMENT: u8 = 0;
-/// An attribute type without its nested / byte-order flags.
-pub const NLA_TYPE_MASK: u16 = 0x3fff;
+pub use crate::sys::netlink::NLA_TYPE_MASK;
 
 /// Expressions: registers (the verdict register and the 16-byte register 1, whose 32-bit
 /// parts are 8..11), payload bases, comparison operators, meta and conntrack keys.

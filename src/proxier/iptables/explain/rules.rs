@@ -3,18 +3,13 @@
 
 use std::net::SocketAddr;
 
-use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target, saved_form};
+use crate::proxier::xtables::text::rule_text;
+use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target};
 
 /// recent's `--rcheck`.
 const RECENT_CHECK: u8 = 1;
 
-/// The rule's comment.
-pub(super) fn comment_of(rule: &RuleOptions) -> Option<&str> {
-    rule.matches.iter().find_map(|m| match m {
-        MatchOptions::Comment(text) => Some(text.as_str()),
-        _ => None,
-    })
-}
+pub(super) use crate::proxier::xtables::text::comment_of;
 
 /// The `ns/svc:port` a comment starts with (`"default/web:http cluster IP"`).
 pub(super) fn service_of(comment: &str) -> Option<String> {
@@ -66,11 +61,7 @@ pub(super) fn jump_of(rule: &RuleOptions) -> Option<(i32, &str)> {
 
 /// The rule's match as iptables prints it (no comment, no target): `! -s 10.244.0.0/16`.
 pub(super) fn match_text(ipv6: bool, rule: &RuleOptions) -> String {
-    let mut bare = rule.clone();
-    bare.target = None;
-    bare.matches
-        .retain(|m| !matches!(m, MatchOptions::Comment(_) | MatchOptions::Nfacct(_)));
-    saved_form(ipv6, &bare).unwrap_or_default()
+    rule_text(ipv6, rule, false)
 }
 
 /// Whether the rule matches only some packets.

@@ -11,10 +11,11 @@ use super::super::render::{SETS, set_name};
 use crate::model::IpFamily;
 use crate::proxier::explanation::{ExplainError, Explanation, Flow, read_error};
 use crate::proxier::xtables::evaluate::{PacketFacts, evaluate};
+use crate::proxier::xtables::text::{comment_of, rule_text};
 use crate::sys::ipset::SetType;
 use crate::sys::ipset::netlink::{Entry, IpsetNetlink};
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NFT_RETURN};
-use crate::sys::xtables::rules::{MatchOptions, RuleOptions, Target, saved_form};
+use crate::sys::xtables::rules::{MatchOptions, Target};
 use crate::sys::xtables::{Iptables, ReadRule};
 
 /// Where the rules are, and the chain they start from.
@@ -159,8 +160,8 @@ impl Walk<'_> {
                 {
                     self.marked = Some(Marking {
                         chain: chain.to_string(),
-                        rule: shown(self.ipv6, rule),
-                        comment: comment_of(rule),
+                        rule: rule_text(self.ipv6, rule, true),
+                        comment: comment_of(rule).unwrap_or_default().to_string(),
                         sure,
                     });
                 }
@@ -207,24 +208,6 @@ fn marking(chains: &Chains, flow: &Flow, facts: &dyn PacketFacts) -> Option<Mark
     };
     walk.chain(SERVICES, 0);
     walk.marked
-}
-
-fn comment_of(rule: &RuleOptions) -> String {
-    rule.matches
-        .iter()
-        .find_map(|m| match m {
-            MatchOptions::Comment(text) => Some(text.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
-/// The rule as iptables-save prints it, without its comment (told apart).
-fn shown(ipv6: bool, rule: &RuleOptions) -> String {
-    let mut bare = rule.clone();
-    bare.matches
-        .retain(|m| !matches!(m, MatchOptions::Comment(_)));
-    saved_form(ipv6, &bare).unwrap_or_default()
 }
 
 /// Reads nat's KUBE-SERVICES and the chains it jumps to, and says whether the flow is marked
@@ -472,12 +455,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            shown(false, &rule),
+            rule_text(false, &rule, true),
             "! -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ"
         );
         assert_eq!(
             comment_of(&rule),
-            "Kubernetes service cluster ip + port for masquerade purpose"
+            Some("Kubernetes service cluster ip + port for masquerade purpose")
         );
     }
 
