@@ -13,12 +13,13 @@ use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::dry_run::DryRunProxier;
+use crate::proxier::local::localhost_proxy_families;
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
 use crate::servers::{
-    ConnectionTable, Metrics, MetricsPages, ProxyHealth, ServerError, ServiceHealthServers, bind,
-    capacity_for_open_files, serve_health, serve_metrics,
+    ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, ServerError,
+    ServiceHealthServers, bind, capacity_for_open_files, log_families, serve_health, serve_metrics,
 };
 use crate::sync_failures::FailureLog;
 use crate::sys::host::net::{LocalAddresses, ProcSysctl, SystemAddresses};
@@ -185,6 +186,10 @@ pub async fn run(
         events.post(NodeEvent::Starting);
     }
 
+    // A dry run opens no ports for services either.
+    let localhost_node_ports = (!options.dry_run)
+        .then(|| localhost_node_ports(config, open_files, &metrics))
+        .flatten();
     let sync_loop = SyncLoop {
         tracker,
         state,
@@ -194,6 +199,7 @@ pub async fn run(
         // A dry run opens no ports for services either.
         service_health: (!options.dry_run)
             .then(|| ServiceHealthServers::new(Vec::new(), connections.clone())),
+        localhost_node_ports,
         conntrack: (!options.dry_run).then(open_conntrack).flatten(),
         node_port_addresses: config.node_port_addresses.clone(),
         node_name: settings.node_name.clone(),
@@ -428,6 +434,24 @@ fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTab
         "Limiting the HTTP servers' connections; the oldest idle ones are closed beyond that"
     );
     table
+}
+
+/// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
+/// count apart from the HTTP servers': each holds two files, so half as many fit.
+fn localhost_node_ports(
+    config: &KubeProxyConfiguration,
+    open_files: Option<u64>,
+    metrics: &Metrics,
+) -> Option<LocalhostNodePorts> {
+    let families = localhost_proxy_families(config);
+    if families.is_empty() {
+        return None;
+    }
+    log_families(&families);
+    let (connection_metrics, listener_metrics) = metrics.localhost_node_ports();
+    let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
+    let table = ConnectionTable::new(capacity_for_open_files(limit) / 2, connection_metrics);
+    Some(LocalhostNodePorts::new(families, table, listener_metrics))
 }
 
 /// Binds a server's address; a failure stops the daemon only with bindAddressHardFail, as upstream.

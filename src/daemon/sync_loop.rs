@@ -15,7 +15,9 @@ use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::runner::Syncer;
-use crate::servers::{Metrics, ProxyHealth, ServiceHealthServers, health_check_ports};
+use crate::servers::{
+    LocalhostNodePorts, Metrics, ProxyHealth, ServiceHealthServers, health_check_ports,
+};
 use crate::sync_failures::{FailureLog, Verdict};
 use crate::sys::conntrack::NetlinkConntrack;
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
@@ -40,6 +42,8 @@ pub(super) struct SyncLoop {
     pub(super) health: Arc<ProxyHealth>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) service_health: Option<ServiceHealthServers>,
+    /// The localhost NodePort proxy, when it serves a family.
+    pub(super) localhost_node_ports: Option<LocalhostNodePorts>,
     /// UDP conntrack cleanup; `None` in a dry run (or when ctnetlink cannot be opened).
     pub(super) conntrack: Option<UdpConntrackCleaner>,
     pub(super) node_port_addresses: Vec<String>,
@@ -129,7 +133,21 @@ impl SyncLoop {
 }
 
 impl SyncLoop {
-    /// After a successful sync: health, metrics, UDP flows, health-check servers, leftovers.
+    /// Opens and closes the localhost NodePort proxy's listeners after a successful sync: for
+    /// the services it changed, every one after a full sync or a change of the Node.
+    fn sync_localhost_node_ports(&mut self, summary: &ChangeSummary, full: bool) {
+        let Some(proxy) = self.localhost_node_ports.as_mut() else {
+            return;
+        };
+        let state = read(&self.state);
+        let changed = (!full && !summary.node_changed).then_some(&summary.changed_services);
+        proxy.sync(&state, changed);
+    }
+}
+
+impl SyncLoop {
+    /// After a successful sync: health, metrics, UDP flows, health-check servers, the
+    /// localhost NodePort proxy, leftovers.
     fn succeeded(&mut self, report: &SyncReport, summary: &ChangeSummary, started: Instant) {
         self.health.updated();
         if let Verdict::Recovered { failures } = self.failures.succeeded() {
@@ -148,6 +166,7 @@ impl SyncLoop {
         );
         self.clean_udp_conntrack(summary, report.full);
         self.sync_service_health();
+        self.sync_localhost_node_ports(summary, report.full);
         self.remove_other_mode();
         debug!(
             mode = self.proxier.mode().as_str(),

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::{DetectLocalMode, KubeProxyConfiguration};
+use crate::config::{DetectLocalMode, KubeProxyConfiguration, feature_gates};
 use crate::model::{IpFamily, NodeInfo};
 
 /// How traffic from this node's pods is recognised (upstream's LocalTrafficDetector).
@@ -125,6 +125,40 @@ pub fn selected_node_port_ips(
 /// What `localhost` in nodePortAddresses stands for.
 const LOOPBACK_NETS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
 
+/// The feature gate that hands localhost NodePorts to the userspace proxy (KEP-6032).
+pub const LOCALHOST_NODE_PORTS_GATE: &str = "KubeProxyNFTablesLocalhostNodePorts";
+
+/// The families whose localhost NodePorts the userspace proxy serves: with its feature gate
+/// on, those whose loopback address (127.0.0.1, ::1, where it listens) nodePortAddresses names
+/// explicitly, by `localhost` or by a loopback CIDR holding it. `all` and 0.0.0.0/0 do not
+/// count, as upstream; unlike upstream (kubernetes#142129), 127.0.0.2/32 does not either: the
+/// proxy could not listen there.
+pub fn localhost_proxy_families(config: &KubeProxyConfiguration) -> Vec<IpFamily> {
+    if !feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE) {
+        return Vec::new();
+    }
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|family| {
+            let listen = localhost(*family);
+            config.node_port_addresses.iter().any(|entry| {
+                entry == "localhost"
+                    || entry
+                        .parse::<IpNet>()
+                        .is_ok_and(|net| net.addr().is_loopback() && net.contains(&listen))
+            })
+        })
+        .collect()
+}
+
+/// The loopback address localhost NodePorts are served on in `family`.
+pub fn localhost(family: IpFamily) -> IpAddr {
+    match family {
+        IpFamily::V4 => IpAddr::from([127, 0, 0, 1]),
+        IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +198,36 @@ mod tests {
         // A node whose address in this family is loopback has no primary one.
         assert_eq!(selected(&["primary"], "127.0.0.1"), some(&[]));
         assert_eq!(selected(&["primary"], "none"), some(&[]));
+    }
+
+    #[test]
+    fn the_proxy_serves_the_families_whose_loopback_address_is_named() {
+        let families = |addresses: &[&str], gate: bool| {
+            let mut config = KubeProxyConfiguration {
+                node_port_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+                ..KubeProxyConfiguration::default()
+            };
+            config
+                .feature_gates
+                .insert(LOCALHOST_NODE_PORTS_GATE.into(), gate);
+            localhost_proxy_families(&config)
+        };
+        let both = vec![IpFamily::V4, IpFamily::V6];
+        assert_eq!(families(&["primary", "localhost"], true), both);
+        assert!(
+            families(&["localhost"], false).is_empty(),
+            "the gate is off"
+        );
+        assert_eq!(families(&["127.0.0.0/8"], true), vec![IpFamily::V4]);
+        assert_eq!(
+            families(&["10.0.0.0/8", "::1/128"], true),
+            vec![IpFamily::V6]
+        );
+        assert!(families(&["all", "0.0.0.0/0", "::/0"], true).is_empty());
+        assert!(families(&[], true).is_empty());
+        assert!(
+            families(&["127.0.0.2/32"], true).is_empty(),
+            "the proxy listens on 127.0.0.1 alone"
+        );
     }
 }

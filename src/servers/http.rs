@@ -16,7 +16,9 @@ use tracing::trace;
 
 mod connections;
 
-pub use connections::{Admitted, ConnectionMetrics, ConnectionTable, capacity_for_open_files};
+pub use connections::{
+    Admitted, ConnectionMetrics, ConnectionNames, ConnectionTable, capacity_for_open_files,
+};
 
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +163,8 @@ pub fn serve_until(
     });
 }
 
-fn out_of_files(err: &std::io::Error) -> bool {
+/// The process (or the system) ran out of file descriptors.
+pub(super) fn out_of_files(err: &std::io::Error) -> bool {
     matches!(
         err.raw_os_error(),
         Some(code) if code == nix::libc::EMFILE || code == nix::libc::ENFILE

@@ -4,12 +4,13 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use self::register::*;
 use super::http::ConnectionMetrics;
+use super::localhost_node_ports::{self, ListenerMetrics};
 use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
@@ -52,6 +53,8 @@ pub struct Metrics {
     rest_duration: HistogramVec,
     tasks: IntGauge,
     connections: ConnectionMetrics,
+    relayed: ConnectionMetrics,
+    localhost_listeners: ListenerMetrics,
 }
 
 impl Metrics {
@@ -228,13 +231,27 @@ impl Metrics {
                 "go_goroutines",
                 "Number of goroutines that currently exist (here: the async runtime's live tasks, the Rust counterpart)",
             )?,
-            connections: {
-                let metrics = ConnectionMetrics::new()?;
-                r.register(Box::new(metrics.open.clone()))?;
-                r.register(Box::new(metrics.shed.clone()))?;
-                r.register(Box::new(metrics.timed_out.clone()))?;
-                r.register(Box::new(metrics.limit.clone()))?;
-                metrics
+            connections: connection_metrics(&r, ConnectionMetrics::new()?)?,
+            relayed: connection_metrics(
+                &r,
+                ConnectionMetrics::named(&localhost_node_ports::CONNECTION_NAMES)?,
+            )?,
+            localhost_listeners: ListenerMetrics {
+                listeners: registered(
+                    &r,
+                    IntGaugeVec::new(
+                        Opts::new(
+                            "kubeproxy_nftables_localhost_nodeport_listeners",
+                            "Number of active localhost NodePort listeners",
+                        ),
+                        &["ip_family"],
+                    )?,
+                )?,
+                creation_failures: family_counter(
+                    &r,
+                    "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+                    "Number of localhost NodePort listeners that could not be created",
+                )?,
             },
             registry: {
                 r.register(Box::new(
@@ -282,6 +299,12 @@ impl Metrics {
     /// The HTTP servers' connection metrics, for their [`super::ConnectionTable`].
     pub fn connections(&self) -> ConnectionMetrics {
         self.connections.clone()
+    }
+
+    /// The localhost NodePort proxy's metrics: its connections', for their own
+    /// [`super::ConnectionTable`], and its listeners'.
+    pub fn localhost_node_ports(&self) -> (ConnectionMetrics, ListenerMetrics) {
+        (self.relayed.clone(), self.localhost_listeners.clone())
     }
 
     /// The health server answered `path` with `code`.

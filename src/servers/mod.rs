@@ -1,10 +1,12 @@
-//! The HTTP endpoints an operator's probes and Prometheus read: the health server
-//! (healthzBindAddress), the metrics server (metricsBindAddress) and one health-check server per
-//! Service with externalTrafficPolicy Local.
+//! The daemon's listeners: the HTTP endpoints an operator's probes and Prometheus read (the
+//! health server on healthzBindAddress, the metrics server on metricsBindAddress, one
+//! health-check server per Service with externalTrafficPolicy Local), and the localhost
+//! NodePort proxy's.
 
 pub mod debug;
 mod health;
 mod http;
+mod localhost_node_ports;
 mod metrics;
 mod nfacct;
 mod service_health;
@@ -13,6 +15,7 @@ pub use health::ProxyHealth;
 pub use http::{
     ConnectionMetrics, ConnectionTable, Reply, ServerError, bind, capacity_for_open_files, serve,
 };
+pub use localhost_node_ports::{ListenerMetrics, LocalhostNodePorts, log_families};
 pub use metrics::Metrics;
 pub use nfacct::NfacctCollector;
 pub use service_health::ServiceHealthServers;

@@ -78,24 +78,9 @@ pub fn check(gates: &std::collections::BTreeMap<String, bool>) -> Result<Vec<Str
             )),
             _ => {}
         }
-        if let Some(missing) = NOT_BUILT.iter().find(|(n, v, _)| n == name && v == value) {
-            warnings.push(format!(
-                "Feature gate {name}={value} is accepted but not built in kube-proxy-rs yet: {}",
-                missing.2
-            ));
-        }
     }
     Ok(warnings)
 }
-
-/// Gate settings whose upstream behaviour we do not have yet, and that lose nothing when left
-/// undone: name, value, what happens. (AllowServiceExternalIPs=false would: it is refused, see
-/// the configuration's validation.)
-const NOT_BUILT: [(&str, bool, &str); 1] = [(
-    "KubeProxyNFTablesLocalhostNodePorts",
-    true,
-    "localhost NodePorts are not served in nftables mode",
-)];
 
 /// Whether `name` is on, given what was set.
 pub fn enabled(gates: &std::collections::BTreeMap<String, bool>, name: &str) -> bool {
@@ -159,10 +144,7 @@ mod tests {
         assert!(enabled(&gates(&[]), "KubeProxyIPVS"));
         assert!(!enabled(&gates(&[]), "KubeProxyNFTablesLocalhostNodePorts"));
         let warnings = check(&gates(&[("KubeProxyNFTablesLocalhostNodePorts", true)])).unwrap();
-        assert!(
-            warnings[0].contains("not built in kube-proxy-rs yet"),
-            "{warnings:?}"
-        );
+        assert!(warnings.is_empty(), "{warnings:?}");
         // A gate 1.35 had and 1.37 dropped: ignored with a warning, not refused.
         let warnings = check(&gates(&[("ServiceTrafficDistribution", true)])).unwrap();
         assert!(

@@ -4,13 +4,16 @@ use std::time::Duration;
 
 use super::nfacct::NfacctCounters;
 use crate::config::KubeProxyConfiguration;
-use crate::proxier::local::LocalTraffic;
+use crate::model::IpFamily;
+use crate::proxier::local::{LocalTraffic, localhost_proxy_families};
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
 pub struct IptablesSettings {
     pub masquerade_mark: u32,
     pub masquerade_all: bool,
+    /// IPv4 NodePorts on 127.0.0.1 through the kernel (route_localnet): off when the userspace
+    /// proxy serves them.
     pub localhost_node_ports: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
@@ -29,7 +32,8 @@ impl IptablesSettings {
         IptablesSettings {
             masquerade_mark: config.masquerade_mark(),
             masquerade_all: config.iptables.masquerade_all,
-            localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true),
+            localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true)
+                && !localhost_proxy_families(config).contains(&IpFamily::V4),
             local_traffic: LocalTraffic::from_config(config),
             node_port_addresses: config.node_port_addresses.clone(),
             tcp_be_liberal: config.conntrack.tcp_be_liberal,

@@ -49,15 +49,20 @@ pub fn setup(
     Box::new(proxier)
 }
 
-/// The sysctls `--init-only` sets for this mode: route_localnet, when NodePorts are served on
-/// 127.0.0.1 (every address is, when nodePortAddresses is empty).
+/// The sysctls `--init-only` sets for this mode: route_localnet, when the kernel serves
+/// NodePorts on 127.0.0.1 (every address is, when nodePortAddresses is empty or says `all`);
+/// not when the userspace proxy serves them.
 pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
     let localhost = config.node_port_addresses.is_empty()
-        || config.node_port_addresses.iter().any(|cidr| {
-            cidr.parse::<ipnet::IpNet>()
-                .is_ok_and(|net| net.contains(&std::net::IpAddr::from([127, 0, 0, 1])))
+        || config.node_port_addresses.iter().any(|entry| {
+            entry == "all"
+                || entry == "localhost"
+                || entry
+                    .parse::<ipnet::IpNet>()
+                    .is_ok_and(|net| net.contains(&loopback))
         });
-    if config.iptables.localhost_node_ports.unwrap_or(true) && localhost {
+    if IptablesSettings::from_config(config).localhost_node_ports && localhost {
         vec![("net/ipv4/conf/all/route_localnet", "1")]
     } else {
         Vec::new()

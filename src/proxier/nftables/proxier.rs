@@ -182,10 +182,11 @@ impl<N: Nftables> NftablesMode<N> {
             };
         if let NodePortAddresses::Only(ips) = &node_port_addresses
             && ips.iter().any(IpAddr::is_loopback)
+            && !self.settings.localhost_proxy.contains(&common.family)
             && !std::mem::replace(&mut self.logged_localhost, true)
         {
             warn!(
-                "NodePorts on localhost addresses are not served in nftables mode (as upstream); nodePortAddresses' loopback addresses are left out"
+                "NodePorts on localhost addresses are not served by nftables rules (as upstream): nodePortAddresses' loopback addresses are left out; the KubeProxyNFTablesLocalhostNodePorts feature gate serves them through a userspace proxy"
             );
         }
         NftContext {

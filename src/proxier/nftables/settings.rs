@@ -1,7 +1,8 @@
 //! The parts of the configuration nftables mode uses.
 
 use crate::config::KubeProxyConfiguration;
-use crate::proxier::local::LocalTraffic;
+use crate::model::IpFamily;
+use crate::proxier::local::{LocalTraffic, localhost_proxy_families};
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
@@ -13,6 +14,8 @@ pub struct NftablesSettings {
     /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured; upstream's nftables
     /// default (empty) is `primary`.
     pub node_port_addresses: Vec<String>,
+    /// The families whose localhost NodePorts the userspace proxy serves.
+    pub localhost_proxy: Vec<IpFamily>,
 }
 
 impl NftablesSettings {
@@ -29,6 +32,7 @@ impl NftablesSettings {
             masquerade_all: config.nftables.masquerade_all || config.iptables.masquerade_all,
             local_traffic: LocalTraffic::from_config(config),
             node_port_addresses,
+            localhost_proxy: localhost_proxy_families(config),
         }
     }
 }

@@ -37,36 +37,49 @@ pub struct ConnectionMetrics {
     pub limit: IntGauge,
 }
 
+/// The names and help texts of one kind of connection's metrics: (name, help) each.
+pub struct ConnectionNames {
+    pub open: (&'static str, &'static str),
+    pub shed: (&'static str, &'static str),
+    pub timed_out: (&'static str, &'static str),
+    pub limit: (&'static str, &'static str),
+}
+
+/// The HTTP servers' connection metrics.
+const HTTP: ConnectionNames = ConnectionNames {
+    open: (
+        "kubeproxy_rs_http_connections_open",
+        "HTTP connections a server of kube-proxy-rs holds open",
+    ),
+    shed: (
+        "kubeproxy_rs_http_connections_shed_total",
+        "HTTP connections closed to make room for a new one, the longest without an answered request first",
+    ),
+    timed_out: (
+        "kubeproxy_rs_http_connections_timed_out_total",
+        "HTTP connections closed because the client was idle or slow to send its request, or at the end of a connection's lifetime",
+    ),
+    limit: (
+        "kubeproxy_rs_http_connections_limit",
+        "HTTP connections the servers of kube-proxy-rs hold at most, together",
+    ),
+};
+
 impl ConnectionMetrics {
-    /// The metrics, not yet registered anywhere.
+    /// The HTTP servers' metrics, not yet registered anywhere.
     pub fn new() -> prometheus::Result<ConnectionMetrics> {
+        ConnectionMetrics::named(&HTTP)
+    }
+
+    /// Metrics under `names`, not yet registered anywhere.
+    pub fn named(names: &ConnectionNames) -> prometheus::Result<ConnectionMetrics> {
         let labels = ["server", "port"];
+        let vec = |(name, help): (&str, &str)| Opts::new(name, help);
         Ok(ConnectionMetrics {
-            open: IntGaugeVec::new(
-                Opts::new(
-                    "kubeproxy_rs_http_connections_open",
-                    "HTTP connections a server of kube-proxy-rs holds open",
-                ),
-                &labels,
-            )?,
-            shed: IntCounterVec::new(
-                Opts::new(
-                    "kubeproxy_rs_http_connections_shed_total",
-                    "HTTP connections closed to make room for a new one, the longest without an answered request first",
-                ),
-                &labels,
-            )?,
-            timed_out: IntCounterVec::new(
-                Opts::new(
-                    "kubeproxy_rs_http_connections_timed_out_total",
-                    "HTTP connections closed because the client was idle or slow to send its request, or at the end of a connection's lifetime",
-                ),
-                &labels,
-            )?,
-            limit: IntGauge::new(
-                "kubeproxy_rs_http_connections_limit",
-                "HTTP connections the servers of kube-proxy-rs hold at most, together",
-            )?,
+            open: IntGaugeVec::new(vec(names.open), &labels)?,
+            shed: IntCounterVec::new(vec(names.shed), &labels)?,
+            timed_out: IntCounterVec::new(vec(names.timed_out), &labels)?,
+            limit: IntGauge::new(names.limit.0, names.limit.1)?,
         })
     }
 }

@@ -37,6 +37,18 @@ pub(super) fn registered<M: prometheus::core::Collector + Clone + 'static>(
     Ok(metric)
 }
 
+/// A kind of connection's metrics, registered.
+pub(super) fn connection_metrics(
+    registry: &Registry,
+    metrics: super::ConnectionMetrics,
+) -> prometheus::Result<super::ConnectionMetrics> {
+    registry.register(Box::new(metrics.open.clone()))?;
+    registry.register(Box::new(metrics.shed.clone()))?;
+    registry.register(Box::new(metrics.timed_out.clone()))?;
+    registry.register(Box::new(metrics.limit.clone()))?;
+    Ok(metrics)
+}
+
 /// A histogram per `ip_family`.
 pub(super) fn family_histogram(
     registry: &Registry,
