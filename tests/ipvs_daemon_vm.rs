@@ -409,7 +409,8 @@ fn ipvs_partial_syncs_match_a_full_sync() {
 }
 
 /// IPv6 in IPVS mode: a dual-stack node serves an IPv6 ClusterIP and NodePort through IPVS
-/// (KUBE-6- sets, ip6tables rules) with real connections spread over the pods.
+/// (KUBE-6- sets, ip6tables rules) with real connections spread over the pods, and the
+/// NodePort on ::1 through the localhost NodePort proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipvs_mode_ipv6_traffic() {
     if !in_vm("ipvs_mode_ipv6_traffic") {
@@ -439,7 +440,12 @@ async fn ipvs_mode_ipv6_traffic() {
             &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
         ))
         .unwrap();
-    let config = cluster.config_with_mode("ipvs", "");
+    // Localhost NodePorts through the userspace proxy, beside IPVS (KEP-6032).
+    let config = cluster.config_with_mode(
+        "ipvs",
+        "featureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n\
+         nodePortAddresses: [primary, localhost]\n",
+    );
     let daemon = cluster.daemon(&config);
     daemon.wait_for("\"Using ipvs Proxier\"").await;
     daemon.wait_for("\"Synced proxy rules\"").await;
@@ -474,6 +480,15 @@ async fn ipvs_mode_ipv6_traffic() {
     assert!(
         names(&answers).len() >= 2,
         "NodePort over IPv6: {answers:?}"
+    );
+    let answers = many(20, || tcp_request(node, addr("[::1]:30086")));
+    assert!(
+        names(&answers).len() >= 2,
+        "NodePort on ::1, through the proxy: {answers:?}"
+    );
+    assert!(
+        !listing.contains("[::1]:30086"),
+        "no virtual server on a loopback address:\n{listing}"
     );
     daemon.stop().await;
 }

@@ -157,6 +157,7 @@ impl<I: Iptables> IptablesMode<I> {
         RenderContext {
             common,
             localhost_node_ports: self.settings.localhost_node_ports,
+            localhost_proxy: self.settings.localhost_proxy,
             node_port_addresses,
             tcp_be_liberal: self.settings.tcp_be_liberal,
             nfacct: self.settings.nfacct,

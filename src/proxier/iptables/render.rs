@@ -78,7 +78,11 @@ impl LocalDetector {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderContext {
     pub common: FamilyContext,
+    /// IPv4 NodePorts on 127.0.0.1 are served by the rules (route_localnet).
     pub localhost_node_ports: bool,
+    /// IPv4 NodePorts on 127.0.0.1 are served by the userspace proxy: no rule stops a
+    /// connection before it reaches the proxy's socket.
+    pub localhost_proxy: bool,
     pub node_port_addresses: NodePortAddresses,
     /// conntrack.tcpBeLiberal: INVALID packets are not dropped.
     pub tcp_be_liberal: bool,

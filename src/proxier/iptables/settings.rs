@@ -15,6 +15,8 @@ pub struct IptablesSettings {
     /// IPv4 NodePorts on 127.0.0.1 through the kernel (route_localnet): off when the userspace
     /// proxy serves them.
     pub localhost_node_ports: bool,
+    /// The userspace proxy serves IPv4 NodePorts on 127.0.0.1.
+    pub localhost_proxy: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
     /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured.
@@ -29,11 +31,13 @@ pub struct IptablesSettings {
 impl IptablesSettings {
     /// Takes them from a validated configuration.
     pub fn from_config(config: &KubeProxyConfiguration) -> Self {
+        let localhost_proxy = localhost_proxy_families(config).contains(&IpFamily::V4);
         IptablesSettings {
             masquerade_mark: config.masquerade_mark(),
             masquerade_all: config.iptables.masquerade_all,
             localhost_node_ports: config.iptables.localhost_node_ports.unwrap_or(true)
-                && !localhost_proxy_families(config).contains(&IpFamily::V4),
+                && !localhost_proxy,
+            localhost_proxy,
             local_traffic: LocalTraffic::from_config(config),
             node_port_addresses: config.node_port_addresses.clone(),
             tcp_be_liberal: config.conntrack.tcp_be_liberal,

@@ -195,8 +195,14 @@ impl<'a> Port<'a> {
             out.add_nat(Rule::new(KUBE_NODEPORTS, spec));
         }
         if let Some((target, text)) = &self.external_filter {
+            // Left to the proxy, which refuses what it does not serve, as in nftables mode.
+            let loopback = if ctx.localhost_proxy && ctx.common.family == IpFamily::V4 {
+                " ! -d 127.0.0.0/8"
+            } else {
+                ""
+            };
             let spec = format!(
-                "{} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {target}",
+                "{} -m addrtype --dst-type LOCAL{loopback} -m {proto} -p {proto} --dport {node_port} -j {target}",
                 comment(text)
             );
             out.add_filter(Rule::new(KUBE_EXTERNAL_SERVICES, spec));

@@ -123,6 +123,26 @@ fn node_port_on_listed_addresses() {
     check("node_port_no_localhost", &[s], &ctx);
 }
 
+/// The userspace proxy serves 127.0.0.1: no rule sends it to KUBE-NODEPORTS, none drops it
+/// (a Local NodePort without a local endpoint is refused by the proxy, which has no listener),
+/// and no localnet firewall rule, route_localnet being left alone.
+#[test]
+fn localhost_left_to_the_proxy() {
+    let s = svc("ns1", "svc1", "172.30.0.41", |s| {
+        s.node_port = Some(30080);
+        s.external_policy_local = true;
+    })
+    .with_endpoints(vec![ep("10.180.1.1", 80, "other-node")]);
+    let mut ctx = context();
+    ctx.localhost_node_ports = false;
+    ctx.localhost_proxy = true;
+    ctx.node_port_addresses = NodePortAddresses::Only(vec![
+        "192.168.0.2".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+    ]);
+    check("localhost_proxy", &[s], &ctx);
+}
+
 #[test]
 fn load_balancer_source_ranges_including_the_node() {
     let s = svc("ns1", "svc1", "172.30.0.41", |s| {

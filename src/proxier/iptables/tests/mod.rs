@@ -24,6 +24,7 @@ pub fn context() -> RenderContext {
     RenderContext {
         common: family_context(IpFamily::V4, NODE_IP, "10.0.0.0/8"),
         localhost_node_ports: true,
+        localhost_proxy: false,
         node_port_addresses: NodePortAddresses::All,
         tcp_be_liberal: false,
         nfacct: Default::default(),

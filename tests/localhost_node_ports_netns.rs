@@ -1,0 +1,157 @@
+//! Localhost NodePorts through the userspace proxy (KEP-6032; root, in namespaces): the real
+//! daemon, with KubeProxyNFTablesLocalhostNodePorts on and `localhost` in nodePortAddresses,
+//! serves NodePorts on 127.0.0.1 and ::1 from the node in iptables and nftables mode, to the
+//! endpoints the kernel path's external traffic uses, with route_localnet left at 0; the node's
+//! own address is still served by the kernel; a deleted Service's listener goes.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+
+use serde_json::json;
+use support::cluster::{
+    Cluster, NODE_IP, addr, apply_dual_stack_slices, many, names, service, slice,
+};
+use support::netns::{http_get, require_netns, tcp_request};
+use support::{WAIT, eventually};
+
+const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n\
+    featureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n\
+    nodePortAddresses: [primary, localhost]\n";
+
+fn tcp_ports(node_port: u16) -> (serde_json::Value, serde_json::Value) {
+    (
+        json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}]),
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+    )
+}
+
+/// `web` (dual stack, 30090, on pod-a1 and pod-b2), `local` (externalTrafficPolicy Local,
+/// 30091, on every pod: node-a's are pod-a1 and pod-a2), `remote` (Local, 30092, on node-b's
+/// pods only) and `sticky` (ClientIP affinity, 30093, on every pod).
+fn seed(cluster: &Cluster) {
+    let (ports, slice_ports) = tcp_ports(30090);
+    let mut web = service(
+        "web",
+        "10.96.0.10",
+        ports,
+        json!({"type": "NodePort", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
+    );
+    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
+    cluster.api.apply(web).unwrap();
+    apply_dual_stack_slices(cluster, "web", slice_ports, &["pod-a1", "pod-b2"]);
+    let all = ["pod-a1", "pod-a2", "pod-b1", "pod-b2"];
+    for (name, ip, node_port, extra, pods) in [
+        (
+            "local",
+            "10.96.0.11",
+            30091,
+            json!({"externalTrafficPolicy": "Local"}),
+            &all[..],
+        ),
+        (
+            "remote",
+            "10.96.0.12",
+            30092,
+            json!({"externalTrafficPolicy": "Local"}),
+            &all[2..],
+        ),
+        (
+            "sticky",
+            "10.96.0.13",
+            30093,
+            json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}),
+            &all[..],
+        ),
+    ] {
+        let (ports, slice_ports) = tcp_ports(node_port);
+        let mut spec = json!({"type": "NodePort"});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        cluster.api.apply(service(name, ip, ports, spec)).unwrap();
+        cluster.api.apply(slice(name, slice_ports, pods)).unwrap();
+    }
+}
+
+fn set(pods: &[&str]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.to_string()).collect()
+}
+
+async fn localhost_node_ports_through_the_proxy(mode: &str) {
+    require_netns();
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
+    seed(&cluster);
+    let node = &cluster.node;
+    let route_localnet = || node.output(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"]);
+    assert_eq!(route_localnet().trim(), "0");
+
+    let daemon = cluster.daemon(&cluster.config_with_mode(mode, CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon
+        .wait_for("Serving localhost NodePorts through the userspace proxy")
+        .await;
+    let both = set(&["pod-a1", "pod-b2"]);
+    let answers = many(20, || tcp_request(node, addr("127.0.0.1:30090")));
+    assert_eq!(names(&answers), both, "{mode}: {answers:?}");
+    let answers = many(20, || tcp_request(node, addr("[::1]:30090")));
+    assert_eq!(names(&answers), both, "{mode}: {answers:?}");
+    // Local policy: this node's endpoints only; none here, no listener.
+    let answers = many(20, || tcp_request(node, addr("127.0.0.1:30091")));
+    assert_eq!(names(&answers), set(&["pod-a1", "pod-a2"]), "{answers:?}");
+    assert_eq!(
+        tcp_request(node, addr("127.0.0.1:30092")),
+        Err(ErrorKind::ConnectionRefused)
+    );
+    // Affinity: one pod for every connection.
+    let answers = many(10, || tcp_request(node, addr("127.0.0.1:30093")));
+    assert_eq!(names(&answers).len(), 1, "{answers:?}");
+    // The kernel still serves the node's own address, and needed no route_localnet.
+    let answers = many(10, || {
+        tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30090")))
+    });
+    assert_eq!(names(&answers), both, "{answers:?}");
+    assert_eq!(
+        route_localnet().trim(),
+        "0",
+        "{mode}: route_localnet left alone"
+    );
+    let (_, metrics) = http_get(node, addr("127.0.0.1:10249"), "/metrics").unwrap();
+    for family in ["IPv4", "IPv6"] {
+        let line =
+            format!("kubeproxy_nftables_localhost_nodeport_listeners{{ip_family=\"{family}\"}}");
+        let count = if family == "IPv4" { 3 } else { 1 };
+        assert!(
+            metrics.contains(&format!("{line} {count}")),
+            "{family}: {count} listeners\n{metrics}"
+        );
+    }
+
+    // A deleted Service's listeners go.
+    cluster
+        .api
+        .delete(test_apiserver::Resource::Services, "default", "web")
+        .unwrap();
+    let refused = |to: &str| tcp_request(node, addr(to)) == Err(ErrorKind::ConnectionRefused);
+    assert!(
+        eventually(WAIT, || refused("127.0.0.1:30090")
+            && refused("[::1]:30090"))
+        .await,
+        "{mode}: web's listeners closed"
+    );
+    assert!(tcp_request(node, addr("127.0.0.1:30091")).is_ok());
+    assert_eq!(daemon.count("Failed to create localhost nodeport proxy"), 0);
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn localhost_node_ports_through_the_proxy_in_iptables_mode() {
+    localhost_node_ports_through_the_proxy("iptables").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn localhost_node_ports_through_the_proxy_in_nftables_mode() {
+    localhost_node_ports_through_the_proxy("nftables").await;
+}
