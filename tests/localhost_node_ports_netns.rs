@@ -155,3 +155,58 @@ async fn localhost_node_ports_through_the_proxy_in_iptables_mode() {
 async fn localhost_node_ports_through_the_proxy_in_nftables_mode() {
     localhost_node_ports_through_the_proxy("nftables").await;
 }
+
+/// The value of the metric line starting with `prefix` (name and labels).
+fn metric(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// A flood of idle connections on a localhost NodePort, beyond what the daemon's open-files
+/// limit (256) holds: the proxy relays 64 at most (two files each), sheds the oldest, a new
+/// connection is still relayed, the health port answers and the daemon stays under its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_a_localhost_node_port_sheds_the_oldest() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    support::cluster::seed(&cluster.api);
+    let config = cluster.config_with_mode("iptables", CONFIG);
+    let daemon = support::cluster::Daemon::spawn_wrapped(
+        &cluster.node,
+        &["prlimit", "--nofile=256:256"],
+        &config,
+        &[],
+        &[],
+    );
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon
+        .wait_for("Serving localhost NodePorts through the userspace proxy")
+        .await;
+    let node = &cluster.node;
+    assert!(tcp_request(node, addr("127.0.0.1:30080")).is_ok());
+
+    let flood = support::flood::Flood::start(node, addr("127.0.0.1:30080"), 400);
+    let flooding = eventually(WAIT, || flood.opened() >= 400).await;
+    assert!(flooding, "the flood opened {}", flood.opened());
+    let relayed = eventually(WAIT, || tcp_request(node, addr("127.0.0.1:30080")).is_ok()).await;
+    assert!(relayed, "a new connection is relayed during the flood");
+    let health = http_get(&cluster.client, addr(&format!("{NODE_IP}:10256")), "/healthz");
+    assert!(matches!(health, Ok((200, _))), "{health:?}");
+    let (_, metrics) = http_get(node, addr("127.0.0.1:10249"), "/metrics").unwrap();
+    let limit = metric(&metrics, "kubeproxy_rs_localhost_nodeport_connections_limit ");
+    assert_eq!(limit, 64.0, "{metrics}");
+    let shed = metric(
+        &metrics,
+        "kubeproxy_rs_localhost_nodeport_connections_shed_total{port=\"30080\",server=\"localhost-nodeport\"}",
+    );
+    assert!(shed >= 300.0, "shed {shed}");
+    let open_files = metric(&metrics, "process_open_fds ");
+    assert!(open_files < 256.0, "{open_files} files open");
+    flood.stop();
+    assert_eq!(daemon.count("Failed to sync"), 0, "syncs under the flood");
+    daemon.stop().await;
+}
