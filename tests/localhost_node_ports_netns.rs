@@ -194,10 +194,17 @@ async fn a_flood_on_a_localhost_node_port_sheds_the_oldest() {
     assert!(flooding, "the flood opened {}", flood.opened());
     let relayed = eventually(WAIT, || tcp_request(node, addr("127.0.0.1:30080")).is_ok()).await;
     assert!(relayed, "a new connection is relayed during the flood");
-    let health = http_get(&cluster.client, addr(&format!("{NODE_IP}:10256")), "/healthz");
+    let health = http_get(
+        &cluster.client,
+        addr(&format!("{NODE_IP}:10256")),
+        "/healthz",
+    );
     assert!(matches!(health, Ok((200, _))), "{health:?}");
     let (_, metrics) = http_get(node, addr("127.0.0.1:10249"), "/metrics").unwrap();
-    let limit = metric(&metrics, "kubeproxy_rs_localhost_nodeport_connections_limit ");
+    let limit = metric(
+        &metrics,
+        "kubeproxy_rs_localhost_nodeport_connections_limit ",
+    );
     assert_eq!(limit, 64.0, "{metrics}");
     let shed = metric(
         &metrics,

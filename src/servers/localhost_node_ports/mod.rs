@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use super::http::{ConnectionNames, ConnectionTable, listen};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
@@ -140,7 +140,9 @@ impl LocalhostNodePorts {
                     locked(&listener.balancer).update(target);
                     held.push(address);
                 } else {
-                    warn!(%address, service = %service, holder = %listener.service, "NodePort already served on localhost for another Service; skipped");
+                    // The API server allocates NodePorts uniquely; the kernel paths, too,
+                    // serve such a port for one Service only, without a word.
+                    debug!(%address, service = %service, holder = %listener.service, "NodePort already served on localhost for another Service; skipped");
                 }
                 continue;
             }
