@@ -19,7 +19,8 @@ use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
 use crate::servers::{
     ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, ServerError,
-    ServiceHealthServers, bind, capacity_for_open_files, log_families, serve_health, serve_metrics,
+    ServiceHealthServers, bind, capacity_for_open_files, log_families, relay_capacity,
+    serve_health, serve_metrics,
 };
 use crate::sync_failures::FailureLog;
 use crate::sys::host::net::{LocalAddresses, ProcSysctl, SystemAddresses};
@@ -437,7 +438,7 @@ fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTab
 }
 
 /// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
-/// count apart from the HTTP servers': each holds two files, so half as many fit.
+/// count apart from the HTTP servers'.
 fn localhost_node_ports(
     config: &KubeProxyConfiguration,
     open_files: Option<u64>,
@@ -450,7 +451,8 @@ fn localhost_node_ports(
     log_families(&families);
     let (connection_metrics, listener_metrics) = metrics.localhost_node_ports();
     let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
-    let table = ConnectionTable::new(capacity_for_open_files(limit) / 2, connection_metrics);
+    let capacity = relay_capacity(capacity_for_open_files(limit));
+    let table = ConnectionTable::new(capacity, connection_metrics);
     Some(LocalhostNodePorts::new(families, table, listener_metrics))
 }
 

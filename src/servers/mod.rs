@@ -15,7 +15,7 @@ pub use health::ProxyHealth;
 pub use http::{
     ConnectionMetrics, ConnectionTable, Reply, ServerError, bind, capacity_for_open_files, serve,
 };
-pub use localhost_node_ports::{ListenerMetrics, LocalhostNodePorts, log_families};
+pub use localhost_node_ports::{ListenerMetrics, LocalhostNodePorts, log_families, relay_capacity};
 pub use metrics::Metrics;
 pub use nfacct::NfacctCollector;
 pub use service_health::ServiceHealthServers;

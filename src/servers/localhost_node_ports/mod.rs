@@ -42,6 +42,16 @@ pub const CONNECTION_NAMES: ConnectionNames = ConnectionNames {
     ),
 };
 
+/// Connections relayed at once whatever the open-files limit: with their copy buffers, 128 MB
+/// at most.
+const MOST_RELAYS: usize = 2048;
+
+/// How many connections the proxy relays at once, given the HTTP servers' share of the
+/// open-files limit: half as many (each holds two files), at most [`MOST_RELAYS`].
+pub fn relay_capacity(http_capacity: usize) -> usize {
+    (http_capacity / 2).clamp(1, MOST_RELAYS)
+}
+
 /// Upstream's listener metrics (labelled by family).
 #[derive(Clone)]
 pub struct ListenerMetrics {
