@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::config::{KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings};
+use crate::config::{
+    KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings, feature_gates,
+};
 use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
 use crate::model::{ChangeTracker, ProxyState};
 use crate::node_setup;
@@ -118,7 +120,7 @@ pub async fn run(
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = metrics_for(config, options, mode)?;
     let connections = connection_table(open_files, &metrics);
-    let tracker = Arc::new(Mutex::new(ChangeTracker::default()));
+    let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
     let debug = Arc::new(DebugView::new(
         state.clone(),
@@ -436,6 +438,22 @@ fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTab
     );
     table
 }
+
+/// The tracker of the watches' changes; with AllowServiceExternalIPs off (upstream's answer to
+/// CVE-2020-8554), it drops every Service's externalIPs, so that no mode programs them.
+fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
+    if feature_gates::enabled(&config.feature_gates, EXTERNAL_IPS_GATE) {
+        ChangeTracker::default()
+    } else {
+        info!(
+            "Services' externalIPs are not programmed: the AllowServiceExternalIPs feature gate is off"
+        );
+        ChangeTracker::without_external_ips()
+    }
+}
+
+/// The feature gate that lets Services' externalIPs be programmed (KEP-5707).
+const EXTERNAL_IPS_GATE: &str = "AllowServiceExternalIPs";
 
 /// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
 /// count apart from the HTTP servers'.

@@ -293,10 +293,6 @@ fn validation_names_field_and_value() {
         ),
         ("oomScoreAdj: 2000", "oomScoreAdj: invalid value \"2000\""),
         (
-            "featureGates: {AllowServiceExternalIPs: false}",
-            "featureGates: invalid value \"AllowServiceExternalIPs=false\": not built in kube-proxy-rs yet",
-        ),
-        (
             "mode: ipvs\nfeatureGates: {KubeProxyIPVS: false}",
             "mode: invalid value \"ipvs\": ipvs mode needs the KubeProxyIPVS feature gate",
         ),

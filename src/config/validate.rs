@@ -67,15 +67,6 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             "ipvs mode needs the KubeProxyIPVS feature gate, which featureGates turns off (upstream deprecates ipvs mode; \"nftables\" replaces it)",
         );
     }
-    // Operators turn it off to keep Services from claiming arbitrary addresses (CVE-2020-8554):
-    // accepting the setting while still programming externalIPs would leave that hole open.
-    if !feature_gates::enabled(&config.feature_gates, "AllowServiceExternalIPs") {
-        fail(
-            "featureGates",
-            &"AllowServiceExternalIPs=false",
-            "not built in kube-proxy-rs yet: Services' externalIPs would still be programmed",
-        );
-    }
     check_mode_settings(config, mode, &mut fail);
 
     if config.config_sync_period.is_zero() {

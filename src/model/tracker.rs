@@ -100,11 +100,30 @@ pub struct ChangeTracker {
     pending_endpoints: PendingChanges<EndpointsMap>,
     pending_node: Option<Option<NodeInfo>>,
     pending_triggers: BTreeMap<NamespacedName, std::time::SystemTime>,
+    /// Services' externalIPs are dropped as they come (the AllowServiceExternalIPs gate off).
+    without_external_ips: bool,
 }
 
 impl ChangeTracker {
+    /// A tracker that drops every Service's externalIPs, as upstream does with the
+    /// AllowServiceExternalIPs feature gate off: no mode then programs them.
+    pub fn without_external_ips() -> Self {
+        ChangeTracker {
+            without_external_ips: true,
+            ..ChangeTracker::default()
+        }
+    }
+
     /// A Service was added, changed (`Some`) or deleted (`None`). Returns whether a change is pending.
     pub fn service_updated(&mut self, key: &NamespacedName, ports: Option<ServicePortMap>) -> bool {
+        let mut ports = ports;
+        if self.without_external_ips
+            && let Some(ports) = ports.as_mut()
+        {
+            for port in ports.values_mut() {
+                port.external_ips.clear();
+            }
+        }
         let previous = match &ports {
             Some(ports) => self.services.insert(key.clone(), ports.clone()),
             None => self.services.remove(key),

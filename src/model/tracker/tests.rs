@@ -32,6 +32,33 @@ fn no_op_updates_are_dropped() {
 }
 
 #[test]
+fn external_ips_are_dropped_when_they_are_not_allowed() {
+    let with_external = || {
+        let mut ports = ports("ns", "a", 80);
+        for port in ports.values_mut() {
+            port.external_ips = vec!["192.0.2.1".parse().unwrap()];
+        }
+        ports
+    };
+    let mut state = ProxyState::default();
+    let mut tracker = ChangeTracker::without_external_ips();
+    assert!(tracker.service_updated(&key("a"), Some(with_external())));
+    state.apply(tracker.take_changes());
+    let port = state.services[&key("a")].values().next().unwrap();
+    assert!(port.external_ips.is_empty());
+    assert!(!port.externally_accessible());
+    // A relist brings the same Service: nothing changed.
+    let listing = BTreeMap::from([(key("a"), with_external())]);
+    assert!(!tracker.replace_services(listing, &BTreeSet::new()));
+
+    let mut tracker = ChangeTracker::default();
+    tracker.service_updated(&key("a"), Some(with_external()));
+    state.apply(tracker.take_changes());
+    let port = state.services[&key("a")].values().next().unwrap();
+    assert_eq!(port.external_ips.len(), 1, "kept by default");
+}
+
+#[test]
 fn add_then_delete_before_sync_is_nothing() {
     let mut tracker = ChangeTracker::default();
     tracker.service_updated(&key("a"), Some(ports("ns", "a", 80)));
