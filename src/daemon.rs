@@ -442,7 +442,10 @@ fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTab
 /// The tracker of the watches' changes; with AllowServiceExternalIPs off (upstream's answer to
 /// CVE-2020-8554), it drops every Service's externalIPs, so that no mode programs them.
 fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
-    if feature_gates::enabled(&config.feature_gates, EXTERNAL_IPS_GATE) {
+    if feature_gates::enabled(
+        &config.feature_gates,
+        feature_gates::ALLOW_SERVICE_EXTERNAL_IPS,
+    ) {
         ChangeTracker::default()
     } else {
         info!(
@@ -451,9 +454,6 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
         ChangeTracker::without_external_ips()
     }
 }
-
-/// The feature gate that lets Services' externalIPs be programmed (KEP-5707).
-const EXTERNAL_IPS_GATE: &str = "AllowServiceExternalIPs";
 
 /// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
 /// count apart from the HTTP servers'.

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use crate::config::{KubeProxyConfiguration, ProxyMode};
+use crate::config::{KubeProxyConfiguration, ProxyMode, feature_gates};
 use crate::k8s::files::{FilesError, read_objects};
 use crate::proxier::SyncError;
 use crate::proxier::modes;
@@ -33,7 +33,11 @@ pub fn render(
     node_name: &str,
     files: &[PathBuf],
 ) -> Result<Rendered, RenderError> {
-    let objects = read_objects(files, node_name)?;
+    let external_ips = feature_gates::enabled(
+        &config.feature_gates,
+        feature_gates::ALLOW_SERVICE_EXTERNAL_IPS,
+    );
+    let objects = read_objects(files, node_name, external_ips)?;
     let mut text = String::new();
     let _ = writeln!(
         text,

@@ -206,6 +206,25 @@ fn flags_that_shape_the_rules_shape_what_render_prints() {
     assert_eq!(unknown.status.code(), Some(1));
 }
 
+/// With AllowServiceExternalIPs off, a Service's external IP gets no rule (here: the REJECT of
+/// a Service without endpoints).
+#[test]
+fn external_ips_follow_their_feature_gate() {
+    let objects = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
+        spec: {clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], externalIPs: [192.0.2.7],\n\
+        ports: [{name: http, port: 80, protocol: TCP}]}\n";
+    let rendered = |gates: &[&str]| {
+        let mut args = vec!["--hostname-override=node-a"];
+        args.extend_from_slice(gates);
+        args.push("-");
+        stdout(&render(&args, Some(objects)))
+    };
+    assert!(rendered(&[]).contains("-d 192.0.2.7"), "{}", rendered(&[]));
+    let off = rendered(&["--feature-gates=AllowServiceExternalIPs=false"]);
+    assert!(off.contains("10.96.0.10"), "{off}");
+    assert!(!off.contains("192.0.2.7"), "{off}");
+}
+
 #[test]
 fn bad_objects_are_named_and_the_rest_still_renders() {
     let input = "\

@@ -91,7 +91,7 @@ fn proxier(dir: &Path, case: &Case) -> (IptablesProxier<FakeIptables>, String) {
 
 /// The state the objects of `file` make, and the problems they had.
 fn state(dir: &Path, file: &str, case: &Case, node_name: &str) -> (ProxyState, Vec<String>) {
-    let mut objects = read_objects(&[dir.join(file)], node_name).unwrap();
+    let mut objects = read_objects(&[dir.join(file)], node_name, true).unwrap();
     // Upstream's fake proxier is single-family; its node IP is eth0's (lo's where eth0 has
     // none in the family).
     let eth0: Vec<IpAddr> = case

@@ -42,10 +42,19 @@ pub struct FileObjects {
     pub skipped: usize,
 }
 
-/// Reads every file and builds the state this node would program (`node_name` picks the Node).
-pub fn read_objects(paths: &[PathBuf], node_name: &str) -> Result<FileObjects, FilesError> {
+/// Reads every file and builds the state this node would program (`node_name` picks the Node;
+/// without `external_ips`, Services' externalIPs are dropped).
+pub fn read_objects(
+    paths: &[PathBuf],
+    node_name: &str,
+    external_ips: bool,
+) -> Result<FileObjects, FilesError> {
     let mut out = FileObjects::default();
-    let mut tracker = ChangeTracker::default();
+    let mut tracker = if external_ips {
+        ChangeTracker::default()
+    } else {
+        ChangeTracker::without_external_ips()
+    };
     for path in paths {
         let text = read_text(path).map_err(|source| FilesError::Read {
             path: path.clone(),

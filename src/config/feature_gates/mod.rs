@@ -82,6 +82,10 @@ pub fn check(gates: &std::collections::BTreeMap<String, bool>) -> Result<Vec<Str
     Ok(warnings)
 }
 
+/// The gate that lets Services' externalIPs be programmed (KEP-5707; upstream turns it off by
+/// default in 1.40).
+pub const ALLOW_SERVICE_EXTERNAL_IPS: &str = "AllowServiceExternalIPs";
+
 /// Whether `name` is on, given what was set.
 pub fn enabled(gates: &std::collections::BTreeMap<String, bool>, name: &str) -> bool {
     gates.get(name).copied().unwrap_or_else(|| {

@@ -105,7 +105,8 @@ fn upstreams_repeated_syncs() {
     let mut previous = ProxyState::default();
     let mut compared = 0;
     for (index, step) in case.steps.iter().enumerate() {
-        let mut objects = read_objects(&[dir.join(&step.objects)], &settings.node_name).unwrap();
+        let mut objects =
+            read_objects(&[dir.join(&step.objects)], &settings.node_name, true).unwrap();
         assert!(
             objects.problems.is_empty(),
             "{}: {:?}",
