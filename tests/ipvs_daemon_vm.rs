@@ -493,6 +493,71 @@ async fn ipvs_mode_ipv6_traffic() {
     daemon.stop().await;
 }
 
+/// Node addresses as upstream reads them (kubernetes#114815, #138927): by link, so that a
+/// load-balancer IP equal to the node's address leaves that address a node address (a NodePort
+/// virtual server on it, unbound from kube-ipvs0 where it was bound), and an IPv4 link-local
+/// address (node-local DNS's 169.254.20.10) serves NodePorts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_addresses_are_read_by_link() {
+    if !in_vm("node_addresses_are_read_by_link") {
+        return;
+    }
+    use serde_json::json;
+    use support::cluster::{Cluster, NODE_IP, addr, service, slice};
+    use support::netns::tcp_request;
+
+    let cluster = Cluster::start().await;
+    let node = &cluster.node;
+    node.exec(&["ip", "link", "add", "nodelocaldns", "type", "dummy"]);
+    node.exec(&[
+        "ip",
+        "addr",
+        "add",
+        "169.254.20.10/32",
+        "dev",
+        "nodelocaldns",
+    ]);
+    node.exec(&["ip", "link", "set", "nodelocaldns", "up"]);
+    // As an earlier daemon that read node addresses by value left it: the node's address bound.
+    node.exec(&["ip", "link", "add", "kube-ipvs0", "type", "dummy"]);
+    node.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{NODE_IP}/32"),
+        "dev",
+        "kube-ipvs0",
+    ]);
+    let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30087}]);
+    let mut lb = service("lb", "10.96.0.20", ports, json!({"type": "LoadBalancer"}));
+    lb["status"] = json!({"loadBalancer": {"ingress": [{"ip": NODE_IP}]}});
+    cluster.api.apply(lb).unwrap();
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(slice("lb", slice_ports, &["pod-a1", "pod-b2"]))
+        .unwrap();
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", ""));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let listing = node.output(&["ipvsadm", "-Ln"]);
+    for want in [
+        format!("TCP  {NODE_IP}:30087 rr"),
+        format!("TCP  {NODE_IP}:80 rr"),
+        "TCP  169.254.20.10:30087 rr".to_string(),
+    ] {
+        assert!(listing.contains(&want), "no {want:?}:\n{listing}");
+    }
+    let bound = node.output(&["ip", "-4", "addr", "show", "kube-ipvs0"]);
+    assert!(bound.contains("10.96.0.20/32"), "{bound}");
+    assert!(
+        !bound.contains(NODE_IP),
+        "the node's address is not bound: {bound}"
+    );
+    assert!(tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30087"))).is_ok());
+    assert!(tcp_request(&cluster.client, addr(&format!("{NODE_IP}:80"))).is_ok());
+    daemon.stop().await;
+}
+
 /// Switching modes as seed 002 does (edit the ConfigMap, restart), iptables -> ipvs -> iptables:
 /// traffic keeps flowing through every switch, each start leaves exactly its own mode's state,
 /// and a virtual server and rule of someone else survive. Then `--cleanup`, twice.

@@ -135,7 +135,7 @@ struct Current {
     observed: Observed,
     /// Whether `observed` was read from the kernel in full (else it is memory).
     read_all: bool,
-    /// Local addresses, kube-ipvs0's, loopback and link-local ones left out.
+    /// Local addresses of every link but kube-ipvs0, loopback and IPv6 link-local ones left out.
     local: Vec<IpAddr>,
     /// Our sets' entries: memory's, then each family's as its sync leaves them.
     sets: SetEntries,

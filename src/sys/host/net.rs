@@ -14,6 +14,13 @@ pub struct SysctlError {
 /// The addresses on this network namespace's interfaces.
 pub trait LocalAddresses: Send {
     fn addresses(&self) -> Vec<IpAddr>;
+
+    /// The addresses of every link but `link`: an address that `link` shares with another link
+    /// is kept (kubernetes#114815). A fake without links has no such link.
+    fn addresses_except(&self, link: &str) -> Vec<IpAddr> {
+        let _ = link;
+        self.addresses()
+    }
 }
 
 /// Reads them with getifaddrs.
@@ -22,23 +29,33 @@ pub struct SystemAddresses;
 
 impl LocalAddresses for SystemAddresses {
     fn addresses(&self) -> Vec<IpAddr> {
-        let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-            return Vec::new();
-        };
-        let mut found: Vec<IpAddr> = addrs
-            .filter_map(|ifaddr| ifaddr.address)
-            .filter_map(|addr| {
-                if let Some(v4) = addr.as_sockaddr_in() {
-                    Some(IpAddr::V4(v4.ip()))
-                } else {
-                    addr.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
-                }
-            })
-            .collect();
-        found.sort();
-        found.dedup();
-        found
+        system_addresses(None)
     }
+
+    fn addresses_except(&self, link: &str) -> Vec<IpAddr> {
+        system_addresses(Some(link))
+    }
+}
+
+/// Every link's addresses (one netlink dump each of links and addresses), but `except`'s.
+fn system_addresses(except: Option<&str>) -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut found: Vec<IpAddr> = addrs
+        .filter(|ifaddr| Some(ifaddr.interface_name.as_str()) != except)
+        .filter_map(|ifaddr| ifaddr.address)
+        .filter_map(|addr| {
+            if let Some(v4) = addr.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                addr.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
 }
 
 /// Kernel settings under /proc/sys, named with slashes (`net/ipv4/conf/all/route_localnet`).

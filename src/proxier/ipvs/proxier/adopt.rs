@@ -75,11 +75,13 @@ impl IpvsMode {
             .ensure_dummy(DUMMY_LINK)
             .map_err(SyncError::from)?;
         let (observed, read_all) = self.observe_at(depth, link)?;
+        // By link, as upstream: a node address that a Service also binds on kube-ipvs0 (its
+        // load-balancer IP, say) stays a node address, served as one and left unbound.
         let local: Vec<IpAddr> = self
             .addresses
-            .addresses()
+            .addresses_except(DUMMY_LINK)
             .into_iter()
-            .filter(|ip| !observed.bound.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
+            .filter(|ip| !ip.is_loopback() && !is_link_local(ip))
             .collect();
         let (sets, previous_iptables) = match self.applied.take() {
             Some(applied) if depth == Depth::Changes => (applied.sets, applied.iptables),
@@ -101,9 +103,11 @@ impl IpvsMode {
     }
 }
 
+/// IPv6 link-local (fe80::/10): never a NodePort address. IPv4's 169.254.0.0/16 is one, as
+/// upstream (node-local DNS's 169.254.20.10, say).
 pub(super) fn is_link_local(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V4(_) => false,
     }
 }
