@@ -1,5 +1,6 @@
 //! Configuration: the KubeProxyConfiguration file, the flags, and how they combine.
 
+mod canonical;
 mod duration;
 pub mod feature_gates;
 mod flags;
@@ -10,6 +11,7 @@ mod write;
 
 use std::path::PathBuf;
 
+pub use canonical::canonical_addresses;
 pub use duration::{DurationError, GoDuration};
 pub use flags::{Command, FlagError, Flags, VersionRequest, usage};
 pub use load::{API_VERSION, Decoded, KIND, LoadError, decode_config, read_config_file};
@@ -133,6 +135,7 @@ pub fn resolve(flags: &Flags, sources: &NodeNameSources) -> Result<Settings, Con
     }
     let mut warnings = flags.warnings();
     warnings.extend(feature_gates::check(&config.feature_gates)?);
+    canonical_addresses(&mut config);
     let errors = validate(&config);
     if !errors.is_empty() {
         return Err(ConfigError::Invalid(errors));

@@ -346,6 +346,24 @@ fn flags(args: &[&str]) -> Flags {
     Flags::parse_from(args.iter().copied()).unwrap()
 }
 
+/// Leading zeros, as upstream's sloppy parsers read them (decimal), in a file.
+#[test]
+fn addresses_with_leading_zeros_start_as_upstream_reads_them() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        file,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         bindAddress: 010.0.0.1\nhealthzBindAddress: 010.0.0.1:10256\nclusterCIDR: 010.244.0.0/16\n"
+    )
+    .unwrap();
+    let path = file.path().display().to_string();
+    let f = flags(&[&format!("--config={path}"), "--hostname-override=n"]);
+    let s = resolve(&f, &NodeNameSources::default()).unwrap();
+    assert_eq!(s.config.bind_address, "10.0.0.1");
+    assert_eq!(s.config.healthz_bind_address, "10.0.0.1:10256");
+    assert_eq!(s.config.cluster_cidr, "10.244.0.0/16");
+}
+
 #[test]
 fn flags_alone_make_a_config() {
     let f = flags(&[
