@@ -417,7 +417,7 @@ async fn ipvs_mode_ipv6_traffic() {
         return;
     }
     use serde_json::json;
-    use support::cluster::{Cluster, NODE_IP6, addr, many, names, service, slice6};
+    use support::cluster::{Cluster, NODE_IP6, addr, many, names, service, slice, slice6};
     use support::netns::tcp_request;
 
     let mut cluster = Cluster::start().await;
@@ -439,6 +439,14 @@ async fn ipvs_mode_ipv6_traffic() {
             slice_ports,
             &["pod-a1", "pod-a2", "pod-b1", "pod-b2"],
         ))
+        .unwrap();
+    let ports4 = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30088}]);
+    let web4 = service("web4", "10.96.0.20", ports4, json!({"type": "NodePort"}));
+    cluster.api.apply(web4).unwrap();
+    let slice4_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    cluster
+        .api
+        .apply(slice("web4", slice4_ports, &["pod-a1", "pod-b2"]))
         .unwrap();
     // Localhost NodePorts through the userspace proxy, beside IPVS (KEP-6032).
     let config = cluster.config_with_mode(
@@ -485,6 +493,11 @@ async fn ipvs_mode_ipv6_traffic() {
     assert!(
         names(&answers).len() >= 2,
         "NodePort on ::1, through the proxy: {answers:?}"
+    );
+    let answers = many(20, || tcp_request(node, addr("127.0.0.1:30088")));
+    assert!(
+        names(&answers).len() >= 2,
+        "NodePort on 127.0.0.1, through the proxy: {answers:?}"
     );
     assert!(
         !listing.contains("[::1]:30086"),
