@@ -37,7 +37,8 @@ pub const KNOWN: &[(&str, Stage, bool, bool)] = &[
         true,
     ),
     ("AllowParsingUserUIDFromCertAuth", Stage::Beta, true, false),
-    ("AllowServiceExternalIPs", Stage::Ga, true, false),
+    // GA since 1.0 as the behaviour it guards, deprecated since 1.36 (KEP-5707).
+    ("AllowServiceExternalIPs", Stage::Deprecated, true, false),
     (
         "AllowUnsafeMalformedObjectDeletion",
         Stage::Beta,

@@ -249,7 +249,7 @@ pub const UPSTREAM: &[Spec] = &[
         "nodeport-addresses",
         Kind::List,
         Role::Config(|c, v, _| c.node_port_addresses.extend(list(v))),
-        "A list of CIDR ranges (or 'primary') that contain valid node IPs for NodePorts.",
+        "A list of CIDR ranges that contain valid node IPs, and any of the keywords 'primary', 'localhost' and 'all', in any combination. Connections to NodePort services are only accepted on node IPs in one of them: 'primary' is the node's primary IP(s) according to the Node object, 'localhost' its loopback addresses, 'all' every address.",
     ),
     spec(
         "oom-score-adj",
