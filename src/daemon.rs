@@ -133,7 +133,7 @@ pub async fn run(
         metrics: &metrics,
         debug,
     };
-    start_servers(config, servers, proxier.mode()).await?;
+    let failed_servers = start_servers(config, servers, proxier.mode()).await?;
 
     let client = k8s::build_client(
         settings.kubeconfig.as_deref(),
@@ -151,6 +151,11 @@ pub async fn run(
         if let Some(events) = &events {
             events.post(NodeEvent::IpvsDeprecation);
         }
+    }
+    if let Some(events) = &events {
+        failed_servers
+            .into_iter()
+            .for_each(|event| events.post(event));
     }
     let (synced_tx, mut synced_rx) = watch::channel(Synced::default());
     let sink = WatchSink {
@@ -308,12 +313,13 @@ struct Servers<'a> {
     debug: Arc<DebugView>,
 }
 
-/// The health and metrics servers, on their configured addresses.
+/// The health and metrics servers, on their configured addresses; what failed to listen, as the
+/// Events upstream posts about it.
 async fn start_servers(
     config: &KubeProxyConfiguration,
     servers: Servers<'_>,
     mode: ProxyMode,
-) -> Result<(), DaemonError> {
+) -> Result<Vec<NodeEvent>, DaemonError> {
     let Servers {
         connections,
         health,
@@ -321,28 +327,35 @@ async fn start_servers(
         debug,
     } = servers;
     let hard_fail = config.bind_address_hard_fail;
-    if let Some(listener) = listen("health", &config.healthz_bind_address, hard_fail).await? {
-        serve_health(listener, connections, health.clone(), metrics.clone());
+    let mut failed = Vec::new();
+    let serve = {
+        let (connections, health, metrics) = (connections.clone(), health.clone(), metrics.clone());
+        move |listener| serve_health(listener, &connections, health, metrics)
+    };
+    if let Some(error) =
+        start_server("health", &config.healthz_bind_address, hard_fail, serve).await?
+    {
+        failed.push(NodeEvent::HealthServerFailed(error));
     }
-    if let Some(listener) = listen("metrics", &config.metrics_bind_address, hard_fail).await? {
-        let configz = crate::config::configz_json(config).unwrap_or_else(|error| {
-            warn!(%error, "Cannot write the configuration for /configz");
-            "{}".into()
-        });
-        let pages = MetricsPages {
-            mode: mode.as_str(),
-            configz,
-            debug: Some(debug),
-        };
-        serve_metrics(
-            listener,
-            connections,
-            metrics.clone(),
-            health.clone(),
-            pages,
-        );
+    let configz = crate::config::configz_json(config).unwrap_or_else(|error| {
+        warn!(%error, "Cannot write the configuration for /configz");
+        "{}".into()
+    });
+    let pages = MetricsPages {
+        mode: mode.as_str(),
+        configz,
+        debug: Some(debug),
+    };
+    let serve = {
+        let (connections, health, metrics) = (connections.clone(), health.clone(), metrics.clone());
+        move |listener| serve_metrics(listener, &connections, metrics, health, pages)
+    };
+    if let Some(error) =
+        start_server("metrics", &config.metrics_bind_address, hard_fail, serve).await?
+    {
+        failed.push(NodeEvent::MetricsServerFailed(error));
     }
-    Ok(())
+    Ok(failed)
 }
 
 /// Counts the API client's requests in the metrics.
@@ -474,30 +487,52 @@ fn localhost_node_ports(
     Some(LocalhostNodePorts::new(families, table, listener_metrics))
 }
 
-/// Binds a server's address; a failure stops the daemon only with bindAddressHardFail, as upstream.
-async fn listen(
-    what: &str,
+/// How often a server that could not listen tries again (upstream's too).
+const LISTEN_RETRY: Duration = Duration::from_secs(5);
+
+/// Binds a server's address and starts it with `serve`. A failure stops the daemon only with
+/// bindAddressHardFail, as upstream; otherwise the server tries again every [`LISTEN_RETRY`]
+/// in the background (a port still held by the kube-proxy this one replaces frees up soon),
+/// and the error is returned.
+async fn start_server(
+    what: &'static str,
     address: &str,
     hard_fail: bool,
-) -> Result<Option<tokio::net::TcpListener>, DaemonError> {
+    serve: impl FnOnce(tokio::net::TcpListener) + Send + 'static,
+) -> Result<Option<String>, DaemonError> {
     if address.is_empty() {
         info!("The {what} server is turned off");
         return Ok(None);
     }
-    match bind(address).await {
+    let err = match bind(address).await {
         Ok(listener) => {
-            let bound = listener
-                .local_addr()
-                .map_or_else(|_| address.to_string(), |a| a.to_string());
-            info!(address = %bound, "Starting {what} server");
-            Ok(Some(listener))
+            started(what, address, &listener);
+            serve(listener);
+            return Ok(None);
         }
-        Err(err) if hard_fail => Err(err.into()),
-        Err(err) => {
-            error!(error = %err, "Failed to start {what} server");
-            Ok(None)
+        Err(err) if hard_fail => return Err(err.into()),
+        Err(err) => err,
+    };
+    error!(error = %err, "Failed to start {what} server; retrying every {}s", LISTEN_RETRY.as_secs());
+    let address = address.to_string();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(LISTEN_RETRY).await;
+            if let Ok(listener) = bind(&address).await {
+                started(what, &address, &listener);
+                serve(listener);
+                return;
+            }
         }
-    }
+    });
+    Ok(Some(err.to_string()))
+}
+
+fn started(what: &str, address: &str, listener: &tokio::net::TcpListener) {
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| address.to_string(), |a| a.to_string());
+    info!(address = %bound, "Starting {what} server");
 }
 
 /// The runner's schedule for a mode's (minSyncPeriod, syncPeriod). A failed sync is retried after

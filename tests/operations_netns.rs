@@ -443,3 +443,48 @@ async fn nfacct_counters_count_real_packets() {
     assert_eq!(metric_value(&scrape(), LOCALHOST), Some(before));
     daemon.stop().await;
 }
+
+/// A health port still held when the daemon starts (the kube-proxy it replaces not yet gone):
+/// logged, posted as upstream's Warning Event, tried again every five seconds, and served once
+/// the port is free; the metrics port serves meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_health_port_is_served_once_it_is_free() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    let held = cluster
+        .node
+        .run(|| std::net::TcpListener::bind("0.0.0.0:10256").expect("hold 10256"));
+    let daemon = cluster.daemon(&cluster.config(""));
+    daemon.wait_for("Failed to start health server").await;
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let failed = |event: &Value| {
+        event["reason"] == "FailedToStartProxierHealthcheck"
+            && event["type"] == "Warning"
+            && event["action"] == "StartKubeProxy"
+            && event["regarding"]["name"] == "node-a"
+            && event["note"].as_str().is_some_and(|n| n.contains("10256"))
+    };
+    let events = || cluster.api.list(test_apiserver::Resource::EventsV1);
+    assert!(
+        eventually(WAIT, || events().iter().any(failed)).await,
+        "{:?}",
+        events()
+    );
+    let metrics = http_get(&cluster.node, addr("127.0.0.1:10249"), "/healthz");
+    assert!(matches!(metrics, Ok((200, _))), "{metrics:?}");
+
+    drop(held);
+    let healthy = || {
+        matches!(
+            http_get(
+                &cluster.client,
+                addr(&format!("{NODE_IP}:10256")),
+                "/healthz"
+            ),
+            Ok((200, _))
+        )
+    };
+    assert!(eventually(WAIT, healthy).await, "the health port is served");
+    daemon.stop().await;
+}

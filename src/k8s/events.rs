@@ -15,12 +15,17 @@ const START: &str = "StartKubeProxy";
 pub const IPVS_DEPRECATION: &str = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
 
 /// An event about this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeEvent {
     /// Normal, reason `Starting`: the proxier runs (upstream's "birth cry").
     Starting,
     /// Warning, reason `IPVSDeprecation`: the ipvs proxier was chosen.
     IpvsDeprecation,
+    /// Warning, reason `FailedToStartProxierHealthcheck`: the health server could not listen
+    /// (the error).
+    HealthServerFailed(String),
+    /// Warning, reason `FailedToStartMetricServer`: the metrics server could not listen.
+    MetricsServerFailed(String),
 }
 
 impl NodeEvent {
@@ -32,6 +37,14 @@ impl NodeEvent {
                 "IPVSDeprecation",
                 Some(IPVS_DEPRECATION.to_string()),
             ),
+            NodeEvent::HealthServerFailed(error) => (
+                EventType::Warning,
+                "FailedToStartProxierHealthcheck",
+                Some(error),
+            ),
+            NodeEvent::MetricsServerFailed(error) => {
+                (EventType::Warning, "FailedToStartMetricServer", Some(error))
+            }
         };
         Event {
             type_,
@@ -71,8 +84,9 @@ impl NodeEvents {
     pub fn post(&self, event: NodeEvent) {
         let (recorder, node) = (self.recorder.clone(), self.node.clone());
         tokio::spawn(async move {
+            let reason = format!("{event:?}");
             if let Err(error) = recorder.publish(&event.event(), &node).await {
-                warn!(?event, %error, "Cannot post an event");
+                warn!(event = %reason, %error, "Cannot post an event");
             }
         });
     }
