@@ -119,7 +119,8 @@ pub async fn run(
     let (mode, proxier) = proxier_for(mode, config, options, &requester)?;
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = metrics_for(config, options, mode)?;
-    let connections = connection_table(open_files, &metrics);
+    let relays = !options.dry_run && !localhost_proxy_families(config).is_empty();
+    let connections = connection_table(open_files, &metrics, relays);
     let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
     let debug = Arc::new(DebugView::new(
@@ -440,10 +441,14 @@ pub fn cleanup() {
 /// Open-files limit assumed when it cannot be read: the common default soft limit.
 const ASSUMED_OPEN_FILES: u64 = 1024;
 
-/// The bound on the HTTP servers' connections, together, under the open-files limit.
-fn connection_table(open_files: Option<u64>, metrics: &Metrics) -> ConnectionTable {
+/// The bound on the HTTP servers' connections, together, under the open-files limit: the
+/// files it leaves for connections, or half of them when the localhost NodePort proxy
+/// (`relays`) takes the other half.
+fn connection_table(open_files: Option<u64>, metrics: &Metrics, relays: bool) -> ConnectionTable {
     let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
-    let table = ConnectionTable::new(capacity_for_open_files(limit), metrics.connections());
+    let spare = capacity_for_open_files(limit);
+    let capacity = if relays { spare / 2 } else { spare };
+    let table = ConnectionTable::new(capacity, metrics.connections());
     info!(
         connections = table.capacity(),
         open_files = limit,
@@ -469,7 +474,7 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
 }
 
 /// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
-/// count apart from the HTTP servers'.
+/// count apart from the HTTP servers', in the other half of the files left for connections.
 fn localhost_node_ports(
     config: &KubeProxyConfiguration,
     open_files: Option<u64>,

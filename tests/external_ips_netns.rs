@@ -1,6 +1,6 @@
 //! Services' externalIPs and the AllowServiceExternalIPs feature gate (root; in namespaces):
 //! the real daemon in iptables and nftables mode serves a Service's external IP from the client
-//! by default, and with the gate off serves its ClusterIP alone (upstream 1.37, KEP-5707).
+//! by default, and with the gate off serves its ClusterIP alone (upstream 1.36, KEP-5707).
 
 mod support;
 

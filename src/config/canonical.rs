@@ -56,7 +56,9 @@ fn canonical_host_port(text: &mut String) {
     if text.parse::<SocketAddr>().is_ok() {
         return;
     }
+    // IPv4 only: an IPv6 host without brackets is refused, as upstream's SplitHostPort does.
     if let Some((host, port)) = text.rsplit_once(':')
+        && !host.contains(':')
         && let (Some(ip), Ok(port)) = (parse_ip(host), port.parse::<u16>())
     {
         *text = SocketAddr::new(ip, port).to_string();
@@ -87,7 +89,9 @@ mod tests {
         assert_eq!(config.ipvs.exclude_cidrs, ["10.9.0.0/16", "not a cidr"]);
         // An address upstream refuses too is left for validation to name.
         config.bind_address = "10.0.0.256".into();
+        config.metrics_bind_address = "::1:10249".into();
         canonical_addresses(&mut config);
         assert_eq!(config.bind_address, "10.0.0.256");
+        assert_eq!(config.metrics_bind_address, "::1:10249");
     }
 }

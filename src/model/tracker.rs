@@ -122,6 +122,8 @@ impl ChangeTracker {
         {
             for port in ports.values_mut() {
                 port.external_ips.clear();
+                // The policy was read for an externally reachable port; it may be one no more.
+                port.external_policy_local &= port.externally_accessible();
             }
         }
         let previous = match &ports {

@@ -17,7 +17,8 @@ use tracing::trace;
 mod connections;
 
 pub use connections::{
-    Admitted, ConnectionMetrics, ConnectionNames, ConnectionTable, capacity_for_open_files,
+    Admitted, ConnectionMetrics, ConnectionNames, ConnectionTable, ServerCounters,
+    capacity_for_open_files,
 };
 
 /// Why a server could not start.

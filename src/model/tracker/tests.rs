@@ -37,6 +37,7 @@ fn external_ips_are_dropped_when_they_are_not_allowed() {
         let mut ports = ports("ns", "a", 80);
         for port in ports.values_mut() {
             port.external_ips = vec!["192.0.2.1".parse().unwrap()];
+            port.external_policy_local = true;
         }
         ports
     };
@@ -46,7 +47,7 @@ fn external_ips_are_dropped_when_they_are_not_allowed() {
     state.apply(tracker.take_changes());
     let port = state.services[&key("a")].values().next().unwrap();
     assert!(port.external_ips.is_empty());
-    assert!(!port.externally_accessible());
+    assert!(!port.externally_accessible() && !port.external_policy_local);
     // A relist brings the same Service: nothing changed.
     let listing = BTreeMap::from([(key("a"), with_external())]);
     assert!(!tracker.replace_services(listing, &BTreeSet::new()));

@@ -260,7 +260,9 @@ pub fn render_base(ctx: &RenderContext) -> BaseRules {
     let mark = format!("{:#x}", ctx.common.masquerade_mark);
     let mut base = BaseRules::default();
     let v4 = ctx.common.family == IpFamily::V4;
-    if v4 && ctx.localhost_node_ports {
+    // Also with the userspace proxy, which leaves route_localnet as it found it: a node where
+    // it is on (an earlier iptables mode's, say) must still drop martian localnet traffic.
+    if v4 && (ctx.localhost_node_ports || ctx.localhost_proxy) {
         base.filter.push(Rule::new(
             KUBE_FIREWALL,
             format!(

@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 use tokio::sync::watch;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use super::http::{ConnectionNames, ConnectionTable, listen};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
+use crate::proxier::local::localhost;
 use balancer::{Balancer, locked};
 pub use targets::{Target, targets_of};
 
@@ -46,10 +47,11 @@ pub const CONNECTION_NAMES: ConnectionNames = ConnectionNames {
 /// at most.
 const MOST_RELAYS: usize = 2048;
 
-/// How many connections the proxy relays at once, given the HTTP servers' share of the
-/// open-files limit: half as many (each holds two files), at most [`MOST_RELAYS`].
-pub fn relay_capacity(http_capacity: usize) -> usize {
-    (http_capacity / 2).clamp(1, MOST_RELAYS)
+/// How many connections the proxy relays at once, given the files left for connections under
+/// the open-files limit: half of them, at two files a connection; at most [`MOST_RELAYS`].
+/// (Its listeners take a file each besides: one per TCP NodePort and family.)
+pub fn relay_capacity(spare_files: usize) -> usize {
+    (spare_files / 4).clamp(1, MOST_RELAYS)
 }
 
 /// Upstream's listener metrics (labelled by family).
@@ -64,7 +66,7 @@ pub struct ListenerMetrics {
 struct Listener {
     service: NamespacedName,
     balancer: Arc<Mutex<Balancer>>,
-    /// Closes the listener and its connections when set (or dropped).
+    /// Closes the listener when set (or dropped); the connections it took run on.
     stop: watch::Sender<bool>,
 }
 
@@ -74,6 +76,12 @@ pub struct LocalhostNodePorts {
     listeners: BTreeMap<SocketAddr, Listener>,
     /// The addresses each service's ports hold.
     held: BTreeMap<NamespacedName, Vec<SocketAddr>>,
+    /// Services with a port that could not be listened on: tried again at every sync.
+    retry: BTreeSet<NamespacedName>,
+    /// Addresses whose failure was logged as an error; a repeat is logged at debug level.
+    failing: BTreeSet<SocketAddr>,
+    /// Listeners open, IPv4's and IPv6's.
+    open: [usize; 2],
     connections: ConnectionTable,
     metrics: ListenerMetrics,
 }
@@ -88,14 +96,12 @@ impl LocalhostNodePorts {
             families,
             listeners: BTreeMap::new(),
             held: BTreeMap::new(),
+            retry: BTreeSet::new(),
+            failing: BTreeSet::new(),
+            open: [0, 0],
             connections,
             metrics,
         }
-    }
-
-    /// The families served.
-    pub fn families(&self) -> &[IpFamily] {
-        &self.families
     }
 
     /// The addresses listened on now.
@@ -103,66 +109,76 @@ impl LocalhostNodePorts {
         self.listeners.keys().copied().collect()
     }
 
-    /// Brings the listeners in line with `state` for the services in `changed`, or for every
-    /// service when it is `None`. Must run inside the tokio runtime.
+    /// Brings the listeners in line with `state` for the services in `changed` and those whose
+    /// ports could not be listened on before, or for every service when `changed` is `None`.
+    /// Must run inside the tokio runtime.
     pub fn sync(&mut self, state: &ProxyState, changed: Option<&BTreeSet<NamespacedName>>) {
-        let services: Vec<NamespacedName> = match changed {
-            Some(changed) => changed.iter().cloned().collect(),
-            None => self
-                .held
-                .keys()
-                .chain(state.services.keys())
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-        };
-        for service in services {
-            let targets = targets_of(&service, state, &self.families);
-            self.sync_service(&service, targets);
+        let mut services = std::mem::take(&mut self.retry);
+        match changed {
+            Some(changed) => services.extend(changed.iter().cloned()),
+            None => services.extend(self.held.keys().chain(state.services.keys()).cloned()),
         }
-        for family in [IpFamily::V4, IpFamily::V6] {
-            let count = self
-                .listeners
-                .keys()
-                .filter(|a| IpFamily::of(&a.ip()) == family)
-                .count();
-            if self.families.contains(&family) {
-                self.metrics
-                    .listeners
-                    .with_label_values(&[family.name()])
-                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+        // The node's families only: another family's endpoints are out of its reach.
+        let node_families = state.node.families();
+        let families: Vec<IpFamily> = self
+            .families
+            .iter()
+            .copied()
+            .filter(|f| node_families.contains(f))
+            .collect();
+        // Every address these services want, the first claimant's when two claim one.
+        let mut wanted: BTreeMap<SocketAddr, (NamespacedName, Target)> = BTreeMap::new();
+        for service in &services {
+            for (address, target) in targets_of(service, state, &families) {
+                wanted
+                    .entry(address)
+                    .or_insert_with(|| (service.clone(), target));
             }
+        }
+        // Addresses these services no longer want close; one another of them now wants moves
+        // to it on the same socket (closing and listening again could find it still bound).
+        for service in &services {
+            for address in self.held.remove(service).unwrap_or_default() {
+                match wanted.get(&address) {
+                    Some((owner, _)) => {
+                        if let Some(listener) = self.listeners.get_mut(&address) {
+                            listener.service = owner.clone();
+                        }
+                    }
+                    None => self.close(address),
+                }
+            }
+        }
+        for (address, (service, target)) in wanted {
+            if self.serve(address, &service, target) {
+                self.held.entry(service).or_default().push(address);
+            } else {
+                self.retry.insert(service);
+            }
+        }
+        for family in &self.families {
+            let open = self.open[family_index(*family)];
+            self.metrics
+                .listeners
+                .with_label_values(&[family.name()])
+                .set(i64::try_from(open).unwrap_or(i64::MAX));
         }
     }
 
-    fn sync_service(&mut self, service: &NamespacedName, targets: Vec<(SocketAddr, Target)>) {
-        let before = self.held.remove(service).unwrap_or_default();
-        for address in &before {
-            if !targets.iter().any(|(a, _)| a == address) {
-                self.close(*address);
+    /// Serves `address` for `service`: its listener takes the new endpoints, or one is opened.
+    /// False when it could not be (the port is taken, by another Service or program).
+    fn serve(&mut self, address: SocketAddr, service: &NamespacedName, target: Target) -> bool {
+        if let Some(listener) = self.listeners.get(&address) {
+            if listener.service == *service {
+                locked(&listener.balancer).update(target);
+                return true;
             }
+            // The API server allocates NodePorts uniquely; the kernel paths, too, serve such
+            // a port for one Service only.
+            debug!(%address, service = %service, holder = %listener.service, "NodePort already served on localhost for another Service; skipped");
+            return false;
         }
-        let mut held = Vec::new();
-        for (address, target) in targets {
-            if let Some(listener) = self.listeners.get(&address) {
-                if listener.service == *service {
-                    locked(&listener.balancer).update(target);
-                    held.push(address);
-                } else {
-                    // The API server allocates NodePorts uniquely; the kernel paths, too,
-                    // serve such a port for one Service only, without a word.
-                    debug!(%address, service = %service, holder = %listener.service, "NodePort already served on localhost for another Service; skipped");
-                }
-                continue;
-            }
-            if self.open(address, service, target) {
-                held.push(address);
-            }
-        }
-        if !held.is_empty() {
-            self.held.insert(service.clone(), held);
-        }
+        self.open(address, service, target)
     }
 
     fn open(&mut self, address: SocketAddr, service: &NamespacedName, target: Target) -> bool {
@@ -170,14 +186,11 @@ impl LocalhostNodePorts {
         let listener = match listen(address) {
             Ok(listener) => listener,
             Err(err) => {
-                error!(%address, service_port = %target.port, error = %err, "Failed to create localhost nodeport proxy");
-                self.metrics
-                    .creation_failures
-                    .with_label_values(&[family.name()])
-                    .inc();
+                self.failed(address, &target, &err);
                 return false;
             }
         };
+        self.failing.remove(&address);
         debug!(%address, service_port = %target.port, "Created localhost nodeport proxy");
         let balancer = Arc::new(Mutex::new(Balancer::new(target)));
         let (stop, stopped) = watch::channel(false);
@@ -195,18 +208,56 @@ impl LocalhostNodePorts {
                 stop,
             },
         );
+        self.open[family_index(family)] += 1;
         true
     }
 
+    /// A listener could not be opened: counted, logged (as an error the first time), and the
+    /// family dropped when it has no loopback address (IPv6 turned off on the node).
+    fn failed(&mut self, address: SocketAddr, target: &Target, err: &std::io::Error) {
+        let family = IpFamily::of(&address.ip());
+        self.metrics
+            .creation_failures
+            .with_label_values(&[family.name()])
+            .inc();
+        if err.raw_os_error() == Some(nix::libc::EADDRNOTAVAIL) {
+            warn!(%address, error = %err, "No loopback address to serve localhost NodePorts on; not serving them in this family");
+            self.families.retain(|f| *f != family);
+        } else if self.failing.insert(address) {
+            error!(%address, service_port = %target.port, error = %err, "Failed to create localhost nodeport proxy");
+        } else {
+            debug!(%address, service_port = %target.port, error = %err, "Failed to create localhost nodeport proxy");
+        }
+    }
+
+    /// Stops taking connections on `address`; those it took run on (as connections the
+    /// kernel path forwarded do) until either side ends them.
     fn close(&mut self, address: SocketAddr) {
+        self.failing.remove(&address);
         if let Some(listener) = self.listeners.remove(&address) {
             let _ = listener.stop.send(true);
+            let family = IpFamily::of(&address.ip());
+            self.open[family_index(family)] -= 1;
             // Both families' listeners of a port count under one label.
-            if !self.listeners.keys().any(|a| a.port() == address.port()) {
+            let other = match family {
+                IpFamily::V4 => IpFamily::V6,
+                IpFamily::V6 => IpFamily::V4,
+            };
+            if !self
+                .listeners
+                .contains_key(&SocketAddr::new(localhost(other), address.port()))
+            {
                 self.connections.forget(relay::SERVER, address.port());
             }
             debug!(%address, service = %listener.service, "Removing localhost nodeport proxy");
         }
+    }
+}
+
+fn family_index(family: IpFamily) -> usize {
+    match family {
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tracing::{debug, trace};
 
 use super::balancer::{Balancer, locked};
-use crate::servers::http::{Admitted, ConnectionTable, out_of_files};
+use crate::servers::http::{Admitted, ConnectionTable, ServerCounters, out_of_files};
 
 /// How long a connection to an endpoint may take (upstream's too).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -35,8 +35,8 @@ const ACTIVITY_GRAIN: Duration = Duration::from_secs(1);
 /// The connections' name in the table's metrics.
 pub const SERVER: &str = "localhost-nodeport";
 
-/// Relays the connections `listener` accepts until `stop` says so; then the listener and every
-/// connection it took close.
+/// Relays the connections `listener` accepts until `stop` says so; then the listener closes,
+/// and the connections it took run on until either side ends them or the table sheds them.
 pub fn serve(
     listener: TcpListener,
     balancer: Arc<Mutex<Balancer>>,
@@ -44,10 +44,9 @@ pub fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let port = listener.local_addr().map_or(0, |a| a.port());
-    let counters = table.counters(SERVER, port);
     tokio::spawn(async move {
-        // Every connection watches this; it closes them when the accept loop returns.
-        let (_closing, closed) = watch::channel(());
+        // A port's metrics appear with its first connection: most NodePorts never see one.
+        let mut counters: Option<ServerCounters> = None;
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -57,13 +56,9 @@ pub fn serve(
                 Ok((client, peer)) if peer.ip().is_loopback() => {
                     let endpoint = locked(&balancer).pick(peer.ip(), std::time::Instant::now());
                     let Some(endpoint) = endpoint else { continue };
-                    let (admitted, shed) = table.admit(&counters);
-                    let relay = Relay {
-                        admitted,
-                        shed,
-                        closed: closed.clone(),
-                    };
-                    tokio::spawn(relay.run(client, endpoint));
+                    let counters = counters.get_or_insert_with(|| table.counters(SERVER, port));
+                    let (admitted, shed) = table.admit(counters);
+                    tokio::spawn(Relay { admitted, shed }.run(client, endpoint));
                 }
                 Ok((_, peer)) => {
                     trace!(%peer, "Refused a localhost NodePort connection from off the node")
@@ -83,11 +78,10 @@ pub fn serve(
     });
 }
 
-/// One accepted connection and what can end it early.
+/// One accepted connection, and the signal that sheds it.
 struct Relay {
     admitted: Admitted,
     shed: oneshot::Receiver<()>,
-    closed: watch::Receiver<()>,
 }
 
 impl Relay {
@@ -97,7 +91,6 @@ impl Relay {
         tokio::select! {
             () = relayed => {}
             shed = &mut self.shed => if shed.is_ok() { counters.shed.inc() },
-            _ = self.closed.changed() => {}
         }
     }
 }
@@ -119,7 +112,7 @@ async fn relay(client: TcpStream, endpoint: SocketAddr, admitted: &Admitted) {
     };
     let _ = client.set_nodelay(true);
     let _ = backend.set_nodelay(true);
-    // The copy's buffers (8 kB each way) only once either side has something to say.
+    // The copy's buffers only once either side has something to say.
     tokio::select! {
         ready = client.readable() => if ready.is_err() { return },
         ready = backend.readable() => if ready.is_err() { return },

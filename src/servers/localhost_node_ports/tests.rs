@@ -39,10 +39,16 @@ fn free_port() -> u16 {
 }
 
 fn web(node_port: u16, endpoints: &[SocketAddr]) -> ProxyState {
-    let mut port: ServicePort = service_port("ns", "web", "http");
-    port.node_port = Some(node_port);
     let mut state = ProxyState::default();
     state.node.name = "node-a".into();
+    add(&mut state, "web", node_port, endpoints);
+    state
+}
+
+/// Adds Service `ns/name` with a port on `node_port` and `endpoints`.
+fn add(state: &mut ProxyState, name: &str, node_port: u16, endpoints: &[SocketAddr]) {
+    let mut port: ServicePort = service_port("ns", name, "http");
+    port.node_port = Some(node_port);
     let key = port.name.service.clone();
     let endpoints = endpoints
         .iter()
@@ -54,7 +60,6 @@ fn web(node_port: u16, endpoints: &[SocketAddr]) -> ProxyState {
     let mut ports = VecMap::default();
     ports.insert(port.name.clone(), port);
     state.services.insert(key, ports);
-    state
 }
 
 fn proxy(capacity: usize) -> (LocalhostNodePorts, ConnectionMetrics, ListenerMetrics) {
@@ -120,8 +125,9 @@ async fn a_node_port_is_relayed_while_it_has_endpoints() {
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
 }
 
+/// As a connection the kernel forwarded: a relayed connection outlives its Service's listener.
 #[tokio::test]
-async fn a_deleted_service_closes_its_listener_and_its_connections() {
+async fn a_deleted_service_closes_its_listener_and_its_connections_run_on() {
     let one = backend("one").await;
     let node_port = free_port();
     let (mut proxy, _, _) = proxy(16);
@@ -132,9 +138,35 @@ async fn a_deleted_service_closes_its_listener_and_its_connections() {
     // A full sync of a state without the service.
     proxy.sync(&ProxyState::default(), None);
     assert!(proxy.addresses().is_empty());
-    let mut rest = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut rest)).await;
-    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = exchange(node_port, "x").await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    held.write_all(b"still here").await.unwrap();
+    let mut echo = [0u8; 10];
+    let read = tokio::time::timeout(Duration::from_secs(5), held.read_exact(&mut echo)).await;
+    assert!(matches!(read, Ok(Ok(_))), "{read:?}");
+    assert_eq!(&echo, b"still here");
+}
+
+/// A NodePort that moves from one Service to another in one sync stays served, by the same
+/// socket, now for the other Service's endpoints.
+#[tokio::test]
+async fn a_node_port_moves_to_another_service_in_one_sync() {
+    let (one, two) = (backend("one").await, backend("two").await);
+    let node_port = free_port();
+    let (mut proxy, _, _) = proxy(16);
+    proxy.sync(&web(node_port, &[one]), None);
+    let mut state = ProxyState::default();
+    state.node.name = "node-a".into();
+    add(&mut state, "api", node_port, &[two]);
+    let changed: BTreeSet<NamespacedName> = [
+        NamespacedName::new("ns", "web"),
+        NamespacedName::new("ns", "api"),
+    ]
+    .into();
+    proxy.sync(&state, Some(&changed));
+    assert_eq!(proxy.addresses().len(), 1);
+    assert!(exchange(node_port, "x").await.unwrap().starts_with("two\n"));
 }
 
 #[tokio::test]
@@ -152,10 +184,9 @@ async fn a_port_taken_by_another_program_is_counted_and_the_rest_are_served() {
             .get(),
         1
     );
-    // The next sync of the service tries again.
+    // The next sync tries again, though nothing changed.
     drop(taken);
-    let changed: BTreeSet<NamespacedName> = [NamespacedName::new("ns", "web")].into();
-    proxy.sync(&web(taken_port, &[one]), Some(&changed));
+    proxy.sync(&web(taken_port, &[one]), Some(&BTreeSet::new()));
     assert_eq!(proxy.addresses().len(), 1);
     assert!(
         exchange(taken_port, "x")

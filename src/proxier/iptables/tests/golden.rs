@@ -124,8 +124,8 @@ fn node_port_on_listed_addresses() {
 }
 
 /// The userspace proxy serves 127.0.0.1: no rule sends it to KUBE-NODEPORTS, none drops it
-/// (a Local NodePort without a local endpoint is refused by the proxy, which has no listener),
-/// and no localnet firewall rule, route_localnet being left alone.
+/// (a Local NodePort without a local endpoint is refused by the proxy, which has no listener);
+/// the localnet firewall rule stays, as route_localnet is left as it was found.
 #[test]
 fn localhost_left_to_the_proxy() {
     let s = svc("ns1", "svc1", "172.30.0.41", |s| {
