@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use support::cluster::{Cluster, Daemon, NODE_IP, addr, seed, service, slice};
 use support::flood::{Flood, raise_open_files};
 use support::netns::{Netns, http_get, require_netns};
-use support::{WAIT, eventually};
+use support::{WAIT, eventually, metric};
 
 const HEALTH_CHECK_PORT: u16 = 31000;
 
@@ -59,16 +59,6 @@ fn probe(client: &Netns, port: u16, path: &str, check: impl Fn(&str) -> bool) ->
 
 fn local_endpoints(body: &str) -> Option<u64> {
     serde_json::from_str::<Value>(body).ok()?["localEndpoints"].as_u64()
-}
-
-/// The value of the metric line starting with `prefix` (name and labels).
-fn metric(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,10 +11,10 @@ use std::io::ErrorKind;
 
 use serde_json::json;
 use support::cluster::{
-    Cluster, NODE_IP, addr, apply_dual_stack_slices, many, names, service, slice,
+    Cluster, NODE_IP, addr, apply_dual_stack_slices, dual_stack_web, many, names, service, slice,
 };
 use support::netns::{http_get, require_netns, tcp_request};
-use support::{WAIT, eventually};
+use support::{WAIT, eventually, metric};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n\
     featureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n\
@@ -32,14 +32,7 @@ fn tcp_ports(node_port: u16) -> (serde_json::Value, serde_json::Value) {
 /// pods only) and `sticky` (ClientIP affinity, 30093, on every pod).
 fn seed(cluster: &Cluster) {
     let (ports, slice_ports) = tcp_ports(30090);
-    let mut web = service(
-        "web",
-        "10.96.0.10",
-        ports,
-        json!({"type": "NodePort", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
-    );
-    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
-    cluster.api.apply(web).unwrap();
+    cluster.api.apply(dual_stack_web(ports)).unwrap();
     apply_dual_stack_slices(cluster, "web", slice_ports, &["pod-a1", "pod-b2"]);
     let all = ["pod-a1", "pod-a2", "pod-b1", "pod-b2"];
     for (name, ip, node_port, extra, pods) in [
@@ -154,16 +147,6 @@ async fn localhost_node_ports_through_the_proxy_in_iptables_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn localhost_node_ports_through_the_proxy_in_nftables_mode() {
     localhost_node_ports_through_the_proxy("nftables").await;
-}
-
-/// The value of the metric line starting with `prefix` (name and labels).
-fn metric(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1.0)
 }
 
 /// A flood of idle connections on a localhost NodePort, beyond what the daemon's open-files

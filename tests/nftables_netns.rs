@@ -10,8 +10,8 @@ use std::io::ErrorKind;
 use kube_proxy_rs::proxier::nftables::names::hash_and_truncate;
 use serde_json::json;
 use support::cluster::{
-    CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, apply_dual_stack_slices, many, names, seed,
-    service, slice, web_ports,
+    CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, apply_dual_stack_slices, dual_stack_web,
+    many, names, seed, service, slice, web_ports,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -460,14 +460,7 @@ async fn dual_stack_through_the_nftables_proxier() {
     cluster.add_ipv6();
     let ports = json!([{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30090}]);
     let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    let mut web = service(
-        "web",
-        "10.96.0.10",
-        ports,
-        json!({"type": "NodePort", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
-    );
-    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
-    cluster.api.apply(web).unwrap();
+    cluster.api.apply(dual_stack_web(ports)).unwrap();
     let pods = ["pod-a1", "pod-b2"];
     apply_dual_stack_slices(&cluster, "web", slice_ports, &pods);
     let mut empty = service(

@@ -63,3 +63,14 @@ pub fn slice(
             .collect(),
     }
 }
+
+/// Puts `port` (of its own Service) and its `endpoints` into `state`.
+pub fn insert_port(state: &mut super::ProxyState, port: ServicePort, endpoints: Vec<Endpoint>) {
+    let key = port.name.service.clone();
+    let mut by_port = super::VecMap::default();
+    by_port.insert(port.name.clone(), endpoints);
+    state.endpoints.insert(key.clone(), by_port);
+    let mut ports = super::VecMap::default();
+    ports.insert(port.name.clone(), port);
+    state.services.insert(key, ports);
+}

@@ -332,6 +332,18 @@ pub fn service(name: &str, ip: &str, ports: Value, extra: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec})
 }
 
+/// Service `web` of type NodePort on 10.96.0.10 and fd00:10:96::10 (RequireDualStack).
+pub fn dual_stack_web(ports: Value) -> Value {
+    let mut web = service(
+        "web",
+        "10.96.0.10",
+        ports,
+        json!({"type": "NodePort", "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
+    );
+    web["spec"]["clusterIPs"] = json!(["10.96.0.10", "fd00:10:96::10"]);
+    web
+}
+
 /// The IPv6 slice `<service>-6` of the pods' v6 addresses.
 /// A service's IPv4 and IPv6 EndpointSlices, with `pods` in both.
 pub fn apply_dual_stack_slices(cluster: &Cluster, service: &str, ports: Value, pods: &[&str]) {

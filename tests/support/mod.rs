@@ -107,6 +107,16 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
     }
 }
 
+/// The value of the metric line starting with `prefix` (name and labels); -1 without one.
+pub fn metric(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1.0)
+}
+
 /// The generous bound for waits in these tests.
 pub const WAIT: Duration = Duration::from_secs(60);
 

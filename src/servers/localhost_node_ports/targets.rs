@@ -79,19 +79,13 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::fixtures::{endpoint, service_port};
-    use crate::model::{Endpoint, VecMap};
+    use crate::model::Endpoint;
+    use crate::model::fixtures::{endpoint, insert_port, service_port};
 
     fn state(port: crate::model::ServicePort, endpoints: Vec<Endpoint>) -> ProxyState {
         let mut state = ProxyState::default();
         state.node.name = "node-a".into();
-        let key = port.name.service.clone();
-        let mut by_port = VecMap::default();
-        by_port.insert(port.name.clone(), endpoints);
-        state.endpoints.insert(key.clone(), by_port);
-        let mut ports = VecMap::default();
-        ports.insert(port.name.clone(), port);
-        state.services.insert(key, ports);
+        insert_port(&mut state, port, endpoints);
         state
     }
 

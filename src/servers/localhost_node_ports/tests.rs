@@ -8,8 +8,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::model::fixtures::service_port;
-use crate::model::{Endpoint, ServicePort, VecMap};
+use crate::model::fixtures::{insert_port, service_port};
+use crate::model::{Endpoint, ServicePort};
 use crate::servers::ConnectionMetrics;
 
 /// A backend that greets with its name, then echoes until the client is done.
@@ -49,17 +49,11 @@ fn web(node_port: u16, endpoints: &[SocketAddr]) -> ProxyState {
 fn add(state: &mut ProxyState, name: &str, node_port: u16, endpoints: &[SocketAddr]) {
     let mut port: ServicePort = service_port("ns", name, "http");
     port.node_port = Some(node_port);
-    let key = port.name.service.clone();
     let endpoints = endpoints
         .iter()
         .map(|a| Endpoint::ready(a.ip(), a.port(), Some("node-a")))
         .collect();
-    let mut by_port = VecMap::default();
-    by_port.insert(port.name.clone(), endpoints);
-    state.endpoints.insert(key.clone(), by_port);
-    let mut ports = VecMap::default();
-    ports.insert(port.name.clone(), port);
-    state.services.insert(key, ports);
+    insert_port(state, port, endpoints);
 }
 
 fn proxy(capacity: usize) -> (LocalhostNodePorts, ConnectionMetrics, ListenerMetrics) {
