@@ -10,7 +10,7 @@ use crate::config::{
     KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings, feature_gates,
 };
 use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
-use crate::model::{ChangeTracker, ProxyState};
+use crate::model::{ChangeTracker, IpFamily, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
@@ -119,8 +119,13 @@ pub async fn run(
     let (mode, proxier) = proxier_for(mode, config, options, &requester)?;
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = metrics_for(config, options, mode)?;
-    let relays = !options.dry_run && !localhost_proxy_families(config).is_empty();
-    let connections = connection_table(open_files, &metrics, relays);
+    // A dry run opens no ports for services either.
+    let proxy_families = if options.dry_run {
+        Vec::new()
+    } else {
+        localhost_proxy_families(config)
+    };
+    let connections = connection_table(open_files, &metrics, !proxy_families.is_empty());
     let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
     let debug = Arc::new(DebugView::new(
@@ -195,10 +200,7 @@ pub async fn run(
         events.post(NodeEvent::Starting);
     }
 
-    // A dry run opens no ports for services either.
-    let localhost_node_ports = (!options.dry_run)
-        .then(|| localhost_node_ports(config, open_files, &metrics))
-        .flatten();
+    let localhost_node_ports = localhost_node_ports(proxy_families, open_files, &metrics);
     let sync_loop = SyncLoop {
         tracker,
         state,
@@ -473,14 +475,13 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
     }
 }
 
-/// The localhost NodePort proxy, when the configuration has it serve a family. Its connections
-/// count apart from the HTTP servers', in the other half of the files left for connections.
+/// The localhost NodePort proxy, when it serves a family. Its connections count apart from the
+/// HTTP servers', in the other half of the files left for connections.
 fn localhost_node_ports(
-    config: &KubeProxyConfiguration,
+    families: Vec<IpFamily>,
     open_files: Option<u64>,
     metrics: &Metrics,
 ) -> Option<LocalhostNodePorts> {
-    let families = localhost_proxy_families(config);
     if families.is_empty() {
         return None;
     }

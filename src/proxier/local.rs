@@ -137,18 +137,30 @@ pub fn localhost_proxy_families(config: &KubeProxyConfiguration) -> Vec<IpFamily
     if !feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE) {
         return Vec::new();
     }
+    let named: Vec<IpNet> = loopback_nets(&config.node_port_addresses).collect();
     [IpFamily::V4, IpFamily::V6]
         .into_iter()
-        .filter(|family| {
-            let listen = localhost(*family);
-            config.node_port_addresses.iter().any(|entry| {
-                entry == "localhost"
-                    || entry
-                        .parse::<IpNet>()
-                        .is_ok_and(|net| net.addr().is_loopback() && net.contains(&listen))
-            })
-        })
+        .filter(|family| named.iter().any(|net| net.contains(&localhost(*family))))
         .collect()
+}
+
+/// The loopback networks nodePortAddresses names: `localhost`'s, and its loopback CIDRs.
+pub fn loopback_nets(configured: &[String]) -> impl Iterator<Item = IpNet> + '_ {
+    configured.iter().flat_map(|entry| {
+        let nets: Vec<IpNet> = if entry == "localhost" {
+            LOOPBACK_NETS
+                .iter()
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        } else {
+            entry
+                .parse::<IpNet>()
+                .into_iter()
+                .filter(|net| net.addr().is_loopback())
+                .collect()
+        };
+        nets
+    })
 }
 
 /// The loopback address localhost NodePorts are served on in `family`.

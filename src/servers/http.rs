@@ -151,11 +151,8 @@ pub fn serve_until(
                 }
                 Err(err) => {
                     trace!(error = %err, "Failed to accept an HTTP connection");
-                    if out_of_files(&err) {
-                        table.shed_oldest();
-                    }
                     tokio::select! {
-                        () = tokio::time::sleep(ACCEPT_PAUSE) => {}
+                        () = accept_failed(&table, &err) => {}
                         () = &mut stop => return,
                     }
                 }
@@ -164,8 +161,17 @@ pub fn serve_until(
     });
 }
 
+/// After a failed accept: the oldest connection of `table` closed when the process ran out of
+/// file descriptors, then a pause of [`ACCEPT_PAUSE`] before the next accept.
+pub(super) async fn accept_failed(table: &ConnectionTable, err: &std::io::Error) {
+    if out_of_files(err) {
+        table.shed_oldest();
+    }
+    tokio::time::sleep(ACCEPT_PAUSE).await;
+}
+
 /// The process (or the system) ran out of file descriptors.
-pub(super) fn out_of_files(err: &std::io::Error) -> bool {
+fn out_of_files(err: &std::io::Error) -> bool {
     matches!(
         err.raw_os_error(),
         Some(code) if code == nix::libc::EMFILE || code == nix::libc::ENFILE

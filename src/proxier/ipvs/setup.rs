@@ -7,7 +7,7 @@ use super::support::{IpvsUnsupported, check_support};
 use super::{IpvsProxier, IpvsSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
-use crate::proxier::local::localhost_proxy_families;
+use crate::proxier::local::{localhost_proxy_families, loopback_nets};
 use crate::sys::host::net::{ProcSysctl, SystemAddresses};
 use crate::sys::xtables::{Backend, SystemIptables};
 
@@ -26,22 +26,14 @@ pub fn setup(
     .map_err(|err| IpvsUnsupported::Start(err.to_string()))?;
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using ipvs Proxier");
-    if names_loopback(&config.node_port_addresses) && localhost_proxy_families(config).is_empty() {
+    if loopback_nets(&config.node_port_addresses).next().is_some()
+        && localhost_proxy_families(config).is_empty()
+    {
         warn!(
             "NodePorts on localhost addresses are not served by IPVS (as upstream): nodePortAddresses' loopback addresses are left out; the KubeProxyNFTablesLocalhostNodePorts feature gate serves them through a userspace proxy"
         );
     }
     Ok(Box::new(proxier))
-}
-
-/// Whether nodePortAddresses names a loopback address (`localhost`, or a loopback CIDR).
-fn names_loopback(node_port_addresses: &[String]) -> bool {
-    node_port_addresses.iter().any(|entry| {
-        entry == "localhost"
-            || entry
-                .parse::<ipnet::IpNet>()
-                .is_ok_and(|net| net.addr().is_loopback())
-    })
 }
 
 /// The sysctls `--init-only` sets for this mode.
@@ -56,7 +48,8 @@ mod tests {
     #[test]
     fn loopback_is_named_by_keyword_or_loopback_cidr() {
         let named = |entries: &[&str]| {
-            names_loopback(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+            let entries: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+            loopback_nets(&entries).next().is_some()
         };
         assert!(named(&["primary", "localhost"]));
         assert!(named(&["127.0.0.0/8"]) && named(&["::1/128"]));

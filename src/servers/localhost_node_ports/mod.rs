@@ -21,7 +21,7 @@ use super::http::{ConnectionNames, ConnectionTable, listen};
 use crate::model::{IpFamily, NamespacedName, ProxyState};
 use crate::proxier::local::localhost;
 use balancer::{Balancer, locked};
-pub use targets::{Target, targets_of};
+use targets::{Target, targets_of};
 
 /// The relayed connections' metrics, apart from the HTTP servers'.
 pub const CONNECTION_NAMES: ConnectionNames = ConnectionNames {

@@ -20,12 +20,10 @@ use tokio::time::Instant;
 use tracing::{debug, trace};
 
 use super::balancer::{Balancer, locked};
-use crate::servers::http::{Admitted, ConnectionTable, ServerCounters, out_of_files};
+use crate::servers::http::{Admitted, ConnectionTable, ServerCounters, accept_failed};
 
 /// How long a connection to an endpoint may take (upstream's too).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
-/// After a failed accept (out of file descriptors, say), wait this long before the next.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Each way's copy buffer: 32 kB relays 0.60x the kernel path's throughput where tokio's
 /// default 8 kB relays 0.38x, and 64 kB 0.65x (docs/benchmarks.md).
 pub const BUFFER: usize = 32 * 1024;
@@ -65,11 +63,8 @@ pub fn serve(
                 }
                 Err(err) => {
                     trace!(error = %err, "Failed to accept a localhost NodePort connection");
-                    if out_of_files(&err) {
-                        table.shed_oldest();
-                    }
                     tokio::select! {
-                        () = tokio::time::sleep(ACCEPT_PAUSE) => {}
+                        () = accept_failed(&table, &err) => {}
                         _ = stop.wait_for(|stop| *stop) => return,
                     }
                 }
