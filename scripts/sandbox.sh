@@ -185,5 +185,12 @@ left=$(save | grep -c 'demo/web' || true)
 echo "   rules left for demo/web: $left"
 if [ "$left" != 0 ]; then
   echo "   kube-proxy-rs's last log lines:"; tail -n 20 "$work/proxy.log" | sed 's/^/   /'
+  # Whether the daemon heard of the deletion (its view without the Service, a change queued
+  # after the last sync) and no sync followed, or never heard of it.
+  echo "   now: $(date +%s.%N)"
+  echo "   kube-proxy-rs's view of demo/web:"
+  in_ns "$node" curl -s --max-time 2 http://127.0.0.1:10249/debug/kube-proxy-rs/services/demo/web | head -c 2000 | sed 's/^/   /'
+  echo
+  in_ns "$node" curl -s --max-time 2 http://127.0.0.1:10249/metrics | grep -E '^kubeproxy_sync_proxy_rules_((service|endpoint)_changes_(pending|total)|last_(queued_)?timestamp_seconds)' | sed 's/^/   /'
 fi
 echo "== done"
