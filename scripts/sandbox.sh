@@ -179,9 +179,15 @@ show_rules
 echo "== deleting Service demo/web"
 deleted=$(in_ns "$node" curl -s -o /dev/null -w '%{http_code}' -X DELETE "$api/api/v1/namespaces/demo/services/web")
 [ "$deleted" = 200 ] || echo "   the API server answered the DELETE with $deleted"
-for _ in $(seq 300); do save | grep -q 'demo/web' || break; sleep 0.1; done
+# A read that failed (iptables-nft-save racing one of the daemon's transactions prints nothing)
+# proves nothing: wait for one that shows our table, without demo/web.
+for _ in $(seq 300); do
+  rules=$(save)
+  grep -qE 'KUBE-SERVICES|table ip kube-proxy' <<<"$rules" && ! grep -q 'demo/web' <<<"$rules" && break
+  sleep 0.1
+done
 for _ in 1 2; do printf '   %-9s %-19s -> %s\n' ClusterIP 10.96.0.10:80 "$(ask 10.96.0.10:80)"; done
-left=$(save | grep -c 'demo/web' || true)
+left=$(grep -c 'demo/web' <<<"$rules" || true)
 echo "   rules left for demo/web: $left"
 if [ "$left" != 0 ]; then
   echo "   kube-proxy-rs's last log lines:"; tail -n 20 "$work/proxy.log" | sed 's/^/   /'
