@@ -116,6 +116,14 @@ fn upstream_shaped(ours: &str) -> String {
         }
         let Some(at) = words.iter().position(|w| *w == "offset") else {
             let _ = writeln!(out, "{line}");
+            if let ["add", "table", family, ..] = words[..] {
+                // 1.35's chain the endpoint chains jump to (1.36 marks in place).
+                let _ = writeln!(out, "add chain {family} kube-proxy mark-for-masquerade");
+                let _ = writeln!(
+                    out,
+                    "add rule {family} kube-proxy mark-for-masquerade mark set mark or 0x4000"
+                );
+            }
             continue;
         };
         let (family, chain) = (words[2], words[4]);

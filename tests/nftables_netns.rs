@@ -222,31 +222,31 @@ async fn real_packets_through_the_nftables_proxier() {
         .unwrap();
     cluster
         .api
-        .apply(slice("late", tcp.clone(), &["pod-b1"]))
+        .apply(slice("late", tcp.clone(), &["pod-a2"]))
         .unwrap();
     assert!(
         eventually(WAIT, || names(&many(3, || tcp_request(
             node,
             addr("10.96.0.30:80")
-        ))) == ["pod-b1".to_string()].into())
+        ))) == ["pod-a2".to_string()].into())
         .await
     );
 
-    // Hairpin: the pod reaches itself through its own Service, masqueraded (to the node's
-    // address on its link) so that the answer comes back through the node.
-    let hairpin = tcp_request(cluster.pod("pod-b1"), addr("10.96.0.30:80"));
+    // Hairpin: a pod of this node reaches itself through its own Service, masqueraded (to the
+    // node's address on its link) so that the answer comes back through the node.
+    let hairpin = tcp_request(cluster.pod("pod-a2"), addr("10.96.0.30:80"));
     assert!(
         hairpin
             .as_ref()
-            .is_ok_and(|a| a.starts_with("pod-b1 10.244.0.1:")),
+            .is_ok_and(|a| a.starts_with("pod-a2 10.244.0.1:")),
         "{hairpin:?}"
     );
     // Another pod is not masqueraded.
-    let direct = tcp_request(cluster.pod("pod-a1"), addr("10.96.0.30:80"));
+    let direct = tcp_request(cluster.pod("pod-b1"), addr("10.96.0.30:80"));
     assert!(
         direct
             .as_ref()
-            .is_ok_and(|a| a.starts_with("pod-b1 10.244.1.11:")),
+            .is_ok_and(|a| a.starts_with("pod-a2 10.244.2.21:")),
         "{direct:?}"
     );
 

@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::render::{
-    CLUSTER_IPS, FIREWALL_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+    CLUSTER_IPS, FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_IPS,
+    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
 };
 use crate::model::IpFamily;
 use crate::model::address::octets;
@@ -88,6 +88,7 @@ impl Session {
             family,
             flow,
             explanation: Explanation::new("nftables", flow),
+            cluster_ip: false,
         };
         reader.explanation.outcome = reader.dispatch()?;
         Ok(reader.explanation)
@@ -99,6 +100,8 @@ struct Reader<'a> {
     family: IpFamily,
     flow: &'a Flow,
     explanation: Explanation,
+    /// The destination is in @cluster-ips (known once a service map matched it).
+    cluster_ip: bool,
 }
 
 impl Reader<'_> {
@@ -157,6 +160,11 @@ impl Reader<'_> {
         }
         if let Some(rest) = self.element(SERVICE_IPS, &[address, proto, port], &key)? {
             self.step(format!("@{SERVICE_IPS}: {}{rest}", self.key_text()));
+            let ip = octets(self.flow.destination.ip());
+            self.cluster_ip = self.element(CLUSTER_IPS, &[address], &ip)?.is_some();
+            if self.cluster_ip {
+                self.cluster_ip_marks()?;
+            }
             return self.follow_verdict(&rest);
         }
         if let Some(rest) = self.element(NO_ENDPOINT_SERVICES, &[address, proto, port], &key)? {
@@ -216,6 +224,17 @@ impl Reader<'_> {
         Ok(Outcome::Untouched {
             reason: format!("no Service has NodePort {}", self.node_port_text()),
         })
+    }
+
+    /// The rules of `services` that mark traffic to any ClusterIP for masquerading, before the
+    /// service maps (upstream 1.36's place for them).
+    fn cluster_ip_marks(&mut self) -> Result<(), ExplainError> {
+        for rule in self.rules_of("services")? {
+            if rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })) {
+                self.rule("services", &rule, 0)?;
+            }
+        }
+        Ok(())
     }
 
     fn key_text(&self) -> String {
@@ -278,7 +297,12 @@ impl Reader<'_> {
             }
         }
         let local = &self.session.local;
+        let (destination, cluster_ip) = (octets(self.flow.destination.ip()), self.cluster_ip);
         let member = |set: &str, value: &[u8]| {
+            if set == CLUSTER_IPS {
+                // Known for the destination alone.
+                return (value == destination.as_slice()).then_some(cluster_ip);
+            }
             let intervals = sets.get(set)?;
             let value = address_number(value)?;
             Some(
@@ -387,8 +411,7 @@ impl Reader<'_> {
         if let Some(pick) = random_pick(rule) {
             return self.pick(chain, pick).map(Some);
         }
-        let masquerades = rule.iter().any(|e| matches!(e, Expr::MetaSet { .. }))
-            || verdict_of(rule).is_some_and(|(_, target)| target == MARK_FOR_MASQUERADE);
+        let masquerades = rule.iter().any(|e| matches!(e, Expr::MetaSet { .. }));
         if applies == Some(false) {
             if masquerades {
                 self.step(format!(

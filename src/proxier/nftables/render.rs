@@ -1,8 +1,8 @@
 //! The pure renderer of nftables mode: model -> the objects of one family's `kube-proxy` table,
-//! in upstream's 1.34/1.35 layout (pkg/proxy/nftables/proxier.go): base chains at upstream's
-//! hooks and priorities, the fixed chains and their rules, the sets and verdict maps, and per
-//! service port its chains, affinity sets and map elements. Objects are kept per service so a
-//! sync can write only the services that changed.
+//! in upstream's 1.36 layout (pkg/proxy/nftables/proxier.go): base chains at upstream's hooks
+//! and priorities, the fixed chains and their rules, the sets and verdict maps, and per service
+//! port its chains, affinity sets and map elements. Objects are kept per service so a sync can
+//! write only the services that changed.
 
 use std::fmt::Write as _;
 
@@ -25,7 +25,6 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
-pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 pub const REJECT_CHAIN: &str = "reject-chain";
 
 /// Everything besides the model that shapes one family's table.
@@ -60,6 +59,12 @@ impl NftContext {
             IpFamily::V4 => "127.0.0.0/8",
             IpFamily::V6 => "::1",
         }
+    }
+
+    /// The statement that marks a packet for masquerading (upstream 1.36's `masqueradeRule`,
+    /// written where 1.35 jumped to a `mark-for-masquerade` chain).
+    fn mark_for_masquerade(&self) -> String {
+        format!("mark set mark or {:#x}", self.common.masquerade_mark)
     }
 
     /// The match for traffic from this node's pods, and for traffic that is not, if possible.
@@ -178,7 +183,7 @@ impl Objects {
     }
 }
 
-/// The base chains: name, type, hook, priority (1.34/1.35).
+/// The base chains: name, type, hook, priority.
 pub const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
     ("filter-prerouting-pre-dnat", "filter", "prerouting", -110),
     ("filter-output-pre-dnat", "filter", "output", -110),
@@ -191,10 +196,9 @@ pub const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
 ];
 
 /// The regular chains every sync writes, besides the base chains.
-pub const FIXED_CHAINS: [&str; 8] = [
+pub const FIXED_CHAINS: [&str; 7] = [
     "cluster-ips-check",
     "firewall-check",
-    MARK_FOR_MASQUERADE,
     "masquerading",
     "nodeport-endpoints-check",
     REJECT_CHAIN,
@@ -342,15 +346,19 @@ fn base_rules(ctx: &NftContext, out: &mut Objects) {
         format!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),
     );
     let mark = format!("{:#x}", ctx.common.masquerade_mark);
-    out.rule(MARK_FOR_MASQUERADE, format!("mark set mark or {mark}"));
     out.rule(
         "masquerading",
-        format!("ct status dnat {ip} saddr . {ip} daddr . meta l4proto . th dport @{HAIRPIN_CONNECTIONS} mark set mark or {mark}"),
+        format!("mark and {mark} != 0 mark set mark xor {mark} masquerade fully-random"),
     );
-    out.rule("masquerading", format!("mark and {mark} == 0 return"));
-    out.rule("masquerading", format!("mark set mark xor {mark}"));
-    out.rule("masquerading", "masquerade fully-random".into());
+    // Connections DNATed to their own source: a pod reaching itself through a service.
+    out.rule(
+        "masquerading",
+        format!("ct status dnat {ip} saddr . {ip} daddr . meta l4proto . th dport @{HAIRPIN_CONNECTIONS} masquerade fully-random"),
+    );
     out.rule(REJECT_CHAIN, "reject".into());
+    if let Some(rule) = cluster_ip_masquerade(ctx) {
+        out.rule("services", rule);
+    }
     out.rule(
         "services",
         format!("{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"),
@@ -359,6 +367,22 @@ fn base_rules(ctx: &NftContext, out: &mut Objects) {
         "service-endpoints-check",
         format!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"),
     );
+}
+
+/// The rule that marks traffic to ClusterIPs for masquerading, for every service at once: all
+/// of it with masqueradeAll, else what does not come from this node's pods (none without a
+/// local detector).
+fn cluster_ip_masquerade(ctx: &NftContext) -> Option<String> {
+    let (ip, mark) = (ctx.ip(), ctx.mark_for_masquerade());
+    if ctx.common.masquerade_all {
+        Some(format!(
+            "{ip} daddr @{CLUSTER_IPS} {mark} comment \"masquerade all clusterIP traffic\""
+        ))
+    } else {
+        ctx.local_matches().map(|(_, not_local)| {
+            format!("{ip} daddr @{CLUSTER_IPS} {not_local} {mark} comment \"masquerade clusterIP traffic from outside cluster\"")
+        })
+    }
 }
 
 /// Where NodePorts are served: every local address but loopback, or the NodePort addresses.

@@ -141,12 +141,12 @@ fn a_partial_sync_writes_only_differences() {
 #[test]
 fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
     let services = rendered();
-    let svc3 = &services[&NamespacedName::new("ns3", "svc3")];
-    let hairpin = svc3.elements.get(HAIRPIN_CONNECTIONS).unwrap();
+    let svc4 = &services[&NamespacedName::new("ns4", "svc4")];
+    let hairpin = svc4.elements.get(HAIRPIN_CONNECTIONS).unwrap();
     let key = hairpin.keys().next().unwrap().to_string();
-    // svc3 goes; another service outside this sync has the same endpoint.
+    // svc4 goes; another service outside this sync has the same endpoint.
     let gone = Delta {
-        old: Some(svc3),
+        old: Some(svc4),
         new: None,
     };
     let (text, _, _) = partial("ip", &[gone], &|set, k| {
@@ -155,7 +155,7 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
     .unwrap();
     assert!(!text.contains(&format!("{{ {key} }}")), "{text}");
     let gone = Delta {
-        old: Some(svc3),
+        old: Some(svc4),
         new: None,
     };
     let (text, _, _) = partial("ip", &[gone], &|_, _| false).unwrap();
@@ -166,13 +166,13 @@ fn a_hairpin_element_two_services_share_stays_while_one_keeps_it() {
         "{text}"
     );
     // Another service of this sync takes the endpoint over.
-    let mut other = svc3.clone();
+    let mut other = svc4.clone();
     other.chains = Default::default();
     let (text, _, _) = partial(
         "ip",
         &[
             Delta {
-                old: Some(svc3),
+                old: Some(svc4),
                 new: None,
             },
             Delta {

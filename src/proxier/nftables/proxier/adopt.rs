@@ -72,6 +72,9 @@ impl<N: Nftables> NftablesMode<N> {
             .as_ref()
             .filter(|held| trust && held.share_a_part(wanted));
         let vouched = trusted.map(|held| held.chains_alike(wanted));
+        // Whether the last writer wrote a chain's group as we would, trusted or not: a chain
+        // without a digest of its own is judged by its comments only there.
+        let written_alike = held.as_ref().map(|held| held.chains_alike(wanted));
         // Endpoint maps are declared only while a chain draws from them (`plan::full`).
         let names_present = base.chains.keys().all(|name| chains.contains(name))
             && base
@@ -84,8 +87,15 @@ impl<N: Nftables> NftablesMode<N> {
         let layout_vouched = trusted.is_some() && declared_alike;
         // Unless the digests vouch for them, the base chains are read with the candidates.
         let check_base = !layout_vouched && names_present;
-        let (adopted, chains_vouched, base_unchanged) =
-            self.adopt_chains(family, base, services, &chains, vouched, check_base);
+        let (adopted, chains_vouched, base_unchanged) = self.adopt_chains(
+            family,
+            base,
+            services,
+            &chains,
+            vouched,
+            check_base,
+            |name| written_alike.as_ref().is_some_and(|alike| alike(name)),
+        );
         // The top-level sets: trusted, or read (all of them already, when not trusting).
         let present = present_sets(base, &sets);
         let (trusted_sets, elements) = match trusted {
@@ -123,10 +133,12 @@ impl<N: Nftables> NftablesMode<N> {
     }
 
     /// Chains an earlier run wrote that are exactly what we would write stay as they are:
-    /// those the table's digests vouch for, and those read back unchanged (see `unchanged`);
-    /// only chains that exist are read, and the base chains with them when `check_base`.
+    /// those the table's digests vouch for, and those read back unchanged (see `unchanged`;
+    /// a chain without a digest only where `written_alike` says its group is as we would write
+    /// it); only chains that exist are read, and the base chains with them when `check_base`.
     /// Returns the adopted chains, whether the digests vouched for any, and whether the base
     /// chains read back unchanged.
+    #[allow(clippy::too_many_arguments)]
     fn adopt_chains(
         &mut self,
         family: IpFamily,
@@ -135,6 +147,7 @@ impl<N: Nftables> NftablesMode<N> {
         chains: &ChainSet,
         vouched: Option<impl Fn(&str) -> bool>,
         check_base: bool,
+        written_alike: impl Fn(&str) -> bool,
     ) -> (ChainSet, bool, bool) {
         let mut adopted = ChainSet::default();
         let mut candidates = BTreeSet::new();
@@ -156,7 +169,7 @@ impl<N: Nftables> NftablesMode<N> {
         if !candidates.is_empty() {
             match self.nft.rule_comments(family, TABLE, &candidates) {
                 Ok(comments) => {
-                    adopted.extend(adoptable(services, &comments));
+                    adopted.extend(adoptable(services, &comments, written_alike));
                     base_unchanged = check_base
                         && base
                             .chains
@@ -277,15 +290,22 @@ pub(super) fn read_elements<N: Nftables>(
         .ok()
 }
 
-/// The chains of `services` the kernel already holds exactly (see [`unchanged`]).
+/// The chains of `services` the kernel already holds exactly (see [`unchanged`]). A chain
+/// without a digest of its own (every rule carries a comment of upstream's) is taken on its
+/// comments only where `written_alike` says its group of the table's digests is as we would
+/// write it: an earlier layout (upstream 1.35's `jump mark-for-masquerade`, where 1.36 marks in
+/// place) keeps the comments and changes the rules.
 pub(super) fn adoptable(
     services: &BTreeMap<NamespacedName, Objects>,
     kernel: &RuleComments,
+    written_alike: impl Fn(&str) -> bool,
 ) -> ChainSet {
     services
         .values()
         .flat_map(|objects| &objects.chains)
-        .filter(|(name, chain)| unchanged(name, chain, kernel))
+        .filter(|(name, chain)| {
+            unchanged(name, chain, kernel) && (digest_of(chain).is_some() || written_alike(name))
+        })
         .map(|(name, _)| name.clone())
         .collect()
 }

@@ -226,7 +226,7 @@ fn partial_syncs_write_only_what_changed_and_end_as_a_full_sync_would() {
     // One more endpoint: the shares of the chain's slot in its endpoint map change and the
     // endpoint's hairpin element is added, nothing else: no rule (the kernel validates the
     // whole table at a commit that adds one) and no endpoint chain.
-    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, NODE));
     let report = p.sync(&state, &changed(&[&svc4])).unwrap();
     assert!(!report.full);
     assert_table(&mut p, &state);

@@ -6,9 +6,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::{
-    CLUSTER_IPS, FIREWALL_IPS, HAIRPIN_CONNECTIONS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, NftContext, Objects, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
-    SetDef, quoted,
+    CLUSTER_IPS, FIREWALL_IPS, HAIRPIN_CONNECTIONS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    NftContext, Objects, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, SetDef, quoted,
 };
 use crate::model::{Endpoint, ServicePort};
 use crate::proxier::nftables::names::{self, PortChains};
@@ -200,8 +199,9 @@ impl<'a> Port<'a> {
             ..
         } = &self.chains;
         out.chain(external);
+        let mark = self.ctx.mark_for_masquerade();
         if !policy.external_local {
-            out.rule(external, format!("jump {MARK_FOR_MASQUERADE}"));
+            out.rule(external, mark);
         } else if policy.uses_cluster_endpoints {
             if let Some((local, _)) = self.local_matches {
                 out.rule(
@@ -211,7 +211,7 @@ impl<'a> Port<'a> {
             }
             out.rule(
                 external,
-                format!("fib saddr type local jump {MARK_FOR_MASQUERADE} comment \"masquerade local traffic\""),
+                format!("fib saddr type local {mark} comment \"masquerade local traffic\""),
             );
             out.rule(
                 external,
@@ -226,26 +226,6 @@ impl<'a> Port<'a> {
         }
     }
 
-    /// The rule of the internal policy chain that marks traffic for masquerading: all of it
-    /// with masqueradeAll, else what does not come from this node's pods.
-    fn masquerade_rule(&self) -> Option<String> {
-        let (ip, proto, cluster_ip) = (self.ip, self.proto, self.cluster_ip);
-        let mark_it = if self.affinity() {
-            format!("jump {MARK_FOR_MASQUERADE}")
-        } else {
-            format!("mark set mark or {:#x}", self.ctx.common.masquerade_mark)
-        };
-        if self.ctx.common.masquerade_all {
-            Some(format!(
-                "{ip} daddr {cluster_ip} {proto} dport {} {mark_it}",
-                self.port.port
-            ))
-        } else {
-            self.local_matches
-                .map(|(_, not_local)| format!("{ip} daddr {cluster_ip} {not_local} {mark_it}"))
-        }
-    }
-
     /// The policy chains. Without affinity a policy chain DNATs through a map of addresses
     /// (upstream 1.36's form, in a slot of a shared map: see `slots`): no endpoint chains, so
     /// the table has a tenth of the chains that the kernel re-validates at a commit that adds a
@@ -253,7 +233,6 @@ impl<'a> Port<'a> {
     /// rule per endpoint chain.
     fn policy_chains(&self, slots: &mut SlotTable, text: &mut ElementText, out: &mut Objects) {
         let selected = &self.policy.selected;
-        let masquerade = self.masquerade_rule();
         for (chain, used, endpoints) in [
             (
                 &self.chains.service,
@@ -270,11 +249,6 @@ impl<'a> Port<'a> {
                 continue;
             }
             out.chain(chain);
-            if chain == self.internal_chain()
-                && let Some(rule) = &masquerade
-            {
-                out.rule(chain, rule.clone());
-            }
             let chosen = sorted_by_address(endpoints);
             if self.affinity() {
                 self.affinity_selection(chain, &chosen, out);
@@ -323,17 +297,21 @@ impl<'a> Port<'a> {
         out.rule(chain, endpoint_selection(&targets));
     }
 
-    /// The endpoints' own chains (with affinity), or else their hairpin elements.
+    /// The hairpin elements of the endpoints on this node (upstream 1.36: a connection DNATed
+    /// back to its own source is masqueraded in postrouting), and the endpoints' own chains
+    /// where session affinity needs them.
     fn endpoint_chains(&self, text: &mut ElementText, out: &mut Objects) {
         let (ip, proto) = (self.ip, self.proto);
         let reachable = &self.policy.selected.all_reachable;
-        let Some(timeout) = self.port.session_affinity_seconds else {
-            if !reachable.is_empty() {
-                let hairpins = out.elements_of(HAIRPIN_CONNECTIONS);
-                for ep in reachable {
-                    text.hairpin_key(&ep.ip, proto, ep.port).add_into(hairpins);
-                }
+        let node = &self.ctx.common.node_name;
+        let mut local = reachable.iter().filter(|ep| ep.is_local(node)).peekable();
+        if local.peek().is_some() {
+            let hairpins = out.elements_of(HAIRPIN_CONNECTIONS);
+            for ep in local {
+                text.hairpin_key(&ep.ip, proto, ep.port).add_into(hairpins);
             }
+        }
+        let Some(timeout) = self.port.session_affinity_seconds else {
             return;
         };
         for ep in reachable {
@@ -341,10 +319,6 @@ impl<'a> Port<'a> {
                 chain,
                 affinity: set,
             } = names::endpoint_names(&self.port.name, ep);
-            out.rule(
-                &chain,
-                format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
-            );
             out.sets.insert(
                 set.clone(),
                 SetDef {

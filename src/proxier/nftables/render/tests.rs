@@ -2,7 +2,7 @@
 //! expected table of TestOverallNFTablesRules), compared as upstream compares.
 
 use super::*;
-use crate::proxier::fixtures::{NODE_IP, Svc, family_context, overall_services};
+use crate::proxier::fixtures::{NODE, NODE_IP, Svc, family_context, overall_services};
 use crate::proxier::nftables::names;
 use crate::proxier::nftables::slots::Placement;
 
@@ -148,9 +148,90 @@ pub fn golden(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The lines of a table outside what our layout replaces (docs/nftables.md): the
-/// rules of service chains without session affinity, the endpoint maps they DNAT through, the
-/// endpoint chains of those services, and the hairpin set with its rule and elements.
+/// Upstream's 1.35 expected text (`TestOverallNFTablesRules`, `TestSyncProxyRulesRepeated` of
+/// IPv4 fakes with the pod CIDR 10.0.0.0/8 and mark 0x4000) in the layout upstream moved to in
+/// 1.36, change by change (docs/nftables.md, "Upstream's tests"):
+/// - no `mark-for-masquerade` chain (kubernetes#135800): its jumps become its statement;
+/// - `masquerading` in two rules, the second for the hairpin set (#136499), which is declared;
+/// - the ClusterIP masquerade rule of each service chain becomes one rule at the top of
+///   `services`, for every ClusterIP;
+/// - endpoint chains no longer mark their own endpoint's traffic (the hairpin set does).
+///
+/// The hairpin set's elements are not derived (which endpoints are local is not in the text).
+pub(crate) fn as_of_1_36(text: &str) -> String {
+    const MARK: &str = "mark set mark or 0x4000";
+    let prefix = "add rule ip kube-proxy ";
+    let mut out = String::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (kind, object) = (words.get(1).copied(), words.get(4).copied());
+        let rule = line.strip_prefix(prefix).and_then(|r| r.split_once(' '));
+        match (kind, object, rule) {
+            (Some("chain" | "rule"), Some("mark-for-masquerade"), _) => continue,
+            (Some("table"), _, _) => {
+                out.push_str(line);
+                out.push_str("\nadd set ip kube-proxy hairpin-connections { type ipv4_addr . ipv4_addr . inet_proto . inet_service ; comment \"service hairpin connections\" ; }\n");
+                continue;
+            }
+            (_, _, Some(("masquerading", "mark and 0x4000 == 0 return"))) => {
+                out.push_str(&format!(
+                    "{prefix}masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random\n\
+                     {prefix}masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random\n"
+                ));
+                continue;
+            }
+            (_, _, Some(("masquerading", _))) => continue,
+            (_, _, Some(("services", "ip daddr . meta l4proto . th dport vmap @service-ips"))) => {
+                out.push_str(&format!(
+                    "{prefix}services ip daddr @cluster-ips ip saddr != 10.0.0.0/8 {MARK} comment \"masquerade clusterIP traffic from outside cluster\"\n"
+                ));
+            }
+            (_, _, Some((chain, rule)))
+                if rule.ends_with(" jump mark-for-masquerade")
+                    && (chain.starts_with("endpoint-")
+                        || (rule.starts_with("ip daddr ") && !chain.starts_with("external-"))) =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        out.push_str(&line.replace("jump mark-for-masquerade", MARK));
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn upstreams_1_35_text_moves_to_1_36_change_by_change() {
+    let moved = as_of_1_36(
+        "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
+         add chain ip kube-proxy mark-for-masquerade\n\
+         add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n\
+         add rule ip kube-proxy masquerading mark and 0x4000 == 0 return\n\
+         add rule ip kube-proxy masquerading mark set mark xor 0x4000\n\
+         add rule ip kube-proxy masquerading masquerade fully-random\n\
+         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+         add rule ip kube-proxy service-X ip daddr 172.30.0.41 ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n\
+         add rule ip kube-proxy endpoint-Y ip saddr 10.180.0.1 jump mark-for-masquerade\n\
+         add rule ip kube-proxy external-Z fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n\
+         add rule ip kube-proxy external-Z jump mark-for-masquerade\n",
+    );
+    assert_eq!(
+        moved,
+        "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
+         add set ip kube-proxy hairpin-connections { type ipv4_addr . ipv4_addr . inet_proto . inet_service ; comment \"service hairpin connections\" ; }\n\
+         add rule ip kube-proxy masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random\n\
+         add rule ip kube-proxy masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random\n\
+         add rule ip kube-proxy services ip daddr @cluster-ips ip saddr != 10.0.0.0/8 mark set mark or 0x4000 comment \"masquerade clusterIP traffic from outside cluster\"\n\
+         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+         add rule ip kube-proxy external-Z fib saddr type local mark set mark or 0x4000 comment \"masquerade local traffic\"\n\
+         add rule ip kube-proxy external-Z mark set mark or 0x4000\n"
+    );
+}
+
+/// The lines of a table outside what our layout replaces (docs/nftables.md): the rules of
+/// service chains without session affinity, the endpoint maps they DNAT through, the endpoint
+/// chains of those services, and the hairpin set's elements.
 pub(crate) fn outside_our_changes(text: &str) -> String {
     let affinity_services: Vec<&str> = text
         .lines()
@@ -158,7 +239,9 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
         .filter_map(|l| l.split_whitespace().nth(4))
         .collect();
     text.lines()
-        .filter(|line| !line.contains(HAIRPIN_CONNECTIONS))
+        .filter(|line| {
+            !line.starts_with(&format!("add element ip kube-proxy {HAIRPIN_CONNECTIONS} "))
+        })
         .filter(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let object = words.get(4).copied().unwrap_or("");
@@ -174,16 +257,16 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
         .collect()
 }
 
-/// Upstream's expected table (1.35), and ours, compared as upstream compares outside the
-/// constructs our layout replaces; ours is pinned in overall-ours.nft (`UPDATE_GOLDEN=1`
-/// rewrites it).
+/// Upstream's expected table (1.35, moved to 1.36's layout), and ours, compared as upstream
+/// compares outside the constructs our layout replaces; ours is pinned in overall-ours.nft
+/// (`UPDATE_GOLDEN=1` rewrites it).
 #[test]
 fn upstreams_overall_table() {
     let ctx = context();
     let ours = dump(&table(&overall_services(), &ctx), &ctx);
     assert_same_table(
         &outside_our_changes(&ours),
-        &outside_our_changes(&golden("overall")),
+        &outside_our_changes(&as_of_1_36(&golden("overall"))),
     );
     let path = format!(
         "{}/tests/golden/nftables/overall-ours.nft",
@@ -209,7 +292,7 @@ fn a_chain_whose_slot_is_taken_keeps_the_anonymous_map() {
     slots.add(&[(key, 0, 0)]);
     let objects = render_service(&svc4.ports, Some(&svc4.endpoints), &ctx, &mut slots);
     assert_eq!(
-        objects.chains[&name].rules[1],
+        objects.chains[&name].rules[0],
         "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }"
     );
     assert!(objects.slots.is_empty());
@@ -242,12 +325,9 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
         SlotTable::default().claim("tcp", &name, &svc4.key).unwrap();
     assert_eq!(
         chain.rules,
-        [
-            "ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 mark set mark or 0x4000".to_string(),
-            format!(
-                "meta l4proto tcp dnat ip addr . port to numgen random mod 16384 offset {offset} map @{map}"
-            ),
-        ]
+        [format!(
+            "meta l4proto tcp dnat ip addr . port to numgen random mod 16384 offset {offset} map @{map}"
+        )]
     );
     assert!(objects.sets.is_empty(), "{:?}", objects.sets);
     let shares: Vec<(&str, &str)> = objects.elements[&map].iter().collect();
@@ -265,15 +345,11 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
             ),
         ]
     );
+    // Only this node's endpoints can be their own client (10.180.0.4 runs elsewhere).
     let hairpins: Vec<&str> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
-    assert_eq!(
-        hairpins,
-        [
-            "10.180.0.4 . 10.180.0.4 . tcp . 80",
-            "10.180.0.5 . 10.180.0.5 . tcp . 80"
-        ]
-    );
-    // With session affinity, upstream's endpoint chains stay (they update the affinity sets).
+    assert_eq!(hairpins, ["10.180.0.5 . 10.180.0.5 . tcp . 80"]);
+    // With session affinity, upstream's endpoint chains stay (they update the affinity sets),
+    // without a rule for hairpin traffic: the set has it, when the endpoint is on this node.
     let svc5 = &overall_services()[4];
     let objects = render_service(
         &svc5.ports,
@@ -281,8 +357,28 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
         &ctx,
         &mut SlotTable::default(),
     );
-    assert!(objects.chains.keys().any(|c| c.starts_with("endpoint-")));
+    let endpoint = objects
+        .chains
+        .iter()
+        .find(|(name, _)| name.starts_with("endpoint-"))
+        .map(|(_, chain)| chain.rules.clone());
+    assert_eq!(
+        endpoint.unwrap(),
+        [
+            "update @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { ip saddr }",
+            "meta l4proto tcp dnat to 10.180.0.3:80"
+        ]
+    );
     assert!(!objects.elements.contains_key(HAIRPIN_CONNECTIONS));
+    let mut local = svc5.endpoints.clone();
+    local.values_mut().for_each(|endpoints| {
+        endpoints
+            .iter_mut()
+            .for_each(|ep| ep.node_name = Some(NODE.into()))
+    });
+    let objects = render_service(&svc5.ports, Some(&local), &ctx, &mut SlotTable::default());
+    let hairpins: Vec<&str> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
+    assert_eq!(hairpins, ["10.180.0.3 . 10.180.0.3 . tcp . 80"]);
 }
 
 #[test]

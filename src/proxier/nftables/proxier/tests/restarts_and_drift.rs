@@ -129,8 +129,9 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
         nft.transactions
             .concat()
             .lines()
-            .filter(|l| l.starts_with("add rule") && l.contains('/'))
+            .filter(|l| l.starts_with("add rule"))
             .filter_map(|l| l.split(' ').nth(4))
+            .filter(|chain| chain.contains('/'))
             .map(str::to_string)
             .collect()
     };
@@ -170,7 +171,7 @@ fn a_restart_leaves_what_is_right_alone_and_rewrites_what_differs() {
 
     // svc4 gained an endpoint and someone inserted a rule into svc1's chain.
     let svc4 = NamespacedName::new("ns4", "svc4");
-    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, NODE));
     let svc1_chain = programmed(&first)
         .chains
         .keys()
@@ -233,7 +234,7 @@ fn a_change_right_after_a_restart_waits_for_no_read_back() {
     // svc4 gains an endpoint before the read-back is due: a partial sync writes it from
     // memory, and reads nothing.
     let svc4 = NamespacedName::new("ns4", "svc4");
-    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, ""));
+    add_endpoint(&mut state, &svc4, ep("10.180.0.9", 80, NODE));
     let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
     let report = restarted.sync(&state, &changed(&[&svc4])).unwrap();
     assert!(!report.full);
@@ -281,8 +282,9 @@ fn a_restart_whose_every_digest_differs_reads_everything_once() {
     kernel.apply(&text).unwrap();
 
     // The restart reads every chain and set back and finds them right: it writes no element
-    // and no service's chain; the base, whose declarations the digests no longer vouch for,
-    // is declared and written again, and the digests.
+    // and no service's chain but those without a digest of their own (their comments say
+    // nothing of rules an earlier build wrote otherwise); the base, whose declarations the
+    // digests no longer vouch for, is declared and written again, and the digests.
     let mut restarted = restarted_on(&kernel);
     restarted.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(restarted.nft.element_reads, 1);
@@ -293,14 +295,27 @@ fn a_restart_whose_every_digest_differs_reads_everything_once() {
     );
     let written = restarted.nft.transactions.concat();
     assert!(written.contains(DIGEST_CHAIN), "{written}");
-    let services_written: Vec<&str> = written
+    let undigested: BTreeSet<&String> = table
+        .chains
+        .iter()
+        .filter(|(name, chain)| name.contains('/') && digest_of(chain).is_none())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(!undigested.is_empty());
+    let services_written: BTreeSet<&str> = written
         .lines()
         .filter(|line| {
-            let object = line.split(' ').nth(4).unwrap_or_default();
-            line.contains(" element ") || object.contains('/')
+            line.contains(" element ") || line.split(' ').nth(4).unwrap_or_default().contains('/')
         })
+        .filter_map(|line| line.split(' ').nth(4))
         .collect();
-    assert_eq!(services_written, Vec::<&str>::new());
+    assert_eq!(
+        services_written,
+        undigested
+            .iter()
+            .map(|name| name.as_str())
+            .collect::<BTreeSet<_>>()
+    );
     assert_table(&mut restarted, &state);
     // Nothing was taken on the digests' word: the table is not read back again.
     let reads = (restarted.nft.name_reads, restarted.nft.element_reads);
@@ -323,4 +338,55 @@ fn a_full_sync_from_memory_knows_which_endpoint_maps_the_table_declares() {
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_table(&mut p, &state);
+}
+
+/// A node moved from upstream 1.35's table (its `mark-for-masquerade` chain, which its service,
+/// external and endpoint chains jump to): the first sync takes the table over, writes 1.36's
+/// layout and deletes the chain nothing jumps to any more, in transactions the kernel accepts
+/// (the fake refuses to delete a chain a rule still jumps to).
+#[test]
+fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
+    let state = state();
+    let mut kernel = FakeNftables::default();
+    // Upstream's expected text, declarations first (it is sorted by object).
+    let upstream = crate::proxier::nftables::render::tests::golden("overall");
+    let mut lines: Vec<&str> = upstream.lines().filter(|l| l.starts_with("add ")).collect();
+    lines.sort_by_key(|line| match line.split(' ').nth(1) {
+        Some("table") => 0,
+        Some("set" | "map") => 1,
+        Some("chain") => 2,
+        Some("rule") => 3,
+        _ => 4,
+    });
+    kernel.apply(&(lines.join("\n") + "\n")).unwrap();
+    assert!(
+        kernel
+            .table(V4, TABLE)
+            .unwrap()
+            .chains
+            .contains_key("mark-for-masquerade")
+    );
+    let mut p = restarted_on(&kernel);
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let no_jump_to_it = |p: &NftablesProxier<FakeNftables>| {
+        programmed(p)
+            .chains
+            .values()
+            .flat_map(|chain| &chain.rules)
+            .all(|rule| !rule.contains("mark-for-masquerade"))
+    };
+    // Stale: flushed at once, deleted by a sync a moment later, as any stale chain.
+    assert!(no_jump_to_it(&p));
+    assert!(
+        programmed(&p).chains["mark-for-masquerade"]
+            .rules
+            .is_empty()
+    );
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert!(!programmed(&p).chains.contains_key("mark-for-masquerade"));
+    assert_table(&mut p, &state);
+    // ... and then nothing is left to write.
+    p.nft.transactions.clear();
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(p.nft.transactions, Vec::<String>::new());
 }

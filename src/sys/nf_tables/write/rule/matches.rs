@@ -307,7 +307,7 @@ impl<'a> Builder<'_, 'a> {
         Ok(())
     }
 
-    /// `mark set mark or|xor V` and `mark and V == 0`.
+    /// `mark set mark or|xor V` and `mark and V ==|!= W`.
     pub(super) fn mark(&mut self) -> Result<(), Unsupported> {
         self.emit(Expr::MetaLoad {
             key: META_MARK,
@@ -337,7 +337,11 @@ impl<'a> Builder<'_, 'a> {
             }
             "and" => {
                 let value = parse_number(self.next()?)?;
-                self.expect("==")?;
+                let op = match self.next()? {
+                    "==" => CMP_EQ,
+                    "!=" => CMP_NEQ,
+                    other => return Err(format!("expected \"==\" or \"!=\", got {other:?}")),
+                };
                 let compared = parse_number(self.next()?)?;
                 self.emit(Expr::Bitwise {
                     sreg: REG_1,
@@ -348,7 +352,7 @@ impl<'a> Builder<'_, 'a> {
                 });
                 self.emit(Expr::Cmp {
                     sreg: REG_1,
-                    op: CMP_EQ,
+                    op,
                     data: compared.to_ne_bytes().to_vec(),
                 });
             }
