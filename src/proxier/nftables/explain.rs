@@ -53,6 +53,8 @@ pub struct Session {
     tables: BTreeMap<IpFamily, bool>,
     /// Endpoint maps read: each share's first and last draw and its endpoint, by first draw.
     maps: BTreeMap<(IpFamily, String), Vec<Share>>,
+    /// The rules of `services` that mark ClusterIP traffic, by family.
+    cluster_ip_marks: BTreeMap<IpFamily, Vec<Vec<Expr>>>,
     /// The node's addresses (NodePorts, `fib ... type local`).
     local: Vec<IpAddr>,
 }
@@ -63,6 +65,7 @@ impl Session {
             connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
             tables: BTreeMap::new(),
             maps: BTreeMap::new(),
+            cluster_ip_marks: BTreeMap::new(),
             local: SystemAddresses.addresses(),
         })
     }
@@ -227,12 +230,21 @@ impl Reader<'_> {
     }
 
     /// The rules of `services` that mark traffic to any ClusterIP for masquerading, before the
-    /// service maps (upstream 1.36's place for them).
+    /// service maps (upstream 1.36's place for them); read once a session.
     fn cluster_ip_marks(&mut self) -> Result<(), ExplainError> {
-        for rule in self.rules_of("services")? {
-            if rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })) {
-                self.rule("services", &rule, 0)?;
+        let rules = match self.session.cluster_ip_marks.get(&self.family) {
+            Some(rules) => rules.clone(),
+            None => {
+                let mut rules = self.rules_of("services")?;
+                rules.retain(|rule| rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })));
+                self.session
+                    .cluster_ip_marks
+                    .insert(self.family, rules.clone());
+                rules
             }
+        };
+        for rule in rules {
+            self.rule("services", &rule, 0)?;
         }
         Ok(())
     }
