@@ -131,6 +131,11 @@ pub enum Expr<B = Vec<u8>, S = String> {
     },
     /// `counter`, from zero (nft sends no attribute for a zero count).
     Counter,
+    /// A named stateful object of this kind (`counter name "x"`: kind 1).
+    ObjRef {
+        kind: u32,
+        name: S,
+    },
     /// An xtables match and its info struct (iptables-nft's form of what it does not translate).
     Match {
         name: S,
@@ -241,6 +246,10 @@ impl ExprRef<'_> {
                 set: owned_set(set),
             },
             Expr::Counter => Expr::Counter,
+            Expr::ObjRef { kind, name } => Expr::ObjRef {
+                kind,
+                name: name.to_string(),
+            },
             Expr::Match {
                 name,
                 revision,

@@ -1,7 +1,8 @@
 //! A stateful fake of nftables for tests: it interprets the part of nft's command language this
-//! program writes (tables, chains, rules, sets, maps, elements), checks what the kernel checks
-//! (objects exist, references resolve, a chain or set in use is not deleted, a map key is not
-//! added twice with other data) and applies a transaction all or nothing.
+//! program writes (tables, chains, rules, sets, maps, elements, named counters), checks what
+//! the kernel checks (objects exist, references resolve, a chain, set or counter in use is not
+//! deleted, a map key is not added twice with other data) and applies a transaction all or
+//! nothing.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +23,8 @@ pub struct FakeTable {
     /// Chain -> (spec, rules as written after the chain's name).
     pub chains: BTreeMap<String, (String, Vec<String>)>,
     pub sets: BTreeMap<String, FakeSet>,
+    /// Named counters: name -> packets counted (what a test says passed them).
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// The fake ruleset: tables by (family keyword, name).
@@ -291,6 +294,26 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             table.sets.remove(&name);
             Ok(())
         }
+        ("add", "counter") => {
+            table.counters.entry(name).or_default();
+            Ok(())
+        }
+        ("delete", "counter") => {
+            if !table.counters.contains_key(&name) {
+                return Err("No such file or directory".into());
+            }
+            let reference = format!("\"{name}\"");
+            let used = table.chains.values().any(|(_, rules)| {
+                rules
+                    .iter()
+                    .any(|rule| counter_names(rule).any(|n| n == reference))
+            });
+            if used {
+                return Err("Device or resource busy".into());
+            }
+            table.counters.remove(&name);
+            Ok(())
+        }
         ("add" | "delete", "element") => {
             let inner = rest
                 .trim()
@@ -379,7 +402,20 @@ fn references(text: &str) -> (Vec<String>, Vec<String>) {
     (chains, sets)
 }
 
+/// The quoted names after `counter name` in a rule.
+fn counter_names(rule: &str) -> impl Iterator<Item = &str> {
+    rule.split(" counter name ")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next())
+}
+
 fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
+    if let Some(missing) = counter_names(text)
+        .map(|quoted| quoted.trim_matches('"'))
+        .find(|name| !table.counters.contains_key(*name))
+    {
+        return Err(format!("No such file or directory (counter {missing})"));
+    }
     let (chains, sets) = references(text);
     if let Some(missing) = chains.iter().find(|c| !table.chains.contains_key(*c)) {
         return Err(format!("No such file or directory (chain {missing})"));

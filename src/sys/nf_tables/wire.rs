@@ -32,6 +32,16 @@ pub const NFT_MSG_DELSET: u16 = 11;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
+pub const NFT_MSG_NEWOBJ: u16 = 18;
+pub const NFT_MSG_GETOBJ: u16 = 19;
+pub const NFT_MSG_DELOBJ: u16 = 20;
+/// Stateful objects (`add counter`): NFTA_OBJ_TABLE is 1, then these.
+pub const NFTA_OBJ_NAME: u16 = 2;
+pub const NFTA_OBJ_TYPE: u16 = 3;
+pub const NFTA_OBJ_DATA: u16 = 4;
+pub const NFT_OBJECT_COUNTER: u32 = 1;
+pub const NFTA_COUNTER_BYTES: u16 = 1;
+pub const NFTA_COUNTER_PACKETS: u16 = 2;
 
 /// Attributes. The table is attribute 1 of table, chain, rule and set messages alike
 /// (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE).

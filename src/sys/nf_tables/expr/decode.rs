@@ -167,6 +167,10 @@ fn nftables_expression<'a>(name: &'a [u8], fields: &Fields<'a>) -> Option<ExprRe
                 source: fields.u32(3) == 1,
             })
         }
+        b"objref" if fields.only(&[1, 2]) => Some(Expr::ObjRef {
+            kind: fields.u32(1),
+            name: text(until_nul(fields.raw(2)))?,
+        }),
         b"dynset" if fields.u32(3) == DYNSET_UPDATE => Some(Expr::DynsetUpdate {
             sreg: fields.u32(4),
             set: SetRef {

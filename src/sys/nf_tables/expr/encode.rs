@@ -53,6 +53,7 @@ impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
             Expr::FibAddressType { .. } => "fib",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::Counter => "counter",
+            Expr::ObjRef { .. } => "objref",
             Expr::Match { .. } => "match",
             Expr::Target { .. } => "target",
             Expr::Other { name, .. } => std::str::from_utf8(name.as_ref()).unwrap_or_default(),
@@ -195,6 +196,10 @@ impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
                 out.string(1, name.as_ref())
                     .u32(2, *revision)
                     .raw(3, info.as_ref());
+            }
+            Expr::ObjRef { kind, name } => {
+                // nft sends this name without its NUL.
+                out.u32(1, *kind).raw(2, name.as_ref().as_bytes());
             }
             Expr::Counter | Expr::Other { .. } => {}
         }

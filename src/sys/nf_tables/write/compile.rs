@@ -10,9 +10,11 @@ use super::rule;
 use super::values::{self, Bound, KeyType, Unsupported, parse_verdict, unquote};
 use crate::sys::nf_tables::expr::{Data, Expr, SetRef};
 use crate::sys::nf_tables::wire::{
-    Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM,
-    NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
-    NFT_MSG_NEWTABLE, NLM_F_APPEND, NLM_F_CREATE, UserData,
+    Attributes, Message, NFT_MSG_DELCHAIN, NFT_MSG_DELOBJ, NFT_MSG_DELRULE, NFT_MSG_DELSET,
+    NFT_MSG_DELSETELEM, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFT_OBJECT_COUNTER, NFTA_COUNTER_BYTES,
+    NFTA_COUNTER_PACKETS, NFTA_OBJ_DATA, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NLM_F_APPEND, NLM_F_CREATE,
+    UserData,
 };
 use crate::sys::nf_tables::wire::{
     DATA_VERDICT, ELEM_INTERVAL_END, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL, SET_INTERVAL, SET_MAP,
@@ -325,6 +327,26 @@ impl Compiler {
                     NFT_MSG_DELSET
                 };
                 self.push(kind, 0, scope, a);
+                Ok(())
+            }
+            ("add" | "delete", "counter") => {
+                let [name] = rest else {
+                    return Err("expected a counter name".into());
+                };
+                let mut a = Attributes::new();
+                a.string(1, table)
+                    .string(NFTA_OBJ_NAME, name)
+                    .u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER);
+                if *verb == "add" {
+                    a.nested(NFTA_OBJ_DATA, |data| {
+                        data.u64(NFTA_COUNTER_BYTES, 0).u64(NFTA_COUNTER_PACKETS, 0);
+                    });
+                    self.push(NFT_MSG_NEWOBJ, NLM_F_CREATE, scope, a);
+                } else {
+                    // nft sends an empty data attribute.
+                    a.nested(NFTA_OBJ_DATA, |_| {});
+                    self.push(NFT_MSG_DELOBJ, 0, scope, a);
+                }
                 Ok(())
             }
             ("add", "element") => self.element(scope, true, rest),

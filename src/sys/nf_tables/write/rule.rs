@@ -9,7 +9,7 @@ use super::values::{self, AddressMatch, Unsupported, check_family, parse_verdict
 use crate::sys::nf_tables::expr::{Data, Expr, SetRef, Verdict, reg32};
 use crate::sys::nf_tables::wire::{
     BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO,
-    META_MARK, NF_DROP, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
+    META_MARK, NF_DROP, NFT_OBJECT_COUNTER, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
 };
 
 /// The NAT range flag "random fully".
@@ -162,6 +162,14 @@ impl<'a> Builder<'_, 'a> {
             "fib" => self.fib()?,
             "mark" => self.mark()?,
             "numgen" => self.numgen()?,
+            "counter" if self.peek() == Some("name") => {
+                self.expect("name")?;
+                let name = unquote(self.next()?)?;
+                self.emit(Expr::ObjRef {
+                    kind: NFT_OBJECT_COUNTER,
+                    name: name.to_string(),
+                });
+            }
             "counter" => self.emit(Expr::Counter),
             "update" => self.update()?,
             "dnat" => {
