@@ -15,7 +15,7 @@ use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::dry_run::DryRunProxier;
-use crate::proxier::local::localhost_proxy_families;
+use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, localhost_proxy_families};
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
@@ -283,7 +283,8 @@ fn proxier_for(
     Ok(chosen)
 }
 
-/// The metrics, with the feature gates and (iptables mode) the kernel's nfacct counters.
+/// The metrics, with the feature gates and the kernel's counters: nfacct's in iptables mode,
+/// the rejected localhost NodePort packets in nftables mode.
 fn metrics_for(
     config: &KubeProxyConfiguration,
     options: RunOptions,
@@ -304,6 +305,13 @@ fn metrics_for(
         if let Err(err) = exported {
             warn!(error = %err, "Cannot export the nfacct counters");
         }
+    }
+    if !options.dry_run
+        && mode == ProxyMode::Nftables
+        && feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE)
+        && let Err(err) = metrics.count_localhost_rejects(vec![IpFamily::V4, IpFamily::V6])
+    {
+        warn!(error = %err, "Cannot export the localhost NodePort counters");
     }
     Ok(metrics)
 }

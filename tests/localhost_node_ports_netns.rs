@@ -13,7 +13,7 @@ use serde_json::json;
 use support::cluster::{
     Cluster, NODE_IP, addr, apply_dual_stack_slices, dual_stack_web, many, names, service, slice,
 };
-use support::netns::{http_get, require_netns, tcp_request};
+use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually, metric};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n\
@@ -147,6 +147,82 @@ async fn localhost_node_ports_through_the_proxy_in_iptables_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn localhost_node_ports_through_the_proxy_in_nftables_mode() {
     localhost_node_ports_through_the_proxy("nftables").await;
+}
+
+/// nftables mode with the gate on: what the userspace proxy does not serve on the loopback
+/// addresses is rejected by the rules and counted (upstream 1.37's named counters, exported as
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`): UDP always, TCP too while
+/// nodePortAddresses names no loopback address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn localhost_node_ports_not_served_are_rejected_and_counted_in_nftables_mode() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster);
+    cluster
+        .api
+        .apply(service(
+            "dns",
+            "10.96.0.14",
+            json!([{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]),
+            json!({"type": "NodePort"}),
+        ))
+        .unwrap();
+    cluster
+        .api
+        .apply(slice(
+            "dns",
+            json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
+            &["pod-a1"],
+        ))
+        .unwrap();
+    let node = &cluster.node;
+    let counted = |protocol: &str| {
+        let (_, metrics) = http_get(node, addr("127.0.0.1:10249"), "/metrics").unwrap();
+        metric(
+            &metrics,
+            &format!(
+                "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{{ip_family=\"IPv4\",protocol=\"{protocol}\"}}"
+            ),
+        )
+    };
+    let rejected_and_counted = |protocol: &str| {
+        let before = counted(protocol);
+        let answer = match protocol {
+            "TCP" => tcp_request(node, addr("127.0.0.1:30090")),
+            _ => udp_request(node, addr("127.0.0.1:30053")),
+        };
+        assert!(answer.is_err(), "{protocol}: {answer:?}");
+        counted(protocol) > before && before >= 0.0
+    };
+
+    // No loopback address in nodePortAddresses: TCP and UDP rejected and counted.
+    let without = "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\n\
+        featureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n\
+        nodePortAddresses: [primary]\n";
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", without));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    assert!(rejected_and_counted("TCP"));
+    assert!(rejected_and_counted("UDP"));
+    // The node's own address is served as ever.
+    let web = tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30090")));
+    assert!(web.is_ok(), "{web:?}");
+    daemon.stop().await;
+
+    // With the proxy: TCP served (and no longer counted), UDP still rejected and counted.
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon
+        .wait_for("Serving localhost NodePorts through the userspace proxy")
+        .await;
+    let served = eventually(WAIT, || tcp_request(node, addr("127.0.0.1:30090")).is_ok()).await;
+    assert!(served, "TCP through the proxy");
+    assert_eq!(
+        counted("TCP"),
+        -1.0,
+        "no TCP counter while the proxy serves it"
+    );
+    assert!(rejected_and_counted("UDP"));
+    daemon.stop().await;
 }
 
 /// A flood of idle connections on a localhost NodePort, beyond what the daemon's open-files

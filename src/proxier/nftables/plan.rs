@@ -108,6 +108,7 @@ pub fn digest_lines(family: &str, digests: &Digests) -> (String, usize) {
 pub struct Existing {
     pub chains: ChainSet,
     pub sets: BTreeSet<String>,
+    pub counters: BTreeSet<String>,
     /// Chains that already hold exactly the rules they are to hold: not written.
     pub adopted: ChainSet,
     /// The elements the top-level sets and maps hold, when read (a restart): only the
@@ -148,10 +149,12 @@ fn differing<'a>(
 /// every other set of ours, affinity sets included, is a set).
 fn is_map_name(name: &str) -> bool {
     use super::render::{
-        FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
+        FIREWALL_IPS, LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+        SERVICE_IPS, SERVICE_NODEPORTS,
     };
     [
         FIREWALL_IPS,
+        LOCALHOST_REJECT_PORTS,
         NO_ENDPOINT_NODEPORTS,
         NO_ENDPOINT_SERVICES,
         SERVICE_IPS,

@@ -197,6 +197,7 @@ impl<N: Nftables> NftablesMode<N> {
                 .filter(|c| IpFamily::of(&c.addr()) == family)
                 .copied()
                 .collect(),
+            localhost_rejects: self.settings.localhost_rejects(family),
         }
     }
 }

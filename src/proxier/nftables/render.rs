@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::slots::{self, Claim, DRAWS, MAPS_PER_PROTOCOL, PROTOCOLS, SlotTable};
 use super::text::ElementText;
-use crate::model::{EndpointsMap, IpFamily, ServicePortMap, VecMap, ports_in_family};
+use crate::model::{EndpointsMap, IpFamily, Protocol, ServicePortMap, VecMap, ports_in_family};
 use crate::proxier::context::FamilyContext;
 use crate::proxier::local::{LocalDetector, NodePortAddresses};
 
@@ -26,6 +26,18 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
 pub const REJECT_CHAIN: &str = "reject-chain";
+/// Upstream 1.37's map of the localhost NodePorts whose packets are rejected and counted.
+pub const LOCALHOST_REJECT_PORTS: &str = "localhost-nodeport-reject-ports";
+
+/// The chain that rejects localhost NodePort packets of `protocol` (`tcp`, ...).
+pub fn localhost_reject_chain(protocol: &str) -> String {
+    format!("localhost-nodeport-reject-{protocol}")
+}
+
+/// The named counter of the localhost NodePort packets of `protocol` rejected.
+pub fn localhost_rejected_counter(protocol: &str) -> String {
+    format!("localhost-nodeport-rejected-{protocol}")
+}
 
 /// Everything besides the model that shapes one family's table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +48,10 @@ pub struct NftContext {
     pub node_port_addresses: NodePortAddresses,
     /// The ServiceCIDRs of this family: traffic to an unallocated address in them is dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// The protocols whose NodePorts on this family's loopback address are rejected and
+    /// counted (the feature gate KubeProxyNFTablesLocalhostNodePorts on: UDP and SCTP, and TCP
+    /// too when the userspace proxy does not serve this family).
+    pub localhost_rejects: Vec<Protocol>,
 }
 
 impl NftContext {
@@ -141,6 +157,8 @@ pub struct Objects {
     pub no_local_endpoints: (usize, usize),
     /// The endpoint-map slots the policy chains hold.
     pub slots: Vec<Claim>,
+    /// Named counters (the base's).
+    pub counters: Vec<String>,
 }
 
 impl Objects {
@@ -179,7 +197,10 @@ impl Objects {
 
     /// True when the service adds nothing to this family.
     pub fn is_empty(&self) -> bool {
-        self.chains.is_empty() && self.sets.is_empty() && self.elements.is_empty()
+        self.chains.is_empty()
+            && self.sets.is_empty()
+            && self.elements.is_empty()
+            && self.counters.is_empty()
     }
 }
 
@@ -213,7 +234,36 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     base_chains(&mut out);
     base_rules(ctx, &mut out);
     node_port_rules(ctx, &mut out);
+    localhost_rejects(ctx, &mut out);
     out
+}
+
+/// Packets to the loopback address's NodePorts of the rejected protocols: counted and rejected
+/// (upstream 1.37; the kernel would refuse them anyway, no socket being there, but uncounted).
+fn localhost_rejects(ctx: &NftContext, out: &mut Objects) {
+    if ctx.localhost_rejects.is_empty() {
+        return;
+    }
+    out.sets.insert(
+        LOCALHOST_REJECT_PORTS.into(),
+        SetDef {
+            kind: "map",
+            spec: "{ type inet_proto . inet_service : verdict ; comment \"localhost NodePorts rejected by kube-proxy\" ; }".into(),
+        },
+    );
+    for protocol in &ctx.localhost_rejects {
+        let counter = localhost_rejected_counter(protocol.lower());
+        out.rule(
+            &localhost_reject_chain(protocol.lower()),
+            format!("counter name \"{counter}\" reject"),
+        );
+        out.counters.push(counter);
+    }
+    let (ip, loopback) = (ctx.ip(), ctx.loopback());
+    out.rule(
+        "nodeport-endpoints-check",
+        format!("{ip} daddr {loopback} meta l4proto . th dport vmap @{LOCALHOST_REJECT_PORTS}"),
+    );
 }
 
 /// The top-level sets and maps, and the shared endpoint maps.

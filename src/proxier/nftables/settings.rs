@@ -1,8 +1,8 @@
 //! The parts of the configuration nftables mode uses.
 
-use crate::config::KubeProxyConfiguration;
-use crate::model::IpFamily;
-use crate::proxier::local::{LocalTraffic, localhost_proxy_families};
+use crate::config::{KubeProxyConfiguration, feature_gates};
+use crate::model::{IpFamily, Protocol};
+use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, LocalTraffic, localhost_proxy_families};
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
@@ -16,9 +16,23 @@ pub struct NftablesSettings {
     pub node_port_addresses: Vec<String>,
     /// The families whose localhost NodePorts the userspace proxy serves.
     pub localhost_proxy: Vec<IpFamily>,
+    /// The feature gate KubeProxyNFTablesLocalhostNodePorts is on: localhost NodePorts the
+    /// proxy does not serve are rejected and counted.
+    pub localhost_gate: bool,
 }
 
 impl NftablesSettings {
+    /// The protocols whose NodePorts on `family`'s loopback address are rejected and counted
+    /// (upstream 1.37): none with the gate off; UDP and SCTP where the proxy serves TCP; all
+    /// three where it does not.
+    pub fn localhost_rejects(&self, family: IpFamily) -> Vec<Protocol> {
+        match (self.localhost_gate, self.localhost_proxy.contains(&family)) {
+            (false, _) => Vec::new(),
+            (true, true) => vec![Protocol::Udp, Protocol::Sctp],
+            (true, false) => vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp],
+        }
+    }
+
     /// Takes them from a validated configuration.
     pub fn from_config(config: &KubeProxyConfiguration) -> Self {
         let node_port_addresses = if config.node_port_addresses.is_empty() {
@@ -33,6 +47,10 @@ impl NftablesSettings {
             local_traffic: LocalTraffic::from_config(config),
             node_port_addresses,
             localhost_proxy: localhost_proxy_families(config),
+            localhost_gate: feature_gates::enabled(
+                &config.feature_gates,
+                LOCALHOST_NODE_PORTS_GATE,
+            ),
         }
     }
 }

@@ -100,6 +100,7 @@ impl Nftables for FakeNftables {
             .map(|t| TableNames {
                 chains: t.chains.keys().cloned().collect(),
                 sets: t.sets.keys().cloned().collect(),
+                counters: t.counters.keys().cloned().collect(),
             })
             .unwrap_or_default())
     }

@@ -75,6 +75,8 @@ pub struct TableNames {
     pub chains: BTreeSet<String>,
     /// Named sets and maps.
     pub sets: BTreeSet<String>,
+    /// Named counters.
+    pub counters: BTreeSet<String>,
 }
 
 /// The `nft` family keyword of an IP family.
@@ -235,7 +237,15 @@ impl Nftables for SystemNftables {
         };
         let chains = read::chain_names(family, table).map_err(failed("chains"))?;
         let sets = read::set_names(family, table).map_err(failed("sets"))?;
-        Ok(TableNames { chains, sets })
+        let counters = read::counters(family, table)
+            .map_err(failed("counters"))?
+            .into_keys()
+            .collect();
+        Ok(TableNames {
+            chains,
+            sets,
+            counters,
+        })
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {

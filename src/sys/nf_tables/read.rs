@@ -18,10 +18,11 @@ pub use crate::sys::netlink::attributes;
 use crate::sys::netlink::{Connection, NetlinkError};
 
 use super::wire::{
-    NFNL_SUBSYS_NFTABLES, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
-    NFT_MSG_GETSET, NFT_MSG_GETTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWSET,
-    NFTA_CHAIN_NAME, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA, NFTA_SET_NAME, NFTA_TABLE_NAME,
-    NFTNL_UDATA_COMMENT,
+    Attributes, NFNL_SUBSYS_NFTABLES, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETOBJ,
+    NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ,
+    NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_OBJECT_COUNTER, NFTA_CHAIN_NAME, NFTA_COUNTER_PACKETS,
+    NFTA_OBJ_DATA, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA,
+    NFTA_SET_NAME, NFTA_TABLE_NAME, NFTNL_UDATA_COMMENT,
 };
 
 /// A dump the ruleset's changes interrupt is read again, this many times at most.
@@ -187,6 +188,45 @@ pub fn set_names(family: IpFamily, table: &str) -> Result<BTreeSet<String>, Netl
     )?;
     names.retain(|name| !name.starts_with("__"));
     Ok(names)
+}
+
+/// The packets each named counter of `table` in `family` has counted, by name (an absent table
+/// has none). One dump of the table's counters (the kernel filters by table and type).
+pub fn counters(family: IpFamily, table: &str) -> Result<BTreeMap<String, u64>, NetlinkError> {
+    let mut request = RawMessage::request(NFT_MSG_GETOBJ, family, &[(NFTA_TABLE_NAME, table)]);
+    let mut kind = Attributes::new();
+    kind.u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER);
+    request.payload.extend(kind.into_bytes());
+    let mut connection = Connection::open(NETLINK_NETFILTER)?;
+    let replies = match dump(&mut connection, request) {
+        Ok(replies) => replies,
+        Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeMap::new()),
+        Err(err) => return Err(err),
+    };
+    let mut counted = BTreeMap::new();
+    for reply in &replies {
+        let Some(found) = reply.attributes_of(NFT_MSG_NEWOBJ) else {
+            continue;
+        };
+        let (mut name, mut of_table, mut packets) = (None, false, None);
+        for (kind, value) in attributes(found) {
+            match kind {
+                NFTA_TABLE_NAME => of_table = nul_terminated(value) == table,
+                NFTA_OBJ_NAME => name = Some(nul_terminated(value)),
+                NFTA_OBJ_DATA => {
+                    packets = attributes(value)
+                        .find(|(kind, _)| *kind == NFTA_COUNTER_PACKETS)
+                        .and_then(|(_, bytes)| bytes.try_into().ok())
+                        .map(u64::from_be_bytes);
+                }
+                _ => {}
+            }
+        }
+        if let (Some(name), true, Some(packets)) = (name, of_table, packets) {
+            counted.insert(name, packets);
+        }
+    }
+    Ok(counted)
 }
 
 /// How many threads read rules back (one netlink socket each: a socket runs one dump at a time).

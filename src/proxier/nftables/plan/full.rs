@@ -147,6 +147,9 @@ impl<'a> FullSync<'a> {
             for (name, set) in base.sets.iter().filter(|(n, _)| self.declared(n)) {
                 out.declare_set(name, set);
             }
+            for name in &base.counters {
+                out.line("add", "counter", name, "");
+            }
             for (name, chain) in &base.chains {
                 out.declare_chain(name, chain);
             }
@@ -335,6 +338,15 @@ impl<'a> FullSync<'a> {
             // A stale set's kind is unknown here; nft deletes a map with `delete map` only.
             let kind = if is_map_name(name) { "map" } else { "set" };
             out.line("delete", kind, name, "");
+        }
+        // Counters the stale chains (flushed above) counted with.
+        for name in self
+            .existing
+            .counters
+            .iter()
+            .filter(|n| !self.base.counters.contains(n))
+        {
+            out.line("delete", "counter", name, "");
         }
     }
 }

@@ -302,6 +302,7 @@ fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
         elements: Some(SetElements::new()),
         trusted_sets: base.sets.keys().cloned().collect(),
         base_kept: true,
+        counters: Default::default(),
     };
     let (transactions, stats, _) = full("ip", &base, &services, &existing, false, None);
     assert_eq!(transactions, Vec::<String>::new());

@@ -37,6 +37,7 @@ impl<N: Nftables> NftablesMode<N> {
                         .cloned(),
                 );
             }
+            existing.counters = programmed.base.counters.iter().cloned().collect();
             existing.chains.extend(
                 self.stale_chains
                     .get(&family)
@@ -65,6 +66,7 @@ impl<N: Nftables> NftablesMode<N> {
         let ReadBack {
             chains,
             sets,
+            counters,
             digests: held,
             elements,
         } = read;
@@ -124,6 +126,7 @@ impl<N: Nftables> NftablesMode<N> {
         let existing = Existing {
             chains,
             sets,
+            counters,
             adopted,
             elements,
             trusted_sets,
@@ -210,9 +213,10 @@ impl<N: Nftables> NftablesMode<N> {
 
 /// What a full sync reads of our table before it knows what it wants.
 pub(super) struct ReadBack {
-    /// The table's chains (hashed here, on the reader's thread) and sets.
+    /// The table's chains (hashed here, on the reader's thread), sets and counters.
     chains: ChainSet,
     sets: BTreeSet<String>,
+    counters: BTreeSet<String>,
     /// The digests the table holds (see `digests`), if it holds digests of ours.
     digests: Option<Digests>,
     /// The elements of the top-level sets and maps present, unless the digests are to be
@@ -248,6 +252,7 @@ pub(super) fn read_table<N: Nftables>(
     Ok(ReadBack {
         chains: names.chains.into_iter().collect(),
         sets: names.sets,
+        counters: names.counters,
         digests,
         elements,
     })

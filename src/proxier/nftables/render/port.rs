@@ -6,8 +6,9 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::{
-    CLUSTER_IPS, FIREWALL_IPS, HAIRPIN_CONNECTIONS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    NftContext, Objects, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, SetDef, quoted,
+    CLUSTER_IPS, FIREWALL_IPS, HAIRPIN_CONNECTIONS, LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, NftContext, Objects, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
+    SetDef, quoted,
 };
 use crate::model::{Endpoint, ServicePort};
 use crate::proxier::nftables::names::{self, PortChains};
@@ -182,6 +183,14 @@ impl<'a> Port<'a> {
         if let Some(verdict) = &self.external_refusal {
             text.rest(&[" comment ", &self.comment(), " : ", verdict])
                 .add_into(out.elements_of(NO_ENDPOINT_NODEPORTS));
+        }
+        if self
+            .ctx
+            .localhost_rejects
+            .contains(&self.port.name.protocol)
+        {
+            text.rest(&[" : goto ", &super::localhost_reject_chain(self.proto)])
+                .add_into(out.elements_of(LOCALHOST_REJECT_PORTS));
         }
     }
 

@@ -13,6 +13,7 @@ pub fn context() -> NftContext {
         common: family_context(IpFamily::V4, NODE_IP, "10.0.0.0/8"),
         node_port_addresses: NodePortAddresses::Only(vec![NODE_IP.parse().unwrap()]),
         service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
+        localhost_rejects: Vec::new(),
     }
 }
 

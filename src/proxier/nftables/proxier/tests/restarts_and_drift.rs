@@ -390,3 +390,83 @@ fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(p.nft.transactions, Vec::<String>::new());
 }
+
+/// With the feature gate KubeProxyNFTablesLocalhostNodePorts on, NodePorts on the loopback
+/// address are rejected and counted (all protocols without the proxy, UDP and SCTP with it); a
+/// restart keeps that as it is, and a restart with the gate off takes the map, its chains and
+/// their counters away, in transactions the kernel accepts.
+#[test]
+fn localhost_node_ports_are_rejected_and_counted_while_the_gate_is_on() {
+    let state = state();
+    let with_gate = |nft: FakeNftables, proxy: bool| {
+        let mut p = proxier(nft);
+        p.settings.localhost_gate = true;
+        p.settings.localhost_proxy = if proxy { vec![V4] } else { vec![] };
+        p
+    };
+    let mut p = with_gate(FakeNftables::default(), false);
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    let table = programmed(&p);
+    let kernel = p.nft.table(V4, TABLE).unwrap();
+    assert_eq!(
+        kernel.counters.keys().collect::<Vec<_>>(),
+        [
+            "localhost-nodeport-rejected-sctp",
+            "localhost-nodeport-rejected-tcp",
+            "localhost-nodeport-rejected-udp"
+        ]
+    );
+    assert!(
+        table.chains["nodeport-endpoints-check"]
+            .rules
+            .iter()
+            .any(|rule| rule.starts_with(
+                "ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports"
+            )),
+        "{:?}",
+        table.chains["nodeport-endpoints-check"]
+    );
+    assert!(
+        table.chains["localhost-nodeport-reject-udp"].rules[0]
+            .starts_with("counter name \"localhost-nodeport-rejected-udp\" reject")
+    );
+    // Every TCP NodePort of the test services (3001, 3002, 3003), none of another protocol.
+    let rejected: Vec<&str> = table.elements["localhost-nodeport-reject-ports"]
+        .iter()
+        .map(|(key, rest)| {
+            assert_eq!(rest, " : goto localhost-nodeport-reject-tcp");
+            key
+        })
+        .collect();
+    assert_eq!(rejected, ["tcp . 3001", "tcp . 3002", "tcp . 3003"]);
+
+    // Restarted as it was: nothing written.
+    let mut same = with_gate(p.nft.clone(), false);
+    same.nft.transactions.clear();
+    same.sync(&state, &ChangeSummary::default()).unwrap();
+    same.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(same.nft.transactions, Vec::<String>::new());
+
+    // With the proxy serving TCP: its NodePorts are no longer rejected, nor counted.
+    let mut proxied = with_gate(p.nft.clone(), true);
+    proxied.sync(&state, &ChangeSummary::default()).unwrap();
+    proxied.sync(&state, &ChangeSummary::default()).unwrap();
+    let kernel = proxied.nft.table(V4, TABLE).unwrap();
+    assert!(!kernel.chains.contains_key("localhost-nodeport-reject-tcp"));
+    assert_eq!(kernel.counters.len(), 2);
+    assert!(
+        kernel.sets["localhost-nodeport-reject-ports"]
+            .elements
+            .is_empty()
+    );
+
+    // The gate off: the map, the chains and the counters go.
+    let mut off = restarted_on(&proxied.nft);
+    off.sync(&state, &ChangeSummary::default()).unwrap();
+    off.sync(&state, &ChangeSummary::default()).unwrap();
+    let kernel = off.nft.table(V4, TABLE).unwrap();
+    assert!(kernel.counters.is_empty());
+    assert!(!kernel.sets.contains_key("localhost-nodeport-reject-ports"));
+    assert!(!kernel.chains.keys().any(|c| c.starts_with("localhost-")));
+    assert_table(&mut off, &state);
+}

@@ -1,0 +1,116 @@
+//! Upstream 1.37's `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`: nftables
+//! mode's named counters of rejected localhost NodePort packets, read from our table at each
+//! scrape. A family whose table or counter is missing (the counter of TCP while the userspace
+//! proxy serves it) is left out of the scrape.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::{IntCounterVec, Opts, proto};
+use tracing::warn;
+
+use crate::model::{IpFamily, Protocol};
+use crate::proxier::nftables::render::{TABLE, localhost_rejected_counter};
+use crate::sys::netlink::NetlinkError;
+
+const NAME: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+const HELP: &str = "Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is rejected when the localhost NodePort proxy is not running";
+
+/// Reads the packets each named counter of a family's table has counted, by name.
+pub type CounterReader =
+    Box<dyn Fn(IpFamily, &str) -> Result<BTreeMap<String, u64>, NetlinkError> + Send + Sync>;
+
+/// Reads the counters when Prometheus scrapes.
+pub struct RejectedPacketsCollector {
+    read: CounterReader,
+    families: Vec<IpFamily>,
+    counters: IntCounterVec,
+    /// Whether a failed read was logged (once: a scrape every few seconds would flood the log).
+    warned: AtomicBool,
+}
+
+impl RejectedPacketsCollector {
+    pub fn new(read: CounterReader, families: Vec<IpFamily>) -> prometheus::Result<Self> {
+        Ok(RejectedPacketsCollector {
+            read,
+            families,
+            counters: IntCounterVec::new(Opts::new(NAME, HELP), &["ip_family", "protocol"])?,
+            warned: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Collector for RejectedPacketsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counters.desc()
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        self.counters.reset();
+        for family in &self.families {
+            let counted = match (self.read)(*family, TABLE) {
+                Ok(counted) => counted,
+                Err(err) => {
+                    if !self.warned.swap(true, Ordering::Relaxed) {
+                        warn!(error = %err, ?family, "Failed to read the nftables counters");
+                    }
+                    continue;
+                }
+            };
+            for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+                let counter = localhost_rejected_counter(protocol.lower());
+                if let Some(packets) = counted.get(&counter) {
+                    self.counters
+                        .with_label_values(&[family.name(), &protocol.to_string()])
+                        .inc_by(*packets);
+                }
+            }
+        }
+        self.counters.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_familys_counters_by_protocol_and_none_for_what_is_missing() {
+        let read: CounterReader = Box::new(|family, table| {
+            assert_eq!(table, "kube-proxy");
+            Ok(match family {
+                IpFamily::V4 => BTreeMap::from([
+                    ("localhost-nodeport-rejected-udp".to_string(), 7),
+                    ("localhost-nodeport-rejected-sctp".to_string(), 0),
+                    ("something-else".to_string(), 9),
+                ]),
+                IpFamily::V6 => {
+                    BTreeMap::from([("localhost-nodeport-rejected-tcp".to_string(), 2)])
+                }
+            })
+        });
+        let collector =
+            RejectedPacketsCollector::new(read, vec![IpFamily::V4, IpFamily::V6]).unwrap();
+        let registry = prometheus::Registry::new();
+        registry.register(Box::new(collector)).unwrap();
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut text,
+        )
+        .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let mut series: Vec<&str> = text.lines().filter(|l| l.starts_with(NAME)).collect();
+        series.sort();
+        assert_eq!(
+            series,
+            [
+                "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family=\"IPv4\",protocol=\"SCTP\"} 0",
+                "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family=\"IPv4\",protocol=\"UDP\"} 7",
+                "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family=\"IPv6\",protocol=\"TCP\"} 2",
+            ]
+        );
+    }
+}
