@@ -284,12 +284,7 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
                 return Err("No such file or directory".into());
             }
             let reference = format!("@{name}");
-            let used = table.chains.values().any(|(_, rules)| {
-                rules
-                    .iter()
-                    .any(|rule| rule.split(' ').any(|w| w == reference))
-            });
-            if used {
+            if used_by_a_rule(table, |rule| rule.split(' ').any(|w| w == reference)) {
                 return Err("Device or resource busy".into());
             }
             table.sets.remove(&name);
@@ -304,12 +299,7 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
                 return Err("No such file or directory".into());
             }
             let reference = format!("\"{name}\"");
-            let used = table.chains.values().any(|(_, rules)| {
-                rules
-                    .iter()
-                    .any(|rule| counter_names(rule).any(|n| n == reference))
-            });
-            if used {
+            if used_by_a_rule(table, |rule| counter_names(rule).any(|n| n == reference)) {
                 return Err("Device or resource busy".into());
             }
             table.counters.remove(&name);
@@ -401,6 +391,14 @@ fn references(text: &str) -> (Vec<String>, Vec<String>) {
         .map(|s| s.trim_end_matches([',', '}']).to_string())
         .collect();
     (chains, sets)
+}
+
+/// Whether a rule of `table` `uses` something.
+fn used_by_a_rule(table: &FakeTable, uses: impl Fn(&str) -> bool) -> bool {
+    table
+        .chains
+        .values()
+        .any(|(_, rules)| rules.iter().any(|rule| uses(rule)))
 }
 
 /// The quoted names after `counter name` in a rule.
