@@ -3,8 +3,8 @@
 //! scrape. A family whose table or counter is missing (the counter of TCP while the userspace
 //! proxy serves it) is left out of the scrape.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{IntCounterVec, Opts, proto};
@@ -21,13 +21,19 @@ const HELP: &str = "Number of packets rejected on localhost NodePorts. UDP and S
 pub type CounterReader =
     Box<dyn Fn(IpFamily, &str) -> Result<BTreeMap<String, u64>, NetlinkError> + Send + Sync>;
 
-/// Reads the counters when Prometheus scrapes.
+/// Reads the counters when Prometheus scrapes (each scrape into a vector of its own, so that
+/// two at once do not mix).
 pub struct RejectedPacketsCollector {
     read: CounterReader,
     families: Vec<IpFamily>,
-    counters: IntCounterVec,
-    /// Whether a failed read was logged (once: a scrape every few seconds would flood the log).
-    warned: AtomicBool,
+    desc: Vec<Desc>,
+    /// The families whose failed read was logged (once each: a scrape every few seconds would
+    /// flood the log).
+    warned: Mutex<BTreeSet<IpFamily>>,
+}
+
+fn counter_vec() -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(NAME, HELP), &["ip_family", "protocol"])
 }
 
 impl RejectedPacketsCollector {
@@ -35,24 +41,27 @@ impl RejectedPacketsCollector {
         Ok(RejectedPacketsCollector {
             read,
             families,
-            counters: IntCounterVec::new(Opts::new(NAME, HELP), &["ip_family", "protocol"])?,
-            warned: AtomicBool::new(false),
+            desc: counter_vec()?.desc().into_iter().cloned().collect(),
+            warned: Mutex::new(BTreeSet::new()),
         })
     }
 }
 
 impl Collector for RejectedPacketsCollector {
     fn desc(&self) -> Vec<&Desc> {
-        self.counters.desc()
+        self.desc.iter().collect()
     }
 
     fn collect(&self) -> Vec<proto::MetricFamily> {
-        self.counters.reset();
+        let Ok(counters) = counter_vec() else {
+            return Vec::new();
+        };
         for family in &self.families {
             let counted = match (self.read)(*family, TABLE) {
                 Ok(counted) => counted,
                 Err(err) => {
-                    if !self.warned.swap(true, Ordering::Relaxed) {
+                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+                    if warned.insert(*family) {
                         warn!(error = %err, ?family, "Failed to read the nftables counters");
                     }
                     continue;
@@ -61,13 +70,13 @@ impl Collector for RejectedPacketsCollector {
             for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
                 let counter = localhost_rejected_counter(protocol.lower());
                 if let Some(packets) = counted.get(&counter) {
-                    self.counters
+                    counters
                         .with_label_values(&[family.name(), &protocol.to_string()])
                         .inc_by(*packets);
                 }
             }
         }
-        self.counters.collect()
+        counters.collect()
     }
 }
 

@@ -199,10 +199,13 @@ pub fn partial(
     }
     let mut out = Writer::new(family);
     let mut removed = Removed::default();
-    // Declarations of new sets and chains.
+    // Declarations of new sets, counters and chains.
     for (old, new) in &pairs {
         for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
             out.declare_set(name, set);
+        }
+        for name in new.counters.iter().filter(|n| !old.counters.contains(n)) {
+            out.line("add", "counter", name, "");
         }
         for (name, chain) in new
             .chains
@@ -278,6 +281,10 @@ pub fn partial(
         for (name, set) in old.sets.iter().filter(|(n, _)| !new.sets.contains_key(*n)) {
             out.line("delete", set.kind, name, "");
         }
+        // After the flushes above took the rules that counted with them.
+        for name in old.counters.iter().filter(|n| !new.counters.contains(n)) {
+            out.line("delete", "counter", name, "");
+        }
     }
     let (text, stats) = out.finish();
     Some((text, stats, removed))
@@ -308,14 +315,23 @@ pub fn endpoint_maps(
 #[derive(Default)]
 pub struct Repairs<'a> {
     pub chains: Vec<(&'a str, &'a Chain)>,
+    /// The base's counters, which its chains' rules may count with (declared again: `add`
+    /// leaves an existing counter as it is).
+    pub counters: &'a [String],
     /// A set or map, and its elements (from every service) unless the kernel keeps them
     /// (affinity sets).
     pub sets: Vec<(&'a str, &'a SetDef, Option<Vec<&'a Elements>>)>,
 }
 
-/// The transaction that rewrites `repairs`: sets first (rules refer to them), then chains.
+/// The transaction that rewrites `repairs`: sets and counters first (rules refer to them), then
+/// chains.
 pub fn repair(family: &str, repairs: &Repairs<'_>) -> String {
     let mut out = Writer::new(family);
+    if !repairs.chains.is_empty() {
+        for name in repairs.counters {
+            out.line("add", "counter", name, "");
+        }
+    }
     for (name, def, elements) in &repairs.sets {
         out.declare_set(name, def);
         if let Some(elements) = elements {

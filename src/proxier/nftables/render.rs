@@ -77,8 +77,8 @@ impl NftContext {
         }
     }
 
-    /// The statement that marks a packet for masquerading (upstream 1.36's `masqueradeRule`,
-    /// written where 1.35 jumped to a `mark-for-masquerade` chain).
+    /// The statement that marks a packet for masquerading, written in each rule that marks
+    /// (upstream 1.36's `masqueradeRule`).
     fn mark_for_masquerade(&self) -> String {
         format!("mark set mark or {:#x}", self.common.masquerade_mark)
     }

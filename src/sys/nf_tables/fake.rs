@@ -4,7 +4,7 @@
 //! deleted, a map key is not added twice with other data) and applies a transaction all or
 //! nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{NftError, Nftables, RuleComments, SetElements, TableNames, family_keyword};
 use crate::model::IpFamily;
@@ -23,8 +23,8 @@ pub struct FakeTable {
     /// Chain -> (spec, rules as written after the chain's name).
     pub chains: BTreeMap<String, (String, Vec<String>)>,
     pub sets: BTreeMap<String, FakeSet>,
-    /// Named counters: name -> packets counted (what a test says passed them).
-    pub counters: BTreeMap<String, u64>,
+    /// Named counters.
+    pub counters: BTreeSet<String>,
 }
 
 /// The fake ruleset: tables by (family keyword, name).
@@ -100,7 +100,7 @@ impl Nftables for FakeNftables {
             .map(|t| TableNames {
                 chains: t.chains.keys().cloned().collect(),
                 sets: t.sets.keys().cloned().collect(),
-                counters: t.counters.keys().cloned().collect(),
+                counters: t.counters.clone(),
             })
             .unwrap_or_default())
     }
@@ -291,15 +291,14 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             Ok(())
         }
         ("add", "counter") => {
-            table.counters.entry(name).or_default();
+            table.counters.insert(name);
             Ok(())
         }
         ("delete", "counter") => {
-            if !table.counters.contains_key(&name) {
+            if !table.counters.contains(&name) {
                 return Err("No such file or directory".into());
             }
-            let reference = format!("\"{name}\"");
-            if used_by_a_rule(table, |rule| counter_names(rule).any(|n| n == reference)) {
+            if used_by_a_rule(table, |rule| counter_names(rule).any(|n| n == name)) {
                 return Err("Device or resource busy".into());
             }
             table.counters.remove(&name);
@@ -401,18 +400,19 @@ fn used_by_a_rule(table: &FakeTable, uses: impl Fn(&str) -> bool) -> bool {
         .any(|(_, rules)| rules.iter().any(|rule| uses(rule)))
 }
 
-/// The quoted names after `counter name` in a rule.
+/// The names a rule counts with (`counter name "x"`), unquoted.
 fn counter_names(rule: &str) -> impl Iterator<Item = &str> {
-    rule.split(" counter name ")
-        .skip(1)
-        .filter_map(|rest| rest.split(' ').next())
+    let words: Vec<&str> = rule.split_whitespace().collect();
+    let names: Vec<&str> = words
+        .windows(3)
+        .filter(|w| w[0] == "counter" && w[1] == "name")
+        .map(|w| w[2].trim_matches('"'))
+        .collect();
+    names.into_iter()
 }
 
 fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
-    if let Some(missing) = counter_names(text)
-        .map(|quoted| quoted.trim_matches('"'))
-        .find(|name| !table.counters.contains_key(*name))
-    {
+    if let Some(missing) = counter_names(text).find(|name| !table.counters.contains(*name)) {
         return Err(format!("No such file or directory (counter {missing})"));
     }
     let (chains, sets) = references(text);
@@ -446,6 +446,23 @@ mod tests {
 
     fn applied(nft: &mut FakeNftables, text: &str) -> Result<(), NftError> {
         nft.apply(text)
+    }
+
+    #[test]
+    fn a_counter_a_rule_counts_with_must_exist_and_stays_while_used() {
+        let mut nft = FakeNftables::default();
+        applied(&mut nft, "add table ip t\nadd chain ip t a\n").unwrap();
+        let err = applied(&mut nft, "add rule ip t a counter name \"c\" reject\n").unwrap_err();
+        assert!(err.to_string().contains("(counter c)"), "{err}");
+        applied(
+            &mut nft,
+            "add counter ip t c\nadd rule ip t a counter name \"c\" reject\n",
+        )
+        .unwrap();
+        let err = applied(&mut nft, "delete counter ip t c\n").unwrap_err();
+        assert!(err.to_string().contains("busy"), "{err}");
+        applied(&mut nft, "flush chain ip t a\ndelete counter ip t c\n").unwrap();
+        assert!(nft.table(V4, "t").unwrap().counters.is_empty());
     }
 
     #[test]

@@ -17,14 +17,15 @@ type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
 type ElementList<'a> = Vec<(&'a str, &'a str)>;
 
 /// The full sync, as transactions to apply in order:
-/// 1. the table, the top-level sets and maps and the fixed and base chains declared (nothing
-///    written: what serves traffic is unchanged);
+/// 1. the table, the top-level sets and maps, the base's counters and the fixed and base
+///    chains declared (nothing written: what serves traffic is unchanged);
 /// 2. whole services at a time: their affinity sets and chains declared, existing chains
 ///    flushed, their rules written (nothing refers to a new chain yet; an existing one is
 ///    rewritten atomically);
 /// 3. the base chains flushed and written, stale chains flushed (returned in [`Removed`] for
 ///    deletion later), the top-level sets and maps brought to what they are to hold (only the
-///    differing elements when they were read), stale sets deleted.
+///    differing elements when they were read), stale sets deleted, and then stale counters (the
+///    rules that counted with them flushed above).
 ///
 /// What `existing` says is already right is left out: adopted chains, trusted sets, and the
 /// base with its declarations when it is kept.

@@ -344,3 +344,49 @@ fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
         "{text}"
     );
 }
+
+/// A base whose counters change: a new counter is declared before the rule that counts with
+/// it, and one no longer wanted is deleted after its chain's flush, in a transaction the fake
+/// (which refuses a counter missing or in use) accepts both ways.
+#[test]
+fn counters_come_before_their_rules_and_go_after_them() {
+    use crate::model::Protocol;
+    use crate::sys::nf_tables::Nftables;
+    use crate::sys::nf_tables::fake::FakeNftables;
+    let without = render_base(&context());
+    let with = render_base(&crate::proxier::nftables::render::NftContext {
+        localhost_rejects: vec![Protocol::Udp],
+        ..context()
+    });
+    let mut nft = FakeNftables::default();
+    let (first, _, _) = full(
+        "ip",
+        &without,
+        &BTreeMap::new(),
+        &Existing::default(),
+        false,
+        None,
+    );
+    nft.apply(&first.concat()).unwrap();
+    let delta = |old, new| Delta {
+        old: Some(old),
+        new: Some(new),
+    };
+    let (adding, _, _) = partial("ip", &[delta(&without, &with)], &|_, _| false).unwrap();
+    assert!(
+        position(
+            &adding,
+            "add counter ip kube-proxy localhost-nodeport-rejected-udp"
+        ) < position(&adding, "counter name")
+    );
+    nft.apply(&adding).unwrap();
+    let (removing, _, removed) = partial("ip", &[delta(&with, &without)], &|_, _| false).unwrap();
+    assert!(
+        position(
+            &removing,
+            "flush chain ip kube-proxy localhost-nodeport-reject-udp"
+        ) < position(&removing, "delete counter")
+    );
+    assert_eq!(removed.chains, ["localhost-nodeport-reject-udp"]);
+    nft.apply(&removing).unwrap();
+}

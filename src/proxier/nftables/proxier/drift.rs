@@ -21,7 +21,10 @@ impl<N: Nftables> NftablesMode<N> {
             .chain(current.services.values())
             .collect();
         let pending = self.stale_chains.get(&family);
-        let mut repairs = plan::Repairs::default();
+        let mut repairs = plan::Repairs {
+            counters: &current.base.counters,
+            ..plan::Repairs::default()
+        };
         let mut unknown = Vec::new();
         let mut digest_chain = false;
         for name in names {

@@ -238,8 +238,7 @@ impl<'a> Port<'a> {
     /// The policy chains. Without affinity a policy chain DNATs through a map of addresses
     /// (upstream 1.36's form, in a slot of a shared map: see `slots`): no endpoint chains, so
     /// the table has a tenth of the chains that the kernel re-validates at a commit that adds a
-    /// NAT rule; hairpin traffic is found in postrouting by @hairpin-connections instead of a
-    /// rule per endpoint chain.
+    /// NAT rule; hairpin traffic is found in postrouting by @hairpin-connections.
     fn policy_chains(&self, slots: &mut SlotTable, text: &mut ElementText, out: &mut Objects) {
         let selected = &self.policy.selected;
         for (chain, used, endpoints) in [

@@ -409,7 +409,7 @@ fn localhost_node_ports_are_rejected_and_counted_while_the_gate_is_on() {
     let table = programmed(&p);
     let kernel = p.nft.table(V4, TABLE).unwrap();
     assert_eq!(
-        kernel.counters.keys().collect::<Vec<_>>(),
+        kernel.counters.iter().collect::<Vec<_>>(),
         [
             "localhost-nodeport-rejected-sctp",
             "localhost-nodeport-rejected-tcp",
@@ -469,4 +469,27 @@ fn localhost_node_ports_are_rejected_and_counted_while_the_gate_is_on() {
     assert!(!kernel.sets.contains_key("localhost-nodeport-reject-ports"));
     assert!(!kernel.chains.keys().any(|c| c.starts_with("localhost-")));
     assert_table(&mut off, &state);
+}
+
+/// Another program empties a rejecting chain and deletes its counter: the repair declares the
+/// counter again before the rule that counts with it.
+#[test]
+fn a_rejecting_chain_emptied_with_its_counter_is_repaired_whole() {
+    let state = state();
+    let events = crate::sys::nf_tables::events::FakeEvents::default();
+    let mut p = proxier(FakeNftables::default()).with_change_events(Box::new(events.clone()));
+    p.settings.localhost_gate = true;
+    p.sync(&state, &ChangeSummary::default()).unwrap();
+    p.nft
+        .apply(
+            "flush chain ip kube-proxy localhost-nodeport-reject-tcp\n\
+             delete counter ip kube-proxy localhost-nodeport-rejected-tcp\n",
+        )
+        .unwrap();
+    report_drift(&events, &["localhost-nodeport-reject-tcp"]);
+    let report = p.sync(&state, &ChangeSummary::default()).unwrap();
+    assert_eq!(report.repaired_chains, 1);
+    let kernel = p.nft.table(V4, TABLE).unwrap();
+    assert!(kernel.counters.contains("localhost-nodeport-rejected-tcp"));
+    assert_eq!(kernel.chains["localhost-nodeport-reject-tcp"].1.len(), 1);
 }
