@@ -211,15 +211,10 @@ async fn run_at(cluster: &Cluster, open_files: u64, sizes: &Sizes) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("the health flood benchmark needs root (network namespaces)");
-        std::process::exit(1);
-    }
+    support::scale::require_root("the health flood benchmark needs root (network namespaces)");
     let sizes = if args.iter().any(|a| a == "--bench") {
-        let services = args
-            .iter()
-            .position(|a| a == "--services")
-            .and_then(|i| args.get(i + 1)?.parse().ok())
+        let services = support::scale::flag(&args, "--services")
+            .and_then(|n| n.parse().ok())
             .unwrap_or(10_000);
         Sizes {
             services,

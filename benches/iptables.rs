@@ -381,10 +381,7 @@ fn run(count: usize, backend: Backend, runs: usize, with_one_transaction: bool, 
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("the iptables benchmark needs root (network namespaces)");
-        std::process::exit(1);
-    }
+    scale::require_root("the iptables benchmark needs root (network namespaces)");
     let backend = if args.iter().any(|a| a == "--legacy") {
         Backend::Legacy
     } else {
@@ -392,10 +389,7 @@ fn main() {
     };
     let with_one_transaction = !args.iter().any(|a| a == "--no-one-transaction");
     // The one-transaction restore grows with the square of its size: this caps where it runs.
-    let one_transaction_up_to = args
-        .iter()
-        .position(|a| a == "--one-transaction-up-to")
-        .and_then(|i| args.get(i + 1))
+    let one_transaction_up_to = scale::flag(&args, "--one-transaction-up-to")
         .and_then(|n| n.parse().ok())
         .unwrap_or(usize::MAX);
     let mut chart = Chart::new(&format!(
@@ -409,12 +403,7 @@ fn main() {
         scale::daemon_run(50, "iptables");
         return;
     }
-    let sizes: Vec<usize> = args
-        .iter()
-        .position(|a| a == "--sizes")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1000, 10000]);
+    let sizes: Vec<usize> = scale::sizes(&args, &[1000, 10000]);
     if args.iter().any(|a| a == "--dry-run") {
         // The watch side and the model alone, with nothing programmed.
         for count in sizes {

@@ -215,10 +215,9 @@ fn run_in_vm(args: &[String]) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("the IPVS benchmark needs root (it boots a VM and uses network namespaces)");
-        std::process::exit(1);
-    }
+    scale::require_root(
+        "the IPVS benchmark needs root (it boots a VM and uses network namespaces)",
+    );
     if std::env::var_os("KPRS_IN_VM").is_none() {
         return run_in_vm(&args);
     }
@@ -226,12 +225,7 @@ fn main() {
         run(50, 1);
         return;
     }
-    let sizes: Vec<usize> = args
-        .iter()
-        .position(|a| a == "--sizes")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1000, 10000]);
+    let sizes: Vec<usize> = scale::sizes(&args, &[1000, 10000]);
     for count in sizes {
         if !args.iter().any(|a| a == "--only-daemon") {
             run(count, if count > 2000 { 1 } else { 3 });

@@ -326,16 +326,11 @@ async fn run(sizes: &Sizes) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("the localhost proxy benchmark needs root (network namespaces)");
-        std::process::exit(1);
-    }
+    support::scale::require_root("the localhost proxy benchmark needs root (network namespaces)");
     let sizes = if args.iter().any(|a| a == "--bench") {
         Sizes {
-            services: args
-                .iter()
-                .position(|a| a == "--services")
-                .and_then(|i| args.get(i + 1)?.parse().ok())
+            services: support::scale::flag(&args, "--services")
+                .and_then(|n| n.parse().ok())
                 .unwrap_or(10_000),
             connections: 1000,
             round_trips: 2000,

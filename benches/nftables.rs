@@ -359,10 +359,7 @@ fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("the nftables benchmark needs root (network namespaces)");
-        std::process::exit(1);
-    }
+    scale::require_root("the nftables benchmark needs root (network namespaces)");
     let mut chart = Chart::new("nftables mode: first sync, restart, one change");
     let svg = chart::path_from_args(&args, "nftables");
     if !args.iter().any(|a| a == "--bench") {
@@ -371,12 +368,7 @@ fn main() {
         scale::daemon_run(50, "nftables");
         return;
     }
-    let sizes: Vec<usize> = args
-        .iter()
-        .position(|a| a == "--sizes")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1000, 5000]);
+    let sizes: Vec<usize> = scale::sizes(&args, &[1000, 5000]);
     for count in sizes {
         if !args.iter().any(|a| a == "--only-daemon") {
             let one_transaction = !args.iter().any(|a| a == "--no-one-transaction");

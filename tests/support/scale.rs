@@ -284,3 +284,24 @@ pub fn daemon_run(count: usize, mode: &str) {
         let _ = daemon.wait();
     });
 }
+
+/// Exits 1, saying why, unless run as root: the benchmarks work in network namespaces.
+pub fn require_root(why: &str) {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("{why}");
+        std::process::exit(1);
+    }
+}
+
+/// The text after `flag` in a benchmark's arguments.
+pub fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// `--sizes 1000,5000` as numbers, or `default`.
+pub fn sizes(args: &[String], default: &[usize]) -> Vec<usize> {
+    flag(args, "--sizes")
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
