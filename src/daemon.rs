@@ -309,7 +309,7 @@ fn metrics_for(
     if !options.dry_run
         && mode == ProxyMode::Nftables
         && feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE)
-        && let Err(err) = metrics.count_localhost_rejects(vec![IpFamily::V4, IpFamily::V6])
+        && let Err(err) = metrics.count_localhost_rejects()
     {
         warn!(error = %err, "Cannot export the localhost NodePort counters");
     }
@@ -470,17 +470,16 @@ fn connection_table(open_files: Option<u64>, metrics: &Metrics, relays: bool) ->
 /// The tracker of the watches' changes; with AllowServiceExternalIPs off (upstream's answer to
 /// CVE-2020-8554), it drops every Service's externalIPs, so that no mode programs them.
 fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
-    if feature_gates::enabled(
+    let external_ips = feature_gates::enabled(
         &config.feature_gates,
         feature_gates::ALLOW_SERVICE_EXTERNAL_IPS,
-    ) {
-        ChangeTracker::default()
-    } else {
+    );
+    if !external_ips {
         info!(
             "Services' externalIPs are not programmed: the AllowServiceExternalIPs feature gate is off"
         );
-        ChangeTracker::without_external_ips()
     }
+    ChangeTracker::new(external_ips)
 }
 
 /// The localhost NodePort proxy, when it serves a family. Its connections count apart from the

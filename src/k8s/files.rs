@@ -50,11 +50,7 @@ pub fn read_objects(
     external_ips: bool,
 ) -> Result<FileObjects, FilesError> {
     let mut out = FileObjects::default();
-    let mut tracker = if external_ips {
-        ChangeTracker::default()
-    } else {
-        ChangeTracker::without_external_ips()
-    };
+    let mut tracker = ChangeTracker::new(external_ips);
     for path in paths {
         let text = read_text(path).map_err(|source| FilesError::Read {
             path: path.clone(),

@@ -105,11 +105,12 @@ pub struct ChangeTracker {
 }
 
 impl ChangeTracker {
-    /// A tracker that drops every Service's externalIPs, as upstream does with the
-    /// AllowServiceExternalIPs feature gate off: no mode then programs them.
-    pub fn without_external_ips() -> Self {
+    /// A tracker that keeps Services' `external_ips`, or drops every Service's externalIPs, as
+    /// upstream does with the AllowServiceExternalIPs feature gate off: no mode then programs
+    /// them.
+    pub fn new(external_ips: bool) -> Self {
         ChangeTracker {
-            without_external_ips: true,
+            without_external_ips: !external_ips,
             ..ChangeTracker::default()
         }
     }

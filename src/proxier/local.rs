@@ -104,9 +104,7 @@ pub fn selected_node_port_ips(
     for entry in configured {
         match entry.as_str() {
             "primary" => ips.extend(node_ip.filter(|ip| !ip.is_loopback())),
-            "localhost" => {
-                nets.extend(LOOPBACK_NETS.iter().filter_map(|n| n.parse::<IpNet>().ok()))
-            }
+            "localhost" => nets.extend(localhost_nets()),
             cidr => nets.extend(cidr.parse::<IpNet>().ok()),
         }
     }
@@ -123,7 +121,11 @@ pub fn selected_node_port_ips(
 }
 
 /// What `localhost` in nodePortAddresses stands for.
-const LOOPBACK_NETS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+fn localhost_nets() -> impl Iterator<Item = IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .into_iter()
+        .filter_map(|net| net.parse().ok())
+}
 
 /// The feature gate that hands localhost NodePorts to the userspace proxy (KEP-6032).
 pub const LOCALHOST_NODE_PORTS_GATE: &str = "KubeProxyNFTablesLocalhostNodePorts";
@@ -148,10 +150,7 @@ pub fn localhost_proxy_families(config: &KubeProxyConfiguration) -> Vec<IpFamily
 pub fn loopback_nets(configured: &[String]) -> impl Iterator<Item = IpNet> + '_ {
     configured.iter().flat_map(|entry| {
         let nets: Vec<IpNet> = if entry == "localhost" {
-            LOOPBACK_NETS
-                .iter()
-                .filter_map(|n| n.parse().ok())
-                .collect()
+            localhost_nets().collect()
         } else {
             entry
                 .parse::<IpNet>()

@@ -272,13 +272,13 @@ impl Metrics {
             .register(Box::new(super::nfacct::NfacctCollector::new(reader)?))
     }
 
-    /// Exports nftables mode's counters of rejected localhost NodePort packets of `families`,
-    /// read at each scrape.
-    pub fn count_localhost_rejects(&self, families: Vec<IpFamily>) -> prometheus::Result<()> {
+    /// Exports nftables mode's counters of rejected localhost NodePort packets, read at each
+    /// scrape.
+    pub fn count_localhost_rejects(&self) -> prometheus::Result<()> {
         let read: super::nft_counters::CounterReader =
             Box::new(crate::sys::nf_tables::read::counters);
         self.registry.register(Box::new(
-            super::nft_counters::RejectedPacketsCollector::new(read, families)?,
+            super::nft_counters::RejectedPacketsCollector::new(read)?,
         ))
     }
 

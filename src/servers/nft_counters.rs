@@ -25,7 +25,6 @@ pub type CounterReader =
 /// two at once do not mix).
 pub struct RejectedPacketsCollector {
     read: CounterReader,
-    families: Vec<IpFamily>,
     desc: Vec<Desc>,
     /// The families whose failed read was logged (once each: a scrape every few seconds would
     /// flood the log).
@@ -37,10 +36,9 @@ fn counter_vec() -> prometheus::Result<IntCounterVec> {
 }
 
 impl RejectedPacketsCollector {
-    pub fn new(read: CounterReader, families: Vec<IpFamily>) -> prometheus::Result<Self> {
+    pub fn new(read: CounterReader) -> prometheus::Result<Self> {
         Ok(RejectedPacketsCollector {
             read,
-            families,
             desc: counter_vec()?.desc().into_iter().cloned().collect(),
             warned: Mutex::new(BTreeSet::new()),
         })
@@ -56,20 +54,20 @@ impl Collector for RejectedPacketsCollector {
         let Ok(counters) = counter_vec() else {
             return Vec::new();
         };
-        for family in &self.families {
-            let counted = match (self.read)(*family, TABLE) {
+        // A family without our table has no counter to read.
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let counted = match (self.read)(family, TABLE) {
                 Ok(counted) => counted,
                 Err(err) => {
                     let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-                    if warned.insert(*family) {
+                    if warned.insert(family) {
                         warn!(error = %err, ?family, "Failed to read the nftables counters");
                     }
                     continue;
                 }
             };
             for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
-                let counter = localhost_rejected_counter(protocol.lower());
-                if let Some(packets) = counted.get(&counter) {
+                if let Some(packets) = counted.get(localhost_rejected_counter(protocol)) {
                     counters
                         .with_label_values(&[family.name(), &protocol.to_string()])
                         .inc_by(*packets);
@@ -99,8 +97,7 @@ mod tests {
                 }
             })
         });
-        let collector =
-            RejectedPacketsCollector::new(read, vec![IpFamily::V4, IpFamily::V6]).unwrap();
+        let collector = RejectedPacketsCollector::new(read).unwrap();
         let registry = prometheus::Registry::new();
         registry.register(Box::new(collector)).unwrap();
         let mut text = Vec::new();

@@ -42,7 +42,7 @@ fn external_ips_are_dropped_when_they_are_not_allowed() {
         ports
     };
     let mut state = ProxyState::default();
-    let mut tracker = ChangeTracker::without_external_ips();
+    let mut tracker = ChangeTracker::new(false);
     assert!(tracker.service_updated(&key("a"), Some(with_external())));
     state.apply(tracker.take_changes());
     let port = state.services[&key("a")].values().next().unwrap();

@@ -7,7 +7,9 @@ use tracing::{error, info, warn};
 
 use super::{IptablesProxier, IptablesSettings, NfacctCounters};
 use crate::config::KubeProxyConfiguration;
+use crate::model::IpFamily;
 use crate::proxier::Proxier;
+use crate::proxier::local::{localhost, selected_node_port_ips};
 use crate::sys::host::net::{ProcSysctl, SystemAddresses};
 use crate::sys::nf_tables::events::{NfEvents, Scope};
 use crate::sys::nfacct::NetlinkNfacct;
@@ -53,16 +55,10 @@ pub fn setup(
 /// NodePorts on 127.0.0.1 (every address is, when nodePortAddresses is empty or says `all`);
 /// not when the userspace proxy serves them.
 pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
-    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
-    let localhost = config.node_port_addresses.is_empty()
-        || config.node_port_addresses.iter().any(|entry| {
-            entry == "all"
-                || entry == "localhost"
-                || entry
-                    .parse::<ipnet::IpNet>()
-                    .is_ok_and(|net| net.contains(&loopback))
-        });
-    if IptablesSettings::from_config(config).localhost_node_ports && localhost {
+    let loopback = localhost(IpFamily::V4);
+    let served = selected_node_port_ips(&config.node_port_addresses, None, || vec![loopback])
+        .is_none_or(|ips| ips.contains(&loopback));
+    if IptablesSettings::from_config(config).localhost_node_ports && served {
         vec![("net/ipv4/conf/all/route_localnet", "1")]
     } else {
         Vec::new()

@@ -29,14 +29,22 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 /// Upstream 1.37's map of the localhost NodePorts whose packets are rejected and counted.
 pub const LOCALHOST_REJECT_PORTS: &str = "localhost-nodeport-reject-ports";
 
-/// The chain that rejects localhost NodePort packets of `protocol` (`tcp`, ...).
-pub fn localhost_reject_chain(protocol: &str) -> String {
-    format!("localhost-nodeport-reject-{protocol}")
+/// The chain that rejects localhost NodePort packets of `protocol`.
+pub fn localhost_reject_chain(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "localhost-nodeport-reject-tcp",
+        Protocol::Udp => "localhost-nodeport-reject-udp",
+        Protocol::Sctp => "localhost-nodeport-reject-sctp",
+    }
 }
 
 /// The named counter of the localhost NodePort packets of `protocol` rejected.
-pub fn localhost_rejected_counter(protocol: &str) -> String {
-    format!("localhost-nodeport-rejected-{protocol}")
+pub fn localhost_rejected_counter(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "localhost-nodeport-rejected-tcp",
+        Protocol::Udp => "localhost-nodeport-rejected-udp",
+        Protocol::Sctp => "localhost-nodeport-rejected-sctp",
+    }
 }
 
 /// Everything besides the model that shapes one family's table.
@@ -252,12 +260,12 @@ fn localhost_rejects(ctx: &NftContext, out: &mut Objects) {
         },
     );
     for protocol in &ctx.localhost_rejects {
-        let counter = localhost_rejected_counter(protocol.lower());
+        let counter = localhost_rejected_counter(*protocol);
         out.rule(
-            &localhost_reject_chain(protocol.lower()),
+            localhost_reject_chain(*protocol),
             format!("counter name \"{counter}\" reject"),
         );
-        out.counters.push(counter);
+        out.counters.push(counter.to_string());
     }
     let (ip, loopback) = (ctx.ip(), ctx.loopback());
     out.rule(

@@ -32,6 +32,13 @@ pub fn targets_of(
     let Some(ports) = state.services.get(service) else {
         return Vec::new();
     };
+    // Most services have no TCP NodePort: skip them before their endpoints are sorted out.
+    if !ports
+        .values()
+        .any(|port| port.node_port.is_some() && port.name.protocol == Protocol::Tcp)
+    {
+        return Vec::new();
+    }
     let endpoints = state.endpoints.get(service);
     let node = NodeContext {
         node_name: &state.node.name,

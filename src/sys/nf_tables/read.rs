@@ -197,12 +197,7 @@ pub fn counters(family: IpFamily, table: &str) -> Result<BTreeMap<String, u64>, 
     let mut kind = Attributes::new();
     kind.u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER);
     request.payload.extend(kind.into_bytes());
-    let mut connection = Connection::open(NETLINK_NETFILTER)?;
-    let replies = match dump(&mut connection, request) {
-        Ok(replies) => replies,
-        Err(err) if err.errno() == Some(nix::libc::ENOENT) => return Ok(BTreeMap::new()),
-        Err(err) => return Err(err),
-    };
+    let replies = dump_of_table(request)?;
     let mut counted = BTreeMap::new();
     for reply in &replies {
         let Some(found) = reply.attributes_of(NFT_MSG_NEWOBJ) else {
@@ -424,12 +419,20 @@ where
 
 fn dump_names(request: ChainMessage, reply_type: u16) -> Result<BTreeSet<String>, NetlinkError> {
     let table = request.table.clone().unwrap_or_default();
+    Ok(names_in(&table, reply_type, dump_of_table(request)?))
+}
+
+/// The replies to a dump of one table's objects, on a socket of its own; none when the table
+/// is missing (some dumps, sets' and objects', answer that with ENOENT).
+fn dump_of_table<I>(request: I) -> Result<Vec<I>, NetlinkError>
+where
+    I: Clone + NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    <I as NetlinkDeserializable>::Error: std::fmt::Display,
+{
     let mut connection = Connection::open(NETLINK_NETFILTER)?;
     match dump(&mut connection, request) {
-        Ok(replies) => Ok(names_in(&table, reply_type, replies)),
-        // Some dumps (sets) answer a missing table with ENOENT: it has no objects.
-        Err(err) if err.errno() == Some(nix::libc::ENOENT) => Ok(BTreeSet::new()),
-        Err(err) => Err(err),
+        Err(err) if err.errno() == Some(nix::libc::ENOENT) => Ok(Vec::new()),
+        result => result,
     }
 }
 

@@ -189,8 +189,11 @@ impl<'a> Port<'a> {
             .localhost_rejects
             .contains(&self.port.name.protocol)
         {
-            text.rest(&[" : goto ", &super::localhost_reject_chain(self.proto)])
-                .add_into(out.elements_of(LOCALHOST_REJECT_PORTS));
+            text.rest(&[
+                " : goto ",
+                super::localhost_reject_chain(self.port.name.protocol),
+            ])
+            .add_into(out.elements_of(LOCALHOST_REJECT_PORTS));
         }
     }
 
