@@ -10,7 +10,7 @@ use crate::config::{
     KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings, feature_gates,
 };
 use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
-use crate::model::{ChangeTracker, IpFamily, ProxyState};
+use crate::model::{ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
@@ -18,9 +18,9 @@ use crate::proxier::dry_run::DryRunProxier;
 use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, localhost_proxy_families};
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
-use crate::servers::debug::DebugView;
+use crate::servers::debug::{DebugView, LocalhostProxyView};
 use crate::servers::{
-    ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, ServerError,
+    ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, Relays, ServerError,
     ServiceHealthServers, bind, capacity_for_open_files, log_families, relay_capacity,
     serve_health, serve_metrics,
 };
@@ -128,10 +128,15 @@ pub async fn run(
     let connections = connection_table(open_files, &metrics, !proxy_families.is_empty());
     let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
+    let localhost_proxy = LocalhostProxyView {
+        families: proxy_families.clone(),
+        relays: Relays::default(),
+    };
     let debug = Arc::new(DebugView::new(
         state.clone(),
         tracker.clone(),
         settings.node_name.clone(),
+        localhost_proxy.clone(),
     ));
     let servers = Servers {
         connections: &connections,
@@ -200,7 +205,7 @@ pub async fn run(
         events.post(NodeEvent::Starting);
     }
 
-    let localhost_node_ports = localhost_node_ports(proxy_families, open_files, &metrics);
+    let localhost_node_ports = localhost_node_ports(localhost_proxy, open_files, &metrics);
     let sync_loop = SyncLoop {
         tracker,
         state,
@@ -485,10 +490,11 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
 /// The localhost NodePort proxy, when it serves a family. Its connections count apart from the
 /// HTTP servers', in the other half of the files left for connections.
 fn localhost_node_ports(
-    families: Vec<IpFamily>,
+    proxy: LocalhostProxyView,
     open_files: Option<u64>,
     metrics: &Metrics,
 ) -> Option<LocalhostNodePorts> {
+    let LocalhostProxyView { families, relays } = proxy;
     if families.is_empty() {
         return None;
     }
@@ -497,7 +503,12 @@ fn localhost_node_ports(
     let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
     let capacity = relay_capacity(capacity_for_open_files(limit));
     let table = ConnectionTable::new(capacity, connection_metrics);
-    Some(LocalhostNodePorts::new(families, table, listener_metrics))
+    Some(LocalhostNodePorts::new(
+        families,
+        table,
+        listener_metrics,
+        relays,
+    ))
 }
 
 /// How often a server that could not listen tries again (upstream's too).

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use crate::config::{ProxyMode, read_config_file};
 use crate::proxier::explanation::{
-    Checked, Comparison, Explanation, Flow, NamedDestination, Outcome, Tracked, Wanted, compare,
-    policy_name,
+    Candidate, Checked, Comparison, Explanation, Flow, NamedDestination, NamedRelay, Outcome,
+    Tracked, Wanted, compare, policy_name,
 };
 use crate::proxier::modes;
-use crate::servers::debug::{DESTINATIONS_PATH, SERVICES_PATH};
+use crate::servers::debug::{DESTINATIONS_PATH, RELAYS_PATH, SERVICES_PATH};
 
 /// How the answer is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +122,9 @@ pub fn run(request: &Request) -> Result<String, String> {
         return run_all(request, mode);
     };
     let mut explanation = modes::explain(mode, flow).map_err(|err| err.to_string())?;
+    let relayed = matches!(explanation.outcome, Outcome::Relayed { .. });
     let wanted = match explanation.service.clone() {
+        None if relayed => relayed_by_daemon(&request.metrics, &mut explanation),
         Some(service) => {
             let name = service
                 .rsplit_once(':')
@@ -149,6 +151,54 @@ pub fn run(request: &Request) -> Result<String, String> {
         }
         Output::Text => text(&explanation),
     })
+}
+
+/// Where the localhost NodePort proxy relays a flow a listener on a loopback address takes, as
+/// the daemon holds its listeners, and what the daemon wants for that Service. A listener the
+/// daemon does not hold is another program's: nothing of kube-proxy's takes the flow.
+fn relayed_by_daemon(
+    metrics: &str,
+    explanation: &mut Explanation,
+) -> Option<Result<Wanted, String>> {
+    let destination = explanation.flow.destination;
+    let path = format!("{RELAYS_PATH}{}/{}", destination.ip(), destination.port());
+    let named: NamedRelay = match ask_daemon_if_known(metrics, &path) {
+        Ok(Some(body)) => match serde_json::from_str(&body) {
+            Ok(named) => named,
+            Err(err) => return Some(Err(format!("the daemon's answer: {err}"))),
+        },
+        Ok(None) => {
+            explanation.outcome = Outcome::Untouched {
+                reason: format!(
+                    "no rule of ours; a program listening on {destination} takes it, not the localhost NodePort proxy (its daemon has no listener there)"
+                ),
+            };
+            return None;
+        }
+        Err(why) => {
+            return Some(Err(format!(
+                "a TCP listener on {destination} takes it; whether it is the localhost NodePort proxy's, only the daemon knows: {why}"
+            )));
+        }
+    };
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(policy_name(named.policy == "Local"));
+    explanation.steps.push(format!(
+        "the localhost NodePort proxy listens there (traffic policy {})",
+        named.policy
+    ));
+    let share = 1.0 / named.endpoints.len().max(1) as f64;
+    if let Outcome::Relayed { candidates, .. } = &mut explanation.outcome {
+        *candidates = named
+            .endpoints
+            .iter()
+            .map(|&endpoint| Candidate {
+                endpoint,
+                probability: share,
+            })
+            .collect();
+    }
+    Some(Ok(named.wanted))
 }
 
 /// Names the Service port and policy of a flow whose kernel objects carry no names (IPVS'
@@ -216,6 +266,11 @@ fn run_all(request: &Request, mode: ProxyMode) -> Result<String, String> {
 /// The daemon's debug answer at `path`: one GET on the metrics address (on loopback when it is
 /// every interface's).
 fn ask_daemon(metrics: &str, path: &str) -> Result<String, String> {
+    ask_daemon_if_known(metrics, path)?.ok_or_else(|| format!("the daemon knows nothing at {path}"))
+}
+
+/// As [`ask_daemon`]; `None` when the daemon answers that it knows nothing there (404).
+fn ask_daemon_if_known(metrics: &str, path: &str) -> Result<Option<String>, String> {
     let mut address: SocketAddr = metrics
         .parse()
         .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
@@ -236,11 +291,12 @@ fn ask_daemon(metrics: &str, path: &str) -> Result<String, String> {
         .read_to_string(&mut response)
         .map_err(unanswered)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        let status = head.lines().next().unwrap_or_default();
-        return Err(format!("the daemon knows nothing at {path} ({status})"));
+    let status = head.lines().next().unwrap_or_default();
+    match status.split_whitespace().nth(1) {
+        Some("200") => Ok(Some(body.to_string())),
+        Some("404") => Ok(None),
+        _ => Err(format!("the daemon answered {status:?} at {path}")),
     }
-    Ok(body.to_string())
 }
 
 /// How many conntrack entries to endpoints still in use the text shows.
@@ -282,17 +338,31 @@ pub fn text(explanation: &Explanation) -> String {
         let label = if index == 0 { "path:" } else { "" };
         let _ = writeln!(out, "{label:<10}{step}");
     }
+    let list = |candidates: &[Candidate], out: &mut String| {
+        for candidate in candidates {
+            let _ = writeln!(
+                out,
+                "          {:<40} {:>6.2}%",
+                candidate.endpoint.to_string(),
+                candidate.probability * 100.0
+            );
+        }
+    };
     match &explanation.outcome {
         Outcome::Dnat { candidates } => {
             let _ = writeln!(out, "verdict:  DNAT to one of {}:", candidates.len());
-            for candidate in candidates {
-                let _ = writeln!(
-                    out,
-                    "          {:<40} {:>6.2}%",
-                    candidate.endpoint.to_string(),
-                    candidate.probability * 100.0
-                );
-            }
+            list(candidates, &mut out);
+        }
+        Outcome::Relayed {
+            listener,
+            candidates,
+        } => {
+            let _ = writeln!(
+                out,
+                "verdict:  relayed by the listener on {listener} to one of {}:",
+                candidates.len()
+            );
+            list(candidates, &mut out);
         }
         Outcome::Reject { reason } => {
             let _ = writeln!(out, "verdict:  rejected: {reason}");

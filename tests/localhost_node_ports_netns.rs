@@ -13,6 +13,7 @@ use serde_json::json;
 use support::cluster::{
     Cluster, NODE_IP, addr, apply_dual_stack_slices, dual_stack_web, many, names, service, slice,
 };
+use support::explain::{explain, pod_at};
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually, metric};
 
@@ -111,6 +112,7 @@ async fn localhost_node_ports_through_the_proxy(mode: &str) {
         "0",
         "{mode}: route_localnet left alone"
     );
+    explain_names_the_relays(&cluster, mode);
     let (_, metrics) = http_get(node, addr("127.0.0.1:10249"), "/metrics").unwrap();
     for family in ["IPv4", "IPv6"] {
         let line =
@@ -137,6 +139,39 @@ async fn localhost_node_ports_through_the_proxy(mode: &str) {
     assert!(tcp_request(node, addr("127.0.0.1:30091")).is_ok());
     assert_eq!(daemon.count("Failed to create localhost nodeport proxy"), 0);
     daemon.stop().await;
+}
+
+/// `explain` on loopback NodePorts: the proxy's listener takes the connection and relays it to
+/// the endpoints the daemon wants, under the port's external policy; a port with no listener
+/// is refused.
+fn explain_names_the_relays(cluster: &Cluster, mode: &str) {
+    let endpoints = |answer: &serde_json::Value| -> BTreeSet<String> {
+        assert_eq!(answer["verdict"], "relayed", "{mode}: {answer:#}");
+        assert_eq!(
+            answer["daemon"]["comparison"], "agrees",
+            "{mode}: {answer:#}"
+        );
+        answer["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| pod_at(c["endpoint"].as_str().unwrap()).to_string())
+            .collect()
+    };
+    let web = explain(cluster, "127.0.0.1:30090");
+    assert_eq!(endpoints(&web), set(&["pod-a1", "pod-b2"]));
+    assert_eq!(web["service"], "default/web:http", "{web:#}");
+    assert_eq!(web["policy"], "Cluster", "{web:#}");
+    assert_eq!(web["listener"], "127.0.0.1:30090", "{web:#}");
+    let web6 = explain(cluster, "[::1]:30090");
+    assert_eq!(endpoints(&web6), set(&["pod-a1", "pod-b2"]));
+    let local = explain(cluster, "127.0.0.1:30091");
+    assert_eq!(endpoints(&local), set(&["pod-a1", "pod-a2"]));
+    assert_eq!(local["policy"], "Local", "{local:#}");
+    let remote = explain(cluster, "127.0.0.1:30092");
+    assert_eq!(remote["verdict"], "untouched", "{mode}: {remote:#}");
+    let reason = remote["reason"].as_str().unwrap();
+    assert!(reason.contains("nothing listens"), "{mode}: {reason}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,6 +238,19 @@ async fn localhost_node_ports_not_served_are_rejected_and_counted_in_nftables_mo
     daemon.wait_for("\"Synced proxy rules\"").await;
     assert!(rejected_and_counted("TCP"));
     assert!(rejected_and_counted("UDP"));
+    // explain names the reject and its counter, as the daemon wants it.
+    for (to, counter) in [
+        ("127.0.0.1:30090", "localhost-nodeport-rejected-tcp"),
+        ("127.0.0.1:30053/udp", "localhost-nodeport-rejected-udp"),
+    ] {
+        let answer = explain(&cluster, to);
+        assert_eq!(answer["verdict"], "reject", "{answer:#}");
+        assert!(
+            answer["reason"].as_str().unwrap().contains(counter),
+            "{answer:#}"
+        );
+        assert_eq!(answer["daemon"]["comparison"], "agrees", "{answer:#}");
+    }
     // The node's own address is served as ever.
     let web = tcp_request(&cluster.client, addr(&format!("{NODE_IP}:30090")));
     assert!(web.is_ok(), "{web:?}");
@@ -222,6 +270,11 @@ async fn localhost_node_ports_not_served_are_rejected_and_counted_in_nftables_mo
         "no TCP counter while the proxy serves it"
     );
     assert!(rejected_and_counted("UDP"));
+    let tcp = explain(&cluster, "127.0.0.1:30090");
+    assert_eq!(tcp["verdict"], "relayed", "{tcp:#}");
+    let udp = explain(&cluster, "127.0.0.1:30053/udp");
+    assert_eq!(udp["verdict"], "reject", "{udp:#}");
+    assert_eq!(udp["daemon"]["comparison"], "agrees", "{udp:#}");
     daemon.stop().await;
 }
 

@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 use crate::model::Protocol;
+use crate::sys::host::sockets::tcp_listener;
 
 /// The packet asked about: its destination and, when given, its source.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -84,6 +85,12 @@ pub enum Outcome {
     Reject { reason: String },
     /// Dropped, and why.
     Drop { reason: String },
+    /// Left to a userspace listener on a loopback address, which relays the connection to one
+    /// of these endpoints (the localhost NodePort proxy's, as its daemon holds them).
+    Relayed {
+        listener: SocketAddr,
+        candidates: Vec<Candidate>,
+    },
     /// No rule of ours changes it, and why.
     Untouched { reason: String },
 }
@@ -188,6 +195,44 @@ pub fn tracked(flow: &Flow, outcome: &Outcome) -> Result<Vec<Tracked>, ExplainEr
         .collect())
 }
 
+/// A TCP flow to a loopback address that no rule of ours changes: the socket that takes it,
+/// found with one exact lookup. The localhost NodePort proxy listens on the loopback address
+/// itself; whether such a listener is the proxy's, only its daemon can say (`explain` asks).
+pub fn loopback_listener(explanation: &mut Explanation) -> Result<(), ExplainError> {
+    let destination = explanation.flow.destination;
+    let Outcome::Untouched { reason } = &explanation.outcome else {
+        return Ok(());
+    };
+    let found = tcp_listener(destination).map_err(read_error("the TCP listener"))?;
+    let outcome = match found {
+        Some(listener) if listener.bound == destination => {
+            explanation.steps.push(format!(
+                "no rule of ours: a TCP listener on {destination} takes it"
+            ));
+            Outcome::Relayed {
+                listener: destination,
+                candidates: Vec::new(),
+            }
+        }
+        Some(listener) => Outcome::Untouched {
+            reason: format!(
+                "{reason}; a program listening on {} takes it (the localhost NodePort proxy listens on the loopback address itself)",
+                listener.bound
+            ),
+        },
+        None => Outcome::Untouched {
+            reason: format!(
+                "{reason}; nothing listens on {destination} either: the connection is refused"
+            ),
+        },
+    };
+    explanation.outcome = outcome;
+    explanation
+        .reads
+        .push(format!("the TCP listener of {destination}"));
+    Ok(())
+}
+
 /// What the daemon wants programmed for one Service, as its debug endpoint answers
 /// (`/debug/kube-proxy-rs/services/<namespace>/<name>` on the metrics address).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -221,6 +266,10 @@ pub struct WantedPort {
     pub internal_local: bool,
     #[serde(default)]
     pub external_local: bool,
+    /// Whether the daemon's userspace proxy relays this port's NodePort on this family's
+    /// loopback address.
+    #[serde(default)]
+    pub localhost_proxy: bool,
 }
 
 /// What the daemon's debug endpoint answers for a destination (`/debug/kube-proxy-rs/
@@ -230,6 +279,18 @@ pub struct WantedPort {
 pub struct NamedDestination {
     pub service_port: String,
     pub policy: String,
+    pub wanted: Wanted,
+}
+
+/// What the daemon's debug endpoint answers for a loopback address and port its localhost
+/// NodePort proxy listens on (`/debug/kube-proxy-rs/localhost-node-ports/<address>/<port>`):
+/// the service port, the policy of its traffic, the endpoints the listener relays to, and
+/// what the daemon wants for that Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct NamedRelay {
+    pub service_port: String,
+    pub policy: String,
+    pub endpoints: Vec<SocketAddr>,
     pub wanted: Wanted,
 }
 
@@ -343,7 +404,9 @@ pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
             }
     });
     let have: Vec<SocketAddr> = match &explanation.outcome {
-        Outcome::Dnat { candidates } => candidates.iter().map(|c| c.endpoint).collect(),
+        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => {
+            candidates.iter().map(|c| c.endpoint).collect()
+        }
         _ => Vec::new(),
     };
     let Some(port) = port else {
@@ -356,7 +419,18 @@ pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     // Rejected or dropped: the daemon wants no endpoint for it either, under the policy the
     // verdict says (a drop: the Local one).
     let local = local || matches!(explanation.outcome, Outcome::Drop { .. });
-    let want = if local { &port.local } else { &port.cluster };
+    // nftables mode programs no loopback NodePort: one the daemon's proxy does not relay is
+    // refused or rejected, as the daemon wants.
+    let unserved_loopback = explanation.mode == "nftables"
+        && explanation.flow.destination.ip().is_loopback()
+        && !port.localhost_proxy;
+    let want: &[SocketAddr] = if unserved_loopback {
+        &[]
+    } else if local {
+        &port.local
+    } else {
+        &port.cluster
+    };
     let missing: Vec<SocketAddr> = want.iter().filter(|e| !have.contains(e)).copied().collect();
     let extra: Vec<SocketAddr> = have.iter().filter(|e| !want.contains(e)).copied().collect();
     if missing.is_empty() && extra.is_empty() {
@@ -440,6 +514,48 @@ mod tests {
         assert_eq!(named("192.168.0.2:30080/tcp", false), None);
         assert_eq!(named("10.96.0.10:80/udp", false), None);
         assert_eq!(named("10.96.0.10:81/tcp", false), None);
+    }
+
+    /// A flow to a loopback NodePort: relayed by the daemon's proxy, or (nftables mode, which
+    /// programs none) rejected or refused when the proxy does not serve it.
+    #[test]
+    fn a_loopback_node_port_is_compared_with_what_the_proxy_serves() {
+        let a = "10.0.0.1:80";
+        let mut served = wanted(&[a], &[], false);
+        served.ports[0].node_port = Some(30080);
+        served.ports[0].localhost_proxy = true;
+        let mut unserved = served.clone();
+        unserved.ports[0].localhost_proxy = false;
+        let mut relayed = explained(&[a], "Cluster");
+        relayed.flow = Flow::parse("127.0.0.1:30080", None).unwrap();
+        relayed.outcome = Outcome::Relayed {
+            listener: relayed.flow.destination,
+            candidates: vec![Candidate {
+                endpoint: a.parse().unwrap(),
+                probability: 1.0,
+            }],
+        };
+        assert_eq!(compare(&relayed, &served), Comparison::Agrees);
+        let Comparison::Differs { extra, .. } = compare(&relayed, &unserved) else {
+            panic!("a relay the daemon does not want");
+        };
+        assert_eq!(extra, vec![a.parse().unwrap()]);
+
+        let mut rejected = relayed.clone();
+        rejected.outcome = Outcome::Reject {
+            reason: "not served".into(),
+        };
+        assert_eq!(compare(&rejected, &unserved), Comparison::Agrees);
+        assert!(matches!(
+            compare(&rejected, &served),
+            Comparison::Differs { .. }
+        ));
+        // iptables mode DNATs loopback NodePorts itself (route_localnet): compared as any.
+        rejected.mode = "iptables";
+        assert!(matches!(
+            compare(&rejected, &unserved),
+            Comparison::Differs { .. }
+        ));
     }
 
     #[test]

@@ -9,13 +9,13 @@ use tracing::warn;
 
 use super::explanation::{
     Checked, Comparison, ExplainError, Explanation, Flow, Wanted, cluster_ip_flows, compare,
-    policy_name, tracked,
+    loopback_listener, policy_name, tracked,
 };
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
-use crate::model::{IpFamily, ProxyState};
+use crate::model::{IpFamily, Protocol, ProxyState};
 use crate::sys::xtables::Backend;
 
 /// Why no proxier runs.
@@ -91,6 +91,9 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
         ProxyMode::Iptables => iptables::explain::explain(flow)?,
         ProxyMode::Ipvs => ipvs::explain::explain(flow)?,
     };
+    if flow.protocol == Protocol::Tcp && flow.destination.ip().is_loopback() {
+        loopback_listener(&mut explanation)?;
+    }
     explanation.conntrack = tracked(flow, &explanation.outcome)?;
     explanation
         .reads

@@ -1,20 +1,22 @@
 //! The metrics server's debug endpoint, read-only and on the metrics address only (loopback by
 //! default): what the daemon wants programmed for one Service (its last sync with the changes
 //! that wait for the next), the endpoints it picks for each port and policy, and whether the
-//! Service has changes waiting. `kube-proxy-rs explain` compares it
-//! with what the kernel holds.
+//! Service has changes waiting; and where the localhost NodePort proxy relays each listener's
+//! connections. `kube-proxy-rs explain` compares it with what the kernel holds.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use hyper::StatusCode;
 
-use super::Reply;
+use super::{Relays, Reply};
 use crate::model::{
-    ChangeTracker, IpFamily, NamespacedName, NodeContext, ProxyState, ZONE_LABEL, ports_in_family,
-    select_endpoints,
+    ChangeTracker, IpFamily, NamespacedName, NodeContext, Protocol, ProxyState, ZONE_LABEL,
+    ports_in_family, select_endpoints,
 };
-use crate::proxier::explanation::{Flow, NamedDestination, Wanted, WantedPort, port_of_flow};
+use crate::proxier::explanation::{
+    Flow, NamedDestination, NamedRelay, Wanted, WantedPort, policy_name, port_of_flow,
+};
 
 /// Where it answers: `/debug/kube-proxy-rs/services/<namespace>/<name>`.
 pub const SERVICES_PATH: &str = "/debug/kube-proxy-rs/services/";
@@ -24,15 +26,22 @@ pub const SERVICES_PATH: &str = "/debug/kube-proxy-rs/services/";
 /// is one NodePorts answer on), for modes whose kernel objects carry no Service names (IPVS).
 pub const DESTINATIONS_PATH: &str = "/debug/kube-proxy-rs/destinations/";
 
-/// The part of `path` after [`DESTINATIONS_PATH`], if it is one.
-pub fn destinations_route(path: &str) -> Option<&str> {
-    path.strip_prefix(DESTINATIONS_PATH)
-}
+/// Where it says where a localhost NodePort listener relays to:
+/// `/debug/kube-proxy-rs/localhost-node-ports/<address>/<port>`.
+pub const RELAYS_PATH: &str = "/debug/kube-proxy-rs/localhost-node-ports/";
 
 /// The part of `path` after [`SERVICES_PATH`] (empty for every Service), if it is one of ours.
-pub fn services_route(path: &str) -> Option<&str> {
+fn services_route(path: &str) -> Option<&str> {
     path.strip_prefix(SERVICES_PATH)
         .or_else(|| (path == SERVICES_PATH.trim_end_matches('/')).then_some(""))
+}
+
+/// The localhost NodePort proxy as the endpoint sees it: the families it serves, and its
+/// listeners.
+#[derive(Clone, Default)]
+pub struct LocalhostProxyView {
+    pub families: Vec<IpFamily>,
+    pub relays: Relays,
 }
 
 /// What the endpoint reads: the sync loop's state and the changes waiting for a sync.
@@ -40,6 +49,7 @@ pub struct DebugView {
     state: Arc<RwLock<ProxyState>>,
     tracker: Arc<Mutex<ChangeTracker>>,
     node_name: String,
+    localhost: LocalhostProxyView,
 }
 
 impl DebugView {
@@ -47,17 +57,30 @@ impl DebugView {
         state: Arc<RwLock<ProxyState>>,
         tracker: Arc<Mutex<ChangeTracker>>,
         node_name: String,
+        localhost: LocalhostProxyView,
     ) -> Self {
         DebugView {
             state,
             tracker,
             node_name,
+            localhost,
         }
+    }
+
+    /// The answer for `path`, if it is one of the endpoint's.
+    pub fn route(&self, path: &str) -> Option<Reply> {
+        if let Some(rest) = services_route(path) {
+            return Some(self.reply(rest));
+        }
+        if let Some(rest) = path.strip_prefix(DESTINATIONS_PATH) {
+            return Some(self.destination(rest));
+        }
+        path.strip_prefix(RELAYS_PATH).map(|rest| self.relay(rest))
     }
 
     /// The answer for `rest`, the path after [`SERVICES_PATH`]: `<namespace>/<name>` for one
     /// Service, empty for every Service (`explain --all`).
-    pub fn reply(&self, rest: &str) -> Reply {
+    fn reply(&self, rest: &str) -> Reply {
         let body = if rest.is_empty() {
             serde_json::to_string(&self.all())
         } else {
@@ -79,7 +102,7 @@ impl DebugView {
 
     /// The answer for `rest`, the path after [`DESTINATIONS_PATH`]: the Service port a flow
     /// to that destination is bound for, with what the daemon wants for its Service.
-    pub fn destination(&self, rest: &str) -> Reply {
+    fn destination(&self, rest: &str) -> Reply {
         let parts: Vec<&str> = rest.split('/').collect();
         let (protocol, address, port, node) = match parts.as_slice() {
             [protocol, address, port] => (*protocol, *address, *port, false),
@@ -102,7 +125,7 @@ impl DebugView {
                             || p.node_port == Some(flow.destination.port()))
                 })
             })
-            .filter_map(|(service, _)| wanted_of(service, &tracker, &state, &self.node_name))
+            .filter_map(|(service, _)| self.wanted_of(service, &tracker, &state))
             .find_map(|wanted| {
                 let (service_port, policy) =
                     port_of_flow(std::slice::from_ref(&wanted), &flow, node)?;
@@ -118,10 +141,46 @@ impl DebugView {
         }
     }
 
+    /// The answer for `rest`, the path after [`RELAYS_PATH`] (`<address>/<port>`): the service
+    /// port the listener there relays, the policy of that traffic, the endpoints it relays to,
+    /// and what the daemon wants for the Service.
+    fn relay(&self, rest: &str) -> Reply {
+        let Some((address, port)) = rest.split_once('/') else {
+            return Reply::not_found();
+        };
+        let Ok(address) = join(address, port).parse::<SocketAddr>() else {
+            return Reply::not_found();
+        };
+        let Some((port, endpoints)) = self.localhost.relays.of(address) else {
+            return Reply::not_found();
+        };
+        let Some(wanted) = self.one(&port.service) else {
+            return Reply::not_found();
+        };
+        let family = IpFamily::of(&address.ip()).name();
+        let external_local = wanted
+            .ports
+            .iter()
+            .find(|p| {
+                p.name == port.port && p.protocol == port.protocol.lower() && p.family == family
+            })
+            .is_some_and(|p| p.external_local);
+        let named = NamedRelay {
+            service_port: format!("{}:{}", port.service, port.port),
+            policy: policy_name(external_local).into(),
+            endpoints,
+            wanted,
+        };
+        match serde_json::to_string(&named) {
+            Ok(body) => Reply::json(StatusCode::OK, body),
+            Err(_) => Reply::not_found(),
+        }
+    }
+
     fn one(&self, service: &NamespacedName) -> Option<Wanted> {
         let tracker = lock(&self.tracker);
         let state = read(&self.state);
-        wanted_of(service, &tracker, &state, &self.node_name)
+        self.wanted_of(service, &tracker, &state)
     }
 
     /// Every Service the daemon has synced.
@@ -131,8 +190,23 @@ impl DebugView {
         state
             .services
             .keys()
-            .filter_map(|service| wanted_of(service, &tracker, &state, &self.node_name))
+            .filter_map(|service| self.wanted_of(service, &tracker, &state))
             .collect()
+    }
+
+    fn wanted_of(
+        &self,
+        service: &NamespacedName,
+        tracker: &ChangeTracker,
+        state: &ProxyState,
+    ) -> Option<Wanted> {
+        wanted_of(
+            service,
+            tracker,
+            state,
+            &self.node_name,
+            &self.localhost.families,
+        )
     }
 }
 
@@ -158,12 +232,14 @@ fn read(state: &RwLock<ProxyState>) -> std::sync::RwLockReadGuard<'_, ProxyState
 }
 
 /// What the daemon wants for `service` (its last sync, with the changes waiting for the next
-/// one), or `None` when it knows no such Service.
+/// one), or `None` when it knows no such Service; `proxied` are the families whose loopback
+/// NodePorts the localhost proxy serves.
 fn wanted_of(
     service: &NamespacedName,
     tracker: &ChangeTracker,
     state: &ProxyState,
     node_name: &str,
+    proxied: &[IpFamily],
 ) -> Option<Wanted> {
     let (ports_change, endpoints_change) = tracker.pending_for(service);
     let pending_changes = ports_change.is_some() || endpoints_change.is_some();
@@ -209,6 +285,9 @@ fn wanted_of(
                     .collect(),
                 internal_local: port.internal_policy_local,
                 external_local: port.external_policy_local,
+                localhost_proxy: proxied.contains(&family)
+                    && port.name.protocol == Protocol::Tcp
+                    && port.node_port.is_some(),
             });
         }
     }

@@ -16,7 +16,9 @@ pub use health::ProxyHealth;
 pub use http::{
     ConnectionMetrics, ConnectionTable, Reply, ServerError, bind, capacity_for_open_files, serve,
 };
-pub use localhost_node_ports::{ListenerMetrics, LocalhostNodePorts, log_families, relay_capacity};
+pub use localhost_node_ports::{
+    ListenerMetrics, LocalhostNodePorts, Relays, log_families, relay_capacity,
+};
 pub use metrics::Metrics;
 pub use nfacct::NfacctCollector;
 pub use service_health::ServiceHealthServers;
@@ -72,14 +74,9 @@ pub fn serve_metrics(
         "/healthz" => health.reply(true),
         "/proxyMode" => Reply::ok("text/plain; charset=utf-8", mode.to_string()),
         "/configz" => Reply::ok("application/json", configz.clone()),
-        _ => match (
-            &debug,
-            debug::services_route(path),
-            debug::destinations_route(path),
-        ) {
-            (Some(debug), Some(rest), _) => debug.reply(rest),
-            (Some(debug), None, Some(rest)) => debug.destination(rest),
-            _ => Reply::not_found(),
-        },
+        _ => debug
+            .as_ref()
+            .and_then(|debug| debug.route(path))
+            .unwrap_or_else(Reply::not_found),
     });
 }

@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::render::{
-    CLUSTER_IPS, FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, NODEPORT_IPS,
-    REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+    CLUSTER_IPS, FIREWALL_IPS, LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
+    NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE, localhost_rejected_counter,
 };
 use crate::model::IpFamily;
 use crate::model::address::octets;
@@ -24,7 +24,7 @@ use crate::sys::nf_tables::elements::{
 };
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::family_keyword;
-use crate::sys::nf_tables::read::{chain_rules, table_exists};
+use crate::sys::nf_tables::read::{chain_rules, counters, table_exists};
 use crate::sys::nf_tables::wire::NFT_GOTO;
 use crate::sys::nf_tables::write::KeyType;
 
@@ -201,7 +201,10 @@ impl Reader<'_> {
             .element(NODEPORT_IPS, &[self.address_type()], &octets(destination))?
             .is_some();
         let local = self.session.local.contains(&destination);
-        if !(listed || (local && !destination.is_loopback())) {
+        if destination.is_loopback() && !listed {
+            return self.localhost_node_port();
+        }
+        if !(listed || local) {
             return Ok(Outcome::Untouched {
                 reason: format!(
                     "{destination} is no ClusterIP, external or load-balancer IP of a Service, and no NodePort address of this node"
@@ -226,6 +229,40 @@ impl Reader<'_> {
         }
         Ok(Outcome::Untouched {
             reason: format!("no Service has NodePort {}", self.node_port_text()),
+        })
+    }
+
+    /// A loopback NodePort: never DNATed in nftables mode; with the localhost NodePorts gate on,
+    /// the ones the userspace proxy does not serve are rejected and counted.
+    fn localhost_node_port(&mut self) -> Result<Outcome, ExplainError> {
+        let key = self.protocol_and_port();
+        let layout = [KeyType::Protocol, KeyType::Port];
+        let destination = self.flow.destination.ip();
+        let Some(rest) = self.element(LOCALHOST_REJECT_PORTS, &layout, &key)? else {
+            return Ok(Outcome::Untouched {
+                reason: format!(
+                    "nftables mode programs no NodePort on {destination} (a loopback address)"
+                ),
+            });
+        };
+        self.step(format!(
+            "@{LOCALHOST_REJECT_PORTS}: {}{rest}",
+            self.node_port_text()
+        ));
+        let counter = localhost_rejected_counter(self.flow.protocol);
+        let counted = counters(self.family, TABLE).map_err(read_error("the named counters"))?;
+        self.explanation
+            .reads
+            .push("the named counters of our table".into());
+        let so_far = match counted.get(counter) {
+            Some(packets) => format!("{packets} packets so far"),
+            None => "which is missing".into(),
+        };
+        Ok(Outcome::Reject {
+            reason: format!(
+                "the localhost NodePort proxy does not serve {} on {destination}; counted by counter {counter} ({so_far})",
+                self.flow.protocol
+            ),
         })
     }
 

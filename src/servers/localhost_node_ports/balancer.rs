@@ -37,6 +37,11 @@ impl Balancer {
         }
     }
 
+    /// The port and the endpoints it relays to.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
     /// Takes the port's new endpoints; a changed affinity timeout drops every pin.
     pub fn update(&mut self, target: Target) {
         if target.affinity != self.target.affinity {

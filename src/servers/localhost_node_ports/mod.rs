@@ -11,14 +11,14 @@ mod targets;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use super::http::{ConnectionNames, ConnectionTable, listen};
-use crate::model::{IpFamily, NamespacedName, ProxyState};
+use crate::model::{IpFamily, NamespacedName, ProxyState, ServicePortName};
 use crate::proxier::local::localhost;
 use balancer::{Balancer, locked};
 use targets::{Target, targets_of};
@@ -63,6 +63,32 @@ pub struct ListenerMetrics {
     pub creation_failures: IntCounterVec,
 }
 
+/// Each listener's balancer by the address it listens on, shared with the debug endpoint
+/// (`explain` asks where a localhost NodePort's connections go).
+#[derive(Clone, Default)]
+pub struct Relays(Arc<RwLock<BTreeMap<SocketAddr, Arc<Mutex<Balancer>>>>>);
+
+impl Relays {
+    /// The service port whose connections the listener on `address` relays, and the endpoints
+    /// it relays them to.
+    pub fn of(&self, address: SocketAddr) -> Option<(ServicePortName, Vec<SocketAddr>)> {
+        let relays = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let balancer = locked(relays.get(&address)?);
+        let target = balancer.target();
+        Some((target.port.clone(), target.endpoints.clone()))
+    }
+
+    fn insert(&self, address: SocketAddr, balancer: Arc<Mutex<Balancer>>) {
+        let mut relays = self.0.write().unwrap_or_else(|p| p.into_inner());
+        relays.insert(address, balancer);
+    }
+
+    fn remove(&self, address: SocketAddr) {
+        let mut relays = self.0.write().unwrap_or_else(|p| p.into_inner());
+        relays.remove(&address);
+    }
+}
+
 struct Listener {
     service: NamespacedName,
     balancer: Arc<Mutex<Balancer>>,
@@ -84,6 +110,7 @@ pub struct LocalhostNodePorts {
     open: [usize; 2],
     connections: ConnectionTable,
     metrics: ListenerMetrics,
+    relays: Relays,
 }
 
 impl LocalhostNodePorts {
@@ -91,6 +118,7 @@ impl LocalhostNodePorts {
         families: Vec<IpFamily>,
         connections: ConnectionTable,
         metrics: ListenerMetrics,
+        relays: Relays,
     ) -> Self {
         LocalhostNodePorts {
             families,
@@ -101,6 +129,7 @@ impl LocalhostNodePorts {
             open: [0, 0],
             connections,
             metrics,
+            relays,
         }
     }
 
@@ -200,6 +229,7 @@ impl LocalhostNodePorts {
             self.connections.clone(),
             stopped,
         );
+        self.relays.insert(address, balancer.clone());
         self.listeners.insert(
             address,
             Listener {
@@ -236,6 +266,7 @@ impl LocalhostNodePorts {
         self.failing.remove(&address);
         if let Some(listener) = self.listeners.remove(&address) {
             let _ = listener.stop.send(true);
+            self.relays.remove(address);
             let family = IpFamily::of(&address.ip());
             self.open[family_index(family)] -= 1;
             // Both families' listeners of a port count under one label.

@@ -57,6 +57,18 @@ fn add(state: &mut ProxyState, name: &str, node_port: u16, endpoints: &[SocketAd
 }
 
 fn proxy(capacity: usize) -> (LocalhostNodePorts, ConnectionMetrics, ListenerMetrics) {
+    let (proxy, metrics, listeners, _) = proxy_with_relays(capacity);
+    (proxy, metrics, listeners)
+}
+
+fn proxy_with_relays(
+    capacity: usize,
+) -> (
+    LocalhostNodePorts,
+    ConnectionMetrics,
+    ListenerMetrics,
+    Relays,
+) {
     let metrics = ConnectionMetrics::named(&CONNECTION_NAMES).unwrap();
     let listeners = ListenerMetrics {
         listeners: IntGaugeVec::new(prometheus::Opts::new("l", "l"), &["ip_family"]).unwrap(),
@@ -64,8 +76,10 @@ fn proxy(capacity: usize) -> (LocalhostNodePorts, ConnectionMetrics, ListenerMet
             .unwrap(),
     };
     let table = ConnectionTable::new(capacity, metrics.clone());
-    let proxy = LocalhostNodePorts::new(vec![IpFamily::V4], table, listeners.clone());
-    (proxy, metrics, listeners)
+    let relays = Relays::default();
+    let proxy =
+        LocalhostNodePorts::new(vec![IpFamily::V4], table, listeners.clone(), relays.clone());
+    (proxy, metrics, listeners, relays)
 }
 
 /// Sends `line`, closes the sending side, and reads everything back.
@@ -84,13 +98,16 @@ async fn exchange(port: u16, line: &str) -> std::io::Result<String> {
 async fn a_node_port_is_relayed_while_it_has_endpoints() {
     let (one, two) = (backend("one").await, backend("two").await);
     let node_port = free_port();
-    let (mut proxy, _, listeners) = proxy(16);
+    let (mut proxy, _, listeners, relays) = proxy_with_relays(16);
     let state = web(node_port, &[one, two]);
     proxy.sync(&state, None);
-    assert_eq!(
-        proxy.addresses(),
-        [SocketAddr::from(([127, 0, 0, 1], node_port))]
-    );
+    let address = SocketAddr::from(([127, 0, 0, 1], node_port));
+    assert_eq!(proxy.addresses(), [address]);
+    let (port, relayed) = relays.of(address).expect("the listener's relays");
+    assert_eq!(port.to_string(), "ns/web:http");
+    let mut both = vec![one, two];
+    both.sort();
+    assert_eq!(relayed, both);
     assert_eq!(listeners.listeners.with_label_values(&["IPv4"]).get(), 1);
     // Taking turns, each answer whole: the half close reached the backend and came back.
     let mut greetings = Vec::new();
@@ -109,10 +126,12 @@ async fn a_node_port_is_relayed_while_it_has_endpoints() {
     for _ in 0..2 {
         assert!(exchange(node_port, "x").await.unwrap().starts_with("two\n"));
     }
+    assert_eq!(relays.of(address).map(|(_, e)| e), Some(vec![two]));
 
     // No endpoint: the listener goes, and connections are refused.
     proxy.sync(&web(node_port, &[]), Some(&changed));
     assert!(proxy.addresses().is_empty());
+    assert_eq!(relays.of(address), None);
     assert_eq!(listeners.listeners.with_label_values(&["IPv4"]).get(), 0);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let refused = exchange(node_port, "x").await.unwrap_err();

@@ -73,7 +73,7 @@ fn explained_as_trace(explanation: &Explanation) -> Verdict {
         .iter()
         .any(|step| step.contains(": marked for masquerade"));
     match &explanation.outcome {
-        Outcome::Dnat { candidates } => Verdict::Accept {
+        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => Verdict::Accept {
             endpoints: candidates.iter().map(|c| c.endpoint.to_string()).collect(),
             masquerade,
         },
