@@ -87,10 +87,11 @@ impl Svc {
     }
 }
 
-/// Upstream's TestOverallIPTablesRules scenario.
+/// Upstream's TestOverallIPTablesRules and TestOverallNFTablesRules scenario (the endpoints on
+/// this node as 1.37's nftables test places them; iptables mode's rules do not depend on it).
 pub fn overall_services() -> Vec<Svc> {
     vec![
-        svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, "")]),
+        svc("ns1", "svc1", "172.30.0.41", |_| {}).with_endpoints(vec![ep("10.180.0.1", 80, NODE)]),
         svc("ns2", "svc2", "172.30.0.42", |s| {
             s.node_port = Some(3001);
             s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
@@ -102,7 +103,7 @@ pub fn overall_services() -> Vec<Svc> {
         svc("ns3", "svc3", "172.30.0.43", |s| s.node_port = Some(3003)).with_endpoints(vec![ep(
             "10.180.0.3",
             80,
-            "",
+            NODE,
         )]),
         svc("ns4", "svc4", "172.30.0.44", |s| {
             s.external_ips = vec!["192.168.99.33".parse().unwrap()]
@@ -114,7 +115,7 @@ pub fn overall_services() -> Vec<Svc> {
             s.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
             s.session_affinity_seconds = Some(10800);
         })
-        .with_endpoints(vec![ep("10.180.0.3", 80, "")]),
+        .with_endpoints(vec![ep("10.180.0.3", 80, NODE)]),
         svc("ns6", "svc6", "172.30.0.46", |_| {}),
     ]
 }

@@ -110,6 +110,7 @@ pub(super) fn as_objects(table: &FakeTable) -> Objects {
                 .insert(name.clone(), set.elements.clone().into_iter().collect());
         }
     }
+    objects.counters = table.counters.iter().cloned().collect();
     objects
 }
 
@@ -166,7 +167,8 @@ fn programmed(p: &NftablesProxier<FakeNftables>) -> Objects {
 }
 
 fn assert_table(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) {
-    let want = expected(p, state);
+    let mut want = expected(p, state);
+    want.counters.sort();
     let got = programmed(p);
     let missing: Vec<&String> = want
         .chains

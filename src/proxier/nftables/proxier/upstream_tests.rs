@@ -23,9 +23,7 @@ use crate::k8s::files::read_objects;
 use crate::proxier::Proxier;
 use crate::proxier::nftables::digests::DIGEST_CHAIN;
 use crate::proxier::nftables::render::DIGEST_PREFIX;
-use crate::proxier::nftables::render::tests::{
-    as_of_1_36, assert_same_table, dump, outside_our_changes,
-};
+use crate::proxier::nftables::render::tests::{assert_same_table, dump, outside_our_changes};
 use crate::sys::host::net::FixedAddresses;
 use crate::sys::nf_tables::fake::FakeNftables;
 
@@ -152,10 +150,7 @@ fn upstreams_repeated_syncs() {
             let table = p.nft.table(IpFamily::V4, TABLE).expect("our table");
             let ours = without_digests(&dump(&as_objects(table), &ctx));
             println!("step {} ({})", index + 1, step.objects);
-            assert_same_table(
-                &outside_our_changes(&ours),
-                &outside_our_changes(&as_of_1_36(&want)),
-            );
+            assert_same_table(&outside_our_changes(&ours), &outside_our_changes(&want));
             compared += 1;
         }
         previous = objects.state;

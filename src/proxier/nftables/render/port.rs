@@ -213,7 +213,7 @@ impl<'a> Port<'a> {
         out.chain(external);
         let mark = self.ctx.mark_for_masquerade();
         if !policy.external_local {
-            out.rule(external, mark);
+            out.rule(external, format!("{mark} comment \"masquerade\""));
         } else if policy.uses_cluster_endpoints {
             if let Some((local, _)) = self.local_matches {
                 out.rule(

@@ -2,7 +2,10 @@
 //! expected table of TestOverallNFTablesRules), compared as upstream compares.
 
 use super::*;
-use crate::proxier::fixtures::{NODE, NODE_IP, Svc, family_context, overall_services};
+use crate::config::KubeProxyConfiguration;
+use crate::proxier::fixtures::{
+    NODE, NODE_IP, Svc, ep, family_context, overall_services, svc_port,
+};
 use crate::proxier::nftables::names;
 use crate::proxier::nftables::slots::Placement;
 
@@ -58,6 +61,9 @@ pub fn dump(objects: &Objects, ctx: &NftContext) -> String {
             "add {} {ip} {TABLE} {name} {}\n",
             set.kind, set.spec
         ));
+    }
+    for name in &objects.counters {
+        out.push_str(&format!("add counter {ip} {TABLE} {name}\n"));
     }
     for (name, chain) in &objects.chains {
         if chain.spec.is_empty() {
@@ -149,90 +155,9 @@ pub fn golden(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// Upstream's 1.35 expected text (`TestOverallNFTablesRules`, `TestSyncProxyRulesRepeated` of
-/// IPv4 fakes with the pod CIDR 10.0.0.0/8 and mark 0x4000) in the layout upstream moved to in
-/// 1.36, change by change (docs/nftables.md, "Upstream's tests"):
-/// - no `mark-for-masquerade` chain (kubernetes#135800): its jumps become its statement;
-/// - `masquerading` in two rules, the second for the hairpin set (#136499), which is declared;
-/// - the ClusterIP masquerade rule of each service chain becomes one rule at the top of
-///   `services`, for every ClusterIP;
-/// - endpoint chains no longer mark their own endpoint's traffic (the hairpin set does).
-///
-/// The hairpin set's elements are not derived (which endpoints are local is not in the text).
-pub(crate) fn as_of_1_36(text: &str) -> String {
-    const MARK: &str = "mark set mark or 0x4000";
-    let prefix = "add rule ip kube-proxy ";
-    let mut out = String::new();
-    for line in text.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let (kind, object) = (words.get(1).copied(), words.get(4).copied());
-        let rule = line.strip_prefix(prefix).and_then(|r| r.split_once(' '));
-        match (kind, object, rule) {
-            (Some("chain" | "rule"), Some("mark-for-masquerade"), _) => continue,
-            (Some("table"), _, _) => {
-                out.push_str(line);
-                out.push_str("\nadd set ip kube-proxy hairpin-connections { type ipv4_addr . ipv4_addr . inet_proto . inet_service ; comment \"service hairpin connections\" ; }\n");
-                continue;
-            }
-            (_, _, Some(("masquerading", "mark and 0x4000 == 0 return"))) => {
-                out.push_str(&format!(
-                    "{prefix}masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random\n\
-                     {prefix}masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random\n"
-                ));
-                continue;
-            }
-            (_, _, Some(("masquerading", _))) => continue,
-            (_, _, Some(("services", "ip daddr . meta l4proto . th dport vmap @service-ips"))) => {
-                out.push_str(&format!(
-                    "{prefix}services ip daddr @cluster-ips ip saddr != 10.0.0.0/8 {MARK} comment \"masquerade clusterIP traffic from outside cluster\"\n"
-                ));
-            }
-            (_, _, Some((chain, rule)))
-                if rule.ends_with(" jump mark-for-masquerade")
-                    && (chain.starts_with("endpoint-")
-                        || (rule.starts_with("ip daddr ") && !chain.starts_with("external-"))) =>
-            {
-                continue;
-            }
-            _ => {}
-        }
-        out.push_str(&line.replace("jump mark-for-masquerade", MARK));
-        out.push('\n');
-    }
-    out
-}
-
-#[test]
-fn upstreams_1_35_text_moves_to_1_36_change_by_change() {
-    let moved = as_of_1_36(
-        "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
-         add chain ip kube-proxy mark-for-masquerade\n\
-         add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n\
-         add rule ip kube-proxy masquerading mark and 0x4000 == 0 return\n\
-         add rule ip kube-proxy masquerading mark set mark xor 0x4000\n\
-         add rule ip kube-proxy masquerading masquerade fully-random\n\
-         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
-         add rule ip kube-proxy service-X ip daddr 172.30.0.41 ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n\
-         add rule ip kube-proxy endpoint-Y ip saddr 10.180.0.1 jump mark-for-masquerade\n\
-         add rule ip kube-proxy external-Z fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n\
-         add rule ip kube-proxy external-Z jump mark-for-masquerade\n",
-    );
-    assert_eq!(
-        moved,
-        "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }\n\
-         add set ip kube-proxy hairpin-connections { type ipv4_addr . ipv4_addr . inet_proto . inet_service ; comment \"service hairpin connections\" ; }\n\
-         add rule ip kube-proxy masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random\n\
-         add rule ip kube-proxy masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random\n\
-         add rule ip kube-proxy services ip daddr @cluster-ips ip saddr != 10.0.0.0/8 mark set mark or 0x4000 comment \"masquerade clusterIP traffic from outside cluster\"\n\
-         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
-         add rule ip kube-proxy external-Z fib saddr type local mark set mark or 0x4000 comment \"masquerade local traffic\"\n\
-         add rule ip kube-proxy external-Z mark set mark or 0x4000\n"
-    );
-}
-
 /// The lines of a table outside what our layout replaces (docs/nftables.md): the rules of
-/// service chains without session affinity, the endpoint maps they DNAT through, the endpoint
-/// chains of those services, and the hairpin set's elements.
+/// service chains without session affinity, the endpoint maps they DNAT through, and the
+/// endpoint chains of those services.
 pub(crate) fn outside_our_changes(text: &str) -> String {
     let affinity_services: Vec<&str> = text
         .lines()
@@ -240,9 +165,6 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
         .filter_map(|l| l.split_whitespace().nth(4))
         .collect();
     text.lines()
-        .filter(|line| {
-            !line.starts_with(&format!("add element ip kube-proxy {HAIRPIN_CONNECTIONS} "))
-        })
         .filter(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let object = words.get(4).copied().unwrap_or("");
@@ -258,16 +180,20 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
         .collect()
 }
 
-/// Upstream's expected table (1.35, moved to 1.36's layout), and ours, compared as upstream
-/// compares outside the constructs our layout replaces; ours is pinned in overall-ours.nft
-/// (`UPDATE_GOLDEN=1` rewrites it).
+/// Upstream 1.37's expected table, and ours, compared as upstream compares outside the
+/// constructs our layout replaces; ours is pinned in overall-ours.nft (`UPDATE_GOLDEN=1`
+/// rewrites it). Upstream's test turns the localhost NodePorts gate on without a loopback
+/// address in nodePortAddresses: every protocol's loopback NodePorts are rejected.
 #[test]
 fn upstreams_overall_table() {
-    let ctx = context();
+    let ctx = NftContext {
+        localhost_rejects: vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp],
+        ..context()
+    };
     let ours = dump(&table(&overall_services(), &ctx), &ctx);
     assert_same_table(
         &outside_our_changes(&ours),
-        &outside_our_changes(&as_of_1_36(&golden("overall"))),
+        &outside_our_changes(&golden("overall")),
     );
     let path = format!(
         "{}/tests/golden/nftables/overall-ours.nft",
@@ -370,16 +296,16 @@ fn services_without_affinity_dnat_through_a_map_and_count_hairpins() {
             "meta l4proto tcp dnat to 10.180.0.3:80"
         ]
     );
-    assert!(!objects.elements.contains_key(HAIRPIN_CONNECTIONS));
-    let mut local = svc5.endpoints.clone();
-    local.values_mut().for_each(|endpoints| {
-        endpoints
-            .iter_mut()
-            .for_each(|ep| ep.node_name = Some(NODE.into()))
-    });
-    let objects = render_service(&svc5.ports, Some(&local), &ctx, &mut SlotTable::default());
     let hairpins: Vec<&str> = objects.elements[HAIRPIN_CONNECTIONS].keys().collect();
     assert_eq!(hairpins, ["10.180.0.3 . 10.180.0.3 . tcp . 80"]);
+    let mut remote = svc5.endpoints.clone();
+    remote.values_mut().for_each(|endpoints| {
+        endpoints
+            .iter_mut()
+            .for_each(|ep| ep.node_name = Some("other-node".into()))
+    });
+    let objects = render_service(&svc5.ports, Some(&remote), &ctx, &mut SlotTable::default());
+    assert!(!objects.elements.contains_key(HAIRPIN_CONNECTIONS));
 }
 
 #[test]
@@ -431,5 +357,131 @@ fn element_comments_are_cut_to_what_nft_accepts() {
     for comment in comments {
         assert_eq!(comment.len(), 128, "{comment}");
         assert!(format!("{namespace}/{name}:{port}").starts_with(comment));
+    }
+}
+
+/// Upstream 1.37's TestLocalhostNodePortReject, TestLocalhostNodePortRejectAll and
+/// TestLocalhostNodePortProxy: the gate on, nodePortAddresses as each sets it, the lines each
+/// requires in the table (verbatim), and the TCP lines each forbids while the proxy serves TCP.
+/// One of upstream's localhost NodePort tests: its nodePortAddresses, its services, the lines
+/// it requires, and whether the proxy serves TCP (no TCP reject then).
+struct LocalhostCase {
+    name: &'static str,
+    addresses: &'static [&'static str],
+    services: Vec<Svc>,
+    wanted: Vec<&'static str>,
+    tcp_served: bool,
+}
+
+#[test]
+fn upstreams_localhost_node_port_cases() {
+    let tcp = svc_port(
+        "ns1",
+        "svc-tcp",
+        "p80",
+        Protocol::Tcp,
+        80,
+        "172.30.0.41",
+        |s| s.node_port = Some(30080),
+    )
+    .with_endpoints(vec![ep("10.180.0.1", 80, NODE)]);
+    let udp = svc_port(
+        "ns1",
+        "svc-udp",
+        "p53",
+        Protocol::Udp,
+        53,
+        "172.30.0.42",
+        |s| s.node_port = Some(30053),
+    );
+    let sctp = svc_port(
+        "ns3",
+        "svc-sctp",
+        "p9",
+        Protocol::Sctp,
+        9,
+        "172.30.0.43",
+        |s| s.node_port = Some(30009),
+    );
+    let reject_udp = [
+        "add counter ip kube-proxy localhost-nodeport-rejected-udp",
+        "add counter ip kube-proxy localhost-nodeport-rejected-sctp",
+        "add rule ip kube-proxy localhost-nodeport-reject-udp counter name \"localhost-nodeport-rejected-udp\" reject",
+        "add rule ip kube-proxy localhost-nodeport-reject-sctp counter name \"localhost-nodeport-rejected-sctp\" reject",
+        "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+    ];
+    let cases = [
+        LocalhostCase {
+            name: "TestLocalhostNodePortReject",
+            addresses: &["127.0.0.0/8"],
+            services: vec![udp],
+            wanted: [&reject_udp[..], &["add element ip kube-proxy localhost-nodeport-reject-ports { udp . 30053 : goto localhost-nodeport-reject-udp }"]].concat(),
+            tcp_served: true,
+        },
+        LocalhostCase {
+            name: "TestLocalhostNodePortRejectAll",
+            addresses: &["192.168.0.2/32"],
+            services: vec![
+                svc_port("ns1", "svc-tcp", "p80", Protocol::Tcp, 80, "172.30.0.41", |s| {
+                    s.node_port = Some(30080)
+                }),
+                svc_port("ns2", "svc-udp", "p53", Protocol::Udp, 53, "172.30.0.42", |s| {
+                    s.node_port = Some(30053)
+                }),
+                sctp,
+            ],
+            wanted: [
+                &reject_udp[..],
+                &[
+                    "add counter ip kube-proxy localhost-nodeport-rejected-tcp",
+                    "add rule ip kube-proxy localhost-nodeport-reject-tcp counter name \"localhost-nodeport-rejected-tcp\" reject",
+                    "add element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30080 : goto localhost-nodeport-reject-tcp }",
+                    "add element ip kube-proxy localhost-nodeport-reject-ports { udp . 30053 : goto localhost-nodeport-reject-udp }",
+                    "add element ip kube-proxy localhost-nodeport-reject-ports { sctp . 30009 : goto localhost-nodeport-reject-sctp }",
+                ],
+            ]
+            .concat(),
+            tcp_served: false,
+        },
+        LocalhostCase {
+            name: "TestLocalhostNodePortProxy",
+            addresses: &["192.168.0.2/32", "127.0.0.0/8"],
+            services: vec![tcp],
+            wanted: [&reject_udp[..], &["add element ip kube-proxy service-nodeports { tcp . 30080 : goto external-"]].concat(),
+            tcp_served: true,
+        },
+    ];
+    for LocalhostCase {
+        name,
+        addresses,
+        services,
+        wanted,
+        tcp_served,
+    } in cases
+    {
+        let config = KubeProxyConfiguration {
+            feature_gates: [("KubeProxyNFTablesLocalhostNodePorts".to_string(), true)].into(),
+            node_port_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            ..KubeProxyConfiguration::default()
+        };
+        let settings = crate::proxier::nftables::NftablesSettings::from_config(&config);
+        let ctx = NftContext {
+            localhost_rejects: settings.localhost_rejects(IpFamily::V4),
+            ..context()
+        };
+        let ours = dump(&table(&services, &ctx), &ctx);
+        for line in wanted {
+            assert!(ours.contains(line), "{name}: no {line:?} in\n{ours}");
+        }
+        if tcp_served {
+            assert!(
+                !ours.contains("localhost-nodeport-rejected-tcp"),
+                "{name}:\n{ours}"
+            );
+            assert!(
+                !ours.contains("localhost-nodeport-reject-ports { tcp ."),
+                "{name}:\n{ours}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Drift another program causes, repaired from memory, and restarts that read the table back.
 
 use super::*;
+use crate::proxier::nftables::render::LOCALHOST_REJECT_PORTS;
 
 /// A proxier told of the kernel's change events (a fake, fed by [`report_drift`]), synced once
 /// with `state`.
@@ -344,21 +345,27 @@ fn a_full_sync_from_memory_knows_which_endpoint_maps_the_table_declares() {
 /// external and endpoint chains jump to): the first sync takes the table over, writes 1.36's
 /// layout and deletes the chain nothing jumps to any more, in transactions the kernel accepts
 /// (the fake refuses to delete a chain a rule still jumps to).
-#[test]
-fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
-    let state = state();
+/// A kernel holding upstream's expected table `golden` (tests/golden/nftables/), applied
+/// declarations first (the text is sorted by object).
+fn upstream_table(golden: &str) -> FakeNftables {
     let mut kernel = FakeNftables::default();
-    // Upstream's expected text, declarations first (it is sorted by object).
-    let upstream = crate::proxier::nftables::render::tests::golden("overall");
+    let upstream = crate::proxier::nftables::render::tests::golden(golden);
     let mut lines: Vec<&str> = upstream.lines().filter(|l| l.starts_with("add ")).collect();
     lines.sort_by_key(|line| match line.split(' ').nth(1) {
         Some("table") => 0,
-        Some("set" | "map") => 1,
+        Some("set" | "map" | "counter") => 1,
         Some("chain") => 2,
         Some("rule") => 3,
         _ => 4,
     });
     kernel.apply(&(lines.join("\n") + "\n")).unwrap();
+    kernel
+}
+
+#[test]
+fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
+    let state = state();
+    let kernel = upstream_table("overall-1.35");
     assert!(
         kernel
             .table(V4, TABLE)
@@ -389,6 +396,31 @@ fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
     p.nft.transactions.clear();
     p.sync(&state, &ChangeSummary::default()).unwrap();
     assert_eq!(p.nft.transactions, Vec::<String>::new());
+}
+
+/// A node moved from upstream 1.37 (its table of TestOverallNFTablesRules: the localhost
+/// NodePorts gate on, without the proxy): with the gate on, the first sync takes the table over
+/// (its reject map, chains and counters kept, its service chains rewritten to ours) and the
+/// next writes nothing; with the gate off, the reject objects go, in transactions the kernel
+/// accepts.
+#[test]
+fn a_restart_on_upstreams_1_37_table_takes_it_over() {
+    let state = state();
+    let kernel = upstream_table("overall");
+    for gate in [true, false] {
+        let mut p = restarted_on(&kernel);
+        p.settings.localhost_gate = gate;
+        p.sync(&state, &ChangeSummary::default()).unwrap();
+        p.sync(&state, &ChangeSummary::default()).unwrap();
+        assert_table(&mut p, &state);
+        let counters = p.nft.table(V4, TABLE).unwrap().counters.len();
+        assert_eq!(counters, if gate { 3 } else { 0 }, "gate {gate}");
+        let rejects = programmed(&p).sets.contains_key(LOCALHOST_REJECT_PORTS);
+        assert_eq!(rejects, gate);
+        p.nft.transactions.clear();
+        p.sync(&state, &ChangeSummary::default()).unwrap();
+        assert_eq!(p.nft.transactions, Vec::<String>::new(), "gate {gate}");
+    }
 }
 
 /// With the feature gate KubeProxyNFTablesLocalhostNodePorts on, NodePorts on the loopback
