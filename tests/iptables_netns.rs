@@ -11,7 +11,7 @@ use serde_json::json;
 use support::cluster::{
     CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed, slice, web_ports,
 };
-use support::netns::{require_netns, tcp_request, udp_request};
+use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
 use test_apiserver::Resource;
 
@@ -236,6 +236,16 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
         cluster
             .ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
             .contains("KUBE-SVC-")
+    );
+    // The mode running, and the configuration as read.
+    let metrics = addr("127.0.0.1:10249");
+    let (_, mode) = http_get(&cluster.node, metrics, "/proxyMode").unwrap();
+    assert_eq!(mode, "iptables");
+    let (_, configz) = http_get(&cluster.node, metrics, "/configz").unwrap();
+    let configz: serde_json::Value = serde_json::from_str(&configz).expect("JSON");
+    assert_eq!(
+        configz["kubeproxy.config.k8s.io"]["mode"], "ipvs",
+        "{configz}"
     );
     daemon.stop().await;
 
