@@ -241,4 +241,72 @@ mod tests {
             "the proxy listens on 127.0.0.1 alone"
         );
     }
+
+    /// Upstream 1.37's Test_useLocalhostNodePortProxy, case by case (its nodePortAddresses, the
+    /// proxier's family, whether the proxy serves it).
+    #[test]
+    fn upstreams_cases_of_which_family_the_proxy_serves() {
+        use IpFamily::{V4, V6};
+        let cases: [(&str, IpFamily, &[&str], bool); 10] = [
+            (
+                "explicit IPv4 loopback activates",
+                V4,
+                &["127.0.0.0/8"],
+                true,
+            ),
+            ("explicit IPv6 loopback activates", V6, &["::1/128"], true),
+            (
+                "IPv6 loopback does not activate an IPv4 proxier",
+                V4,
+                &["::1/128"],
+                false,
+            ),
+            (
+                "IPv4 loopback does not activate an IPv6 proxier",
+                V6,
+                &["127.0.0.0/8"],
+                false,
+            ),
+            (
+                "IPv4 all/zero-CIDR does not activate",
+                V4,
+                &["0.0.0.0/0"],
+                false,
+            ),
+            ("IPv6 all/zero-CIDR does not activate", V6, &["::/0"], false),
+            (
+                "explicit loopback before all activates",
+                V4,
+                &["127.0.0.0/8", "0.0.0.0/0"],
+                true,
+            ),
+            (
+                "all before explicit loopback still activates",
+                V4,
+                &["0.0.0.0/0", "127.0.0.0/8"],
+                true,
+            ),
+            (
+                "non-loopback CIDR does not activate",
+                V4,
+                &["192.168.1.1/32"],
+                false,
+            ),
+            (
+                "empty addresses default to match-all and do not activate",
+                V4,
+                &[],
+                false,
+            ),
+        ];
+        for (name, family, addresses, expected) in cases {
+            let config = KubeProxyConfiguration {
+                node_port_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+                feature_gates: [(LOCALHOST_NODE_PORTS_GATE.to_string(), true)].into(),
+                ..KubeProxyConfiguration::default()
+            };
+            let served = localhost_proxy_families(&config).contains(&family);
+            assert_eq!(served, expected, "{name}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! Upstream's own expectations for a proxier synced again and again (pkg/proxy/nftables
-//! proxier_test.go, TestSyncProxyRulesRepeated), as data in tests/upstream/nftables/: each step's
+//! Upstream's own expectations of whole tables (pkg/proxy/nftables proxier_test.go:
+//! TestSyncProxyRulesRepeated, a proxier synced again and again, and TestBadIPs), as data in
+//! tests/upstream/nftables/: each step's
 //! objects go through the daemon's flag parser and its conversion of API objects into one
 //! proxier of ours (against the stateful fake), and after each sync the whole table is compared
 //! with upstream's dump as upstream compares (sorted), outside the constructs our layout
@@ -55,8 +56,10 @@ struct Step {
     upstream_operations: Option<usize>,
 }
 
-fn case_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/nftables/TestSyncProxyRulesRepeated")
+fn case_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstream/nftables")
+        .join(name)
 }
 
 /// Our table's text without the digest comments on our service chains and without the chain
@@ -83,7 +86,18 @@ fn without_digests(text: &str) -> String {
 
 #[test]
 fn upstreams_repeated_syncs() {
-    let dir = case_dir();
+    let compared = run_case("TestSyncProxyRulesRepeated");
+    assert_eq!(compared, 12, "upstream checks twelve of its thirteen syncs");
+}
+
+#[test]
+fn upstreams_bad_ips() {
+    assert_eq!(run_case("TestBadIPs"), 1);
+}
+
+/// Runs the case in `name`'s directory; returns how many dumps were compared.
+fn run_case(name: &str) -> usize {
+    let dir = case_dir(name);
     let case: Case =
         serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("case.yaml")).unwrap()).unwrap();
     assert_eq!(case.family, "IPv4");
@@ -155,7 +169,7 @@ fn upstreams_repeated_syncs() {
         }
         previous = objects.state;
     }
-    assert_eq!(compared, 12, "upstream checks twelve of its thirteen syncs");
+    compared
 }
 
 #[test]
