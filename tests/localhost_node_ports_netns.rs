@@ -11,7 +11,8 @@ use std::io::ErrorKind;
 
 use serde_json::json;
 use support::cluster::{
-    Cluster, NODE_IP, addr, apply_dual_stack_slices, dual_stack_web, many, names, service, slice,
+    BIN, Cluster, NODE_IP, addr, apply_dual_stack_slices, dual_stack_web, many, names, service,
+    slice,
 };
 use support::explain::{explain, pod_at};
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
@@ -163,6 +164,15 @@ fn explain_names_the_relays(cluster: &Cluster, mode: &str) {
     assert_eq!(web["service"], "default/web:http", "{web:#}");
     assert_eq!(web["policy"], "Cluster", "{web:#}");
     assert_eq!(web["listener"], "127.0.0.1:30090", "{web:#}");
+    let text = cluster
+        .node
+        .raw_output(&[BIN, "explain", "--to", "127.0.0.1:30090"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("verdict:  relayed by the listener on 127.0.0.1:30090 to one of 2:")
+            && text.contains("daemon:   agrees"),
+        "{text}"
+    );
     let web6 = explain(cluster, "[::1]:30090");
     assert_eq!(endpoints(&web6), set(&["pod-a1", "pod-b2"]));
     let local = explain(cluster, "127.0.0.1:30091");
