@@ -10,7 +10,7 @@ use crate::config::{
     KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings, feature_gates,
 };
 use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
-use crate::model::{ChangeTracker, ProxyState};
+use crate::model::{ChangeTracker, IpFamily, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
@@ -18,7 +18,7 @@ use crate::proxier::dry_run::DryRunProxier;
 use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, localhost_proxy_families};
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
-use crate::servers::debug::{DebugView, LocalhostProxyView};
+use crate::servers::debug::DebugView;
 use crate::servers::{
     ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, Relays, ServerError,
     ServiceHealthServers, bind, capacity_for_open_files, log_families, relay_capacity,
@@ -128,15 +128,12 @@ pub async fn run(
     let connections = connection_table(open_files, &metrics, !proxy_families.is_empty());
     let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
-    let localhost_proxy = LocalhostProxyView {
-        families: proxy_families.clone(),
-        relays: Relays::default(),
-    };
+    let relays = Relays::new(proxy_families.clone());
     let debug = Arc::new(DebugView::new(
         state.clone(),
         tracker.clone(),
         settings.node_name.clone(),
-        localhost_proxy.clone(),
+        relays.clone(),
     ));
     let servers = Servers {
         connections: &connections,
@@ -205,7 +202,7 @@ pub async fn run(
         events.post(NodeEvent::Starting);
     }
 
-    let localhost_node_ports = localhost_node_ports(localhost_proxy, open_files, &metrics);
+    let localhost_node_ports = localhost_node_ports(proxy_families, relays, open_files, &metrics);
     let sync_loop = SyncLoop {
         tracker,
         state,
@@ -490,11 +487,11 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
 /// The localhost NodePort proxy, when it serves a family. Its connections count apart from the
 /// HTTP servers', in the other half of the files left for connections.
 fn localhost_node_ports(
-    proxy: LocalhostProxyView,
+    families: Vec<IpFamily>,
+    relays: Relays,
     open_files: Option<u64>,
     metrics: &Metrics,
 ) -> Option<LocalhostNodePorts> {
-    let LocalhostProxyView { families, relays } = proxy;
     if families.is_empty() {
         return None;
     }

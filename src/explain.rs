@@ -122,25 +122,7 @@ pub fn run(request: &Request) -> Result<String, String> {
         return run_all(request, mode);
     };
     let mut explanation = modes::explain(mode, flow).map_err(|err| err.to_string())?;
-    let relayed = matches!(explanation.outcome, Outcome::Relayed { .. });
-    let wanted = match explanation.service.clone() {
-        None if relayed => relayed_by_daemon(&request.metrics, &mut explanation),
-        Some(service) => {
-            let name = service
-                .rsplit_once(':')
-                .map_or(service.as_str(), |(name, _)| name);
-            Some(
-                ask_daemon(&request.metrics, &format!("{SERVICES_PATH}{name}")).and_then(|body| {
-                    serde_json::from_str::<Wanted>(&body)
-                        .map_err(|err| format!("the daemon's answer: {err}"))
-                }),
-            )
-        }
-        None if !matches!(explanation.outcome, Outcome::Untouched { .. }) => {
-            Some(named_by_daemon(&request.metrics, &mut explanation))
-        }
-        None => None,
-    };
+    let wanted = daemon_wants(&request.metrics, &mut explanation);
     explanation.daemon = wanted.map(|wanted| match wanted {
         Ok(wanted) => compare(&explanation, &wanted),
         Err(why) => Comparison::Unknown { why },
@@ -153,32 +135,67 @@ pub fn run(request: &Request) -> Result<String, String> {
     })
 }
 
+/// What the daemon wants for the Service the kernel's answer names (or, where the kernel keeps
+/// no names, the one the daemon names), to compare with; `None` when nothing is compared.
+fn daemon_wants(metrics: &str, explanation: &mut Explanation) -> Option<Result<Wanted, String>> {
+    let loopback_tcp = explanation.flow.destination.ip().is_loopback()
+        && explanation.flow.protocol == crate::model::Protocol::Tcp;
+    match (&explanation.outcome, explanation.service.clone()) {
+        (Outcome::Relayed { .. }, None) => relayed_by_daemon(metrics, explanation),
+        (_, Some(service)) => {
+            let name = service
+                .rsplit_once(':')
+                .map_or(service.as_str(), |(name, _)| name);
+            Some(
+                ask_daemon(metrics, &format!("{SERVICES_PATH}{name}")).and_then(|body| {
+                    serde_json::from_str::<Wanted>(&body)
+                        .map_err(|err| format!("the daemon's answer: {err}"))
+                }),
+            )
+        }
+        (Outcome::Untouched { .. }, None) if loopback_tcp => {
+            unrelayed_by_daemon(metrics, explanation)
+        }
+        (Outcome::Untouched { .. }, None) => None,
+        (_, None) => Some(named_by_daemon(metrics, explanation)),
+    }
+}
+
 /// Where the localhost NodePort proxy relays a flow a listener on a loopback address takes, as
 /// the daemon holds its listeners, and what the daemon wants for that Service. A listener the
-/// daemon does not hold is another program's: nothing of kube-proxy's takes the flow.
+/// daemon does not hold is another program's: nothing of kube-proxy's takes the flow; one the
+/// daemon cannot be asked about is not said to relay.
 fn relayed_by_daemon(
     metrics: &str,
     explanation: &mut Explanation,
 ) -> Option<Result<Wanted, String>> {
     let destination = explanation.flow.destination;
     let path = format!("{RELAYS_PATH}{}/{}", destination.ip(), destination.port());
-    let named: NamedRelay = match ask_daemon_if_known(metrics, &path) {
-        Ok(Some(body)) => match serde_json::from_str(&body) {
-            Ok(named) => named,
-            Err(err) => return Some(Err(format!("the daemon's answer: {err}"))),
-        },
+    let asked = ask_daemon_if_known(metrics, &path).and_then(|answer| {
+        answer
+            .map(|body| {
+                serde_json::from_str::<NamedRelay>(&body)
+                    .map_err(|err| format!("the daemon's answer: {err}"))
+            })
+            .transpose()
+    });
+    let named = match asked {
+        Ok(Some(named)) => named,
         Ok(None) => {
             explanation.outcome = Outcome::Untouched {
                 reason: format!(
                     "no rule of ours; a program listening on {destination} takes it, not the localhost NodePort proxy (its daemon has no listener there)"
                 ),
             };
-            return None;
+            return unrelayed_by_daemon(metrics, explanation);
         }
         Err(why) => {
-            return Some(Err(format!(
-                "a TCP listener on {destination} takes it; whether it is the localhost NodePort proxy's, only the daemon knows: {why}"
-            )));
+            explanation.outcome = Outcome::Untouched {
+                reason: format!(
+                    "no rule of ours; a TCP listener on {destination} takes it (whether it is the localhost NodePort proxy's, only its daemon can say)"
+                ),
+            };
+            return Some(Err(why));
         }
     };
     explanation.service = Some(named.service_port);
@@ -198,6 +215,37 @@ fn relayed_by_daemon(
             })
             .collect();
     }
+    Some(Ok(named.wanted))
+}
+
+/// A TCP flow to a loopback address that nothing of ours takes: compared only where the daemon
+/// names it as a NodePort its localhost proxy should relay (its listener is missing: the port
+/// is another program's, or the proxy could not listen).
+fn unrelayed_by_daemon(
+    metrics: &str,
+    explanation: &mut Explanation,
+) -> Option<Result<Wanted, String>> {
+    let destination = explanation.flow.destination;
+    let path = format!(
+        "{DESTINATIONS_PATH}tcp/{}/{}/node",
+        destination.ip(),
+        destination.port()
+    );
+    let body = ask_daemon_if_known(metrics, &path).ok()??;
+    let named: NamedDestination = serde_json::from_str(&body).ok()?;
+    let family = if destination.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    };
+    let relayed = named.wanted.ports.iter().any(|p| {
+        p.localhost_proxy && p.family == family && p.node_port == Some(destination.port())
+    });
+    if !relayed {
+        return None;
+    }
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(policy_name(named.policy == "Local"));
     Some(Ok(named.wanted))
 }
 

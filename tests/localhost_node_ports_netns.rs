@@ -182,6 +182,47 @@ fn explain_names_the_relays(cluster: &Cluster, mode: &str) {
     assert_eq!(remote["verdict"], "untouched", "{mode}: {remote:#}");
     let reason = remote["reason"].as_str().unwrap();
     assert!(reason.contains("nothing listens"), "{mode}: {reason}");
+    // No local endpoint: the daemon wants no listener there either.
+    assert_eq!(
+        remote["daemon"]["comparison"], "agrees",
+        "{mode}: {remote:#}"
+    );
+}
+
+/// Another program holds a localhost NodePort's address before the daemon starts: the proxy
+/// cannot listen there, and explain says whose listener takes the connection and that the
+/// daemon wanted it relayed to its endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_a_localhost_node_port_another_program_holds() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster);
+    let squatter = cluster
+        .node
+        .run(|| std::net::TcpListener::bind("127.0.0.1:30093").expect("bind"));
+    let daemon = cluster.daemon(&cluster.config_with_mode("nftables", CONFIG));
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    daemon
+        .wait_for("Failed to create localhost nodeport proxy")
+        .await;
+    let answer = explain(&cluster, "127.0.0.1:30093");
+    assert_eq!(answer["verdict"], "untouched", "{answer:#}");
+    let reason = answer["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("not the localhost NodePort proxy"),
+        "{reason}"
+    );
+    assert_eq!(answer["service"], "default/sticky:http", "{answer:#}");
+    assert_eq!(answer["daemon"]["comparison"], "differs", "{answer:#}");
+    let missing: BTreeSet<String> = answer["daemon"]["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| pod_at(e.as_str().unwrap()).to_string())
+        .collect();
+    assert_eq!(missing, set(&["pod-a1", "pod-a2", "pod-b1", "pod-b2"]));
+    drop(squatter);
+    daemon.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

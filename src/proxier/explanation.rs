@@ -419,9 +419,10 @@ pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     // Rejected or dropped: the daemon wants no endpoint for it either, under the policy the
     // verdict says (a drop: the Local one).
     let local = local || matches!(explanation.outcome, Outcome::Drop { .. });
-    // nftables mode programs no loopback NodePort: one the daemon's proxy does not relay is
-    // refused or rejected, as the daemon wants.
-    let unserved_loopback = explanation.mode == "nftables"
+    // A loopback NodePort the daemon's proxy does not relay: nothing may relay it, and in
+    // nftables mode (which programs none) it is refused or rejected, as the daemon wants.
+    let relayed = matches!(explanation.outcome, Outcome::Relayed { .. });
+    let unserved_loopback = (explanation.mode == "nftables" || relayed)
         && explanation.flow.destination.ip().is_loopback()
         && !port.localhost_proxy;
     let want: &[SocketAddr] = if unserved_loopback {
@@ -556,6 +557,21 @@ mod tests {
             compare(&rejected, &unserved),
             Comparison::Differs { .. }
         ));
+        // ... but nothing may relay one its daemon's proxy does not serve, in any mode.
+        relayed.mode = "iptables";
+        assert!(matches!(
+            compare(&relayed, &unserved),
+            Comparison::Differs { .. }
+        ));
+        // A proxy whose listener is missing: the endpoints it should relay to are missing.
+        let mut refused = relayed.clone();
+        refused.outcome = Outcome::Untouched {
+            reason: "nothing listens".into(),
+        };
+        let Comparison::Differs { missing, .. } = compare(&refused, &served) else {
+            panic!("a missing listener");
+        };
+        assert_eq!(missing, vec![a.parse().unwrap()]);
     }
 
     #[test]

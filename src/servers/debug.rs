@@ -36,20 +36,13 @@ fn services_route(path: &str) -> Option<&str> {
         .or_else(|| (path == SERVICES_PATH.trim_end_matches('/')).then_some(""))
 }
 
-/// The localhost NodePort proxy as the endpoint sees it: the families it serves, and its
-/// listeners.
-#[derive(Clone, Default)]
-pub struct LocalhostProxyView {
-    pub families: Vec<IpFamily>,
-    pub relays: Relays,
-}
-
 /// What the endpoint reads: the sync loop's state and the changes waiting for a sync.
 pub struct DebugView {
     state: Arc<RwLock<ProxyState>>,
     tracker: Arc<Mutex<ChangeTracker>>,
     node_name: String,
-    localhost: LocalhostProxyView,
+    /// The localhost NodePort proxy's families and listeners.
+    relays: Relays,
 }
 
 impl DebugView {
@@ -57,13 +50,13 @@ impl DebugView {
         state: Arc<RwLock<ProxyState>>,
         tracker: Arc<Mutex<ChangeTracker>>,
         node_name: String,
-        localhost: LocalhostProxyView,
+        relays: Relays,
     ) -> Self {
         DebugView {
             state,
             tracker,
             node_name,
-            localhost,
+            relays,
         }
     }
 
@@ -151,12 +144,15 @@ impl DebugView {
         let Ok(address) = join(address, port).parse::<SocketAddr>() else {
             return Reply::not_found();
         };
-        let Some((port, endpoints)) = self.localhost.relays.of(address) else {
+        let Some((port, endpoints)) = self.relays.of(address) else {
             return Reply::not_found();
         };
-        let Some(wanted) = self.one(&port.service) else {
-            return Reply::not_found();
-        };
+        // A Service whose deletion waits for a sync still has its listener.
+        let wanted = self.one(&port.service).unwrap_or_else(|| Wanted {
+            service: port.service.to_string(),
+            pending_changes: true,
+            ports: Vec::new(),
+        });
         let family = IpFamily::of(&address.ip()).name();
         let external_local = wanted
             .ports
@@ -173,7 +169,7 @@ impl DebugView {
         };
         match serde_json::to_string(&named) {
             Ok(body) => Reply::json(StatusCode::OK, body),
-            Err(_) => Reply::not_found(),
+            Err(_) => Reply::json(StatusCode::INTERNAL_SERVER_ERROR, "{}".into()),
         }
     }
 
@@ -205,7 +201,7 @@ impl DebugView {
             tracker,
             state,
             &self.node_name,
-            &self.localhost.families,
+            &self.relays.families(),
         )
     }
 }

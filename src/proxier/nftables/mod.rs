@@ -1,4 +1,4 @@
-//! nftables mode: upstream's `table ip kube-proxy` / `table ip6 kube-proxy` layout (1.34/1.35).
+//! nftables mode: upstream's `table ip kube-proxy` / `table ip6 kube-proxy` layout (1.37).
 //!
 //! Laid out as every mode: `settings` (what of the configuration it uses), `render` (pure: one
 //! family's objects per service), `plan` (the transaction from what is programmed to what is

@@ -1,5 +1,5 @@
 //! The pure renderer of nftables mode: model -> the objects of one family's `kube-proxy` table,
-//! in upstream's 1.36 layout (pkg/proxy/nftables/proxier.go): base chains at upstream's hooks
+//! in upstream's 1.37 layout (pkg/proxy/nftables/proxier.go): base chains at upstream's hooks
 //! and priorities, the fixed chains and their rules, the sets and verdict maps, and per service
 //! port its chains, affinity sets and map elements. Objects are kept per service so a sync can
 //! write only the services that changed.

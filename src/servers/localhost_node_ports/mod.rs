@@ -63,28 +63,52 @@ pub struct ListenerMetrics {
     pub creation_failures: IntCounterVec,
 }
 
-/// Each listener's balancer by the address it listens on, shared with the debug endpoint
-/// (`explain` asks where a localhost NodePort's connections go).
+/// The families the proxy serves and each listener's balancer by the address it listens on,
+/// shared with the debug endpoint (`explain` asks where a localhost NodePort's connections go).
 #[derive(Clone, Default)]
-pub struct Relays(Arc<RwLock<BTreeMap<SocketAddr, Arc<Mutex<Balancer>>>>>);
+pub struct Relays {
+    listeners: Arc<RwLock<BTreeMap<SocketAddr, Arc<Mutex<Balancer>>>>>,
+    families: Arc<RwLock<Vec<IpFamily>>>,
+}
 
 impl Relays {
+    /// Relays for a proxy that serves `families`.
+    pub fn new(families: Vec<IpFamily>) -> Relays {
+        Relays {
+            listeners: Arc::default(),
+            families: Arc::new(RwLock::new(families)),
+        }
+    }
+
+    /// The families whose loopback NodePorts the proxy serves now.
+    pub fn families(&self) -> Vec<IpFamily> {
+        self.families
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn stop_serving(&self, family: IpFamily) {
+        let mut families = self.families.write().unwrap_or_else(|p| p.into_inner());
+        families.retain(|f| *f != family);
+    }
+
     /// The service port whose connections the listener on `address` relays, and the endpoints
     /// it relays them to.
     pub fn of(&self, address: SocketAddr) -> Option<(ServicePortName, Vec<SocketAddr>)> {
-        let relays = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let relays = self.listeners.read().unwrap_or_else(|p| p.into_inner());
         let balancer = locked(relays.get(&address)?);
         let target = balancer.target();
         Some((target.port.clone(), target.endpoints.clone()))
     }
 
     fn insert(&self, address: SocketAddr, balancer: Arc<Mutex<Balancer>>) {
-        let mut relays = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let mut relays = self.listeners.write().unwrap_or_else(|p| p.into_inner());
         relays.insert(address, balancer);
     }
 
     fn remove(&self, address: SocketAddr) {
-        let mut relays = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let mut relays = self.listeners.write().unwrap_or_else(|p| p.into_inner());
         relays.remove(&address);
     }
 }
@@ -253,6 +277,7 @@ impl LocalhostNodePorts {
         if err.raw_os_error() == Some(nix::libc::EADDRNOTAVAIL) {
             warn!(%address, error = %err, "No loopback address to serve localhost NodePorts on; not serving them in this family");
             self.families.retain(|f| *f != family);
+            self.relays.stop_serving(family);
         } else if self.failing.insert(address) {
             error!(%address, service_port = %target.port, error = %err, "Failed to create localhost nodeport proxy");
         } else {

@@ -76,7 +76,7 @@ fn proxy_with_relays(
             .unwrap(),
     };
     let table = ConnectionTable::new(capacity, metrics.clone());
-    let relays = Relays::default();
+    let relays = Relays::new(vec![IpFamily::V4]);
     let proxy =
         LocalhostNodePorts::new(vec![IpFamily::V4], table, listeners.clone(), relays.clone());
     (proxy, metrics, listeners, relays)

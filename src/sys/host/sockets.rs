@@ -10,14 +10,14 @@ use crate::sys::netlink::{Connection, NetlinkError, RawMessage};
 
 /// SOCK_DIAG_BY_FAMILY: the request and its answer.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-const IPPROTO_TCP: u8 = 6;
+/// The message's one-byte fields, as libc numbers them.
+const AF_INET: u8 = nix::libc::AF_INET as u8;
+const AF_INET6: u8 = nix::libc::AF_INET6 as u8;
+const IPPROTO_TCP: u8 = nix::libc::IPPROTO_TCP as u8;
 /// The state of a socket that accepts connections.
 const TCP_LISTEN: u8 = 10;
 /// "Any socket": the cookie of a lookup by address.
 const NO_COOKIE: u32 = u32::MAX;
-const ENOENT: i32 = 2;
 
 /// A socket listening for TCP connections, as the kernel would pick it for a connection to
 /// the address asked about.
@@ -32,14 +32,51 @@ pub struct TcpListener {
 /// The listener a TCP connection to `address` would reach, if any.
 pub fn tcp_listener(address: SocketAddr) -> Result<Option<TcpListener>, NetlinkError> {
     let mut connection = Connection::open(NETLINK_SOCK_DIAG)?;
+    match lookup(&mut connection, address)? {
+        Some(found) => Ok(Some(found)),
+        None => {
+            answers_lookups(&mut connection, address)?;
+            Ok(None)
+        }
+    }
+}
+
+/// One exact lookup; `None` when the kernel finds no socket.
+fn lookup(
+    connection: &mut Connection,
+    address: SocketAddr,
+) -> Result<Option<TcpListener>, NetlinkError> {
     let request = RawMessage {
         message_type: SOCK_DIAG_BY_FAMILY,
         payload: lookup_request(address),
     };
     match connection.request(request, false) {
         Ok(replies) => Ok(replies.iter().find_map(|reply| listener_of(&reply.payload))),
-        Err(NetlinkError::Errno(ENOENT)) => Ok(None),
+        Err(NetlinkError::Errno(nix::libc::ENOENT)) => Ok(None),
         Err(err) => Err(err),
+    }
+}
+
+/// The kernel answers "no such socket" too when it has no TCP socket diagnostics (tcp_diag
+/// neither built in nor loadable): a listener of our own, on the loopback address of
+/// `address`'s family, tells the two apart. Without a loopback address to listen on, the
+/// answer is taken as it came.
+fn answers_lookups(connection: &mut Connection, address: SocketAddr) -> Result<(), NetlinkError> {
+    let loopback: IpAddr = match address {
+        SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+        SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+    };
+    let Ok(probe) = std::net::TcpListener::bind((loopback, 0)) else {
+        return Ok(());
+    };
+    let Ok(probe_address) = probe.local_addr() else {
+        return Ok(());
+    };
+    match lookup(connection, probe_address)? {
+        Some(_) => Ok(()),
+        None => Err(NetlinkError::Unsupported(
+            "the kernel's TCP socket diagnostics (tcp_diag) do not answer: which socket listens cannot be read".into(),
+        )),
     }
 }
 
@@ -122,9 +159,13 @@ mod tests {
         let mut message = vec![AF_INET, TCP_LISTEN, 0, 0, 0x75, 0x30];
         message.resize(72, 0);
         message[8..12].copy_from_slice(&[127, 0, 0, 1]);
+        message[68..72].copy_from_slice(&4242u32.to_ne_bytes());
         assert_eq!(
-            listener_of(&message).map(|l| l.bound),
-            Some("127.0.0.1:30000".parse().unwrap())
+            listener_of(&message),
+            Some(TcpListener {
+                bound: "127.0.0.1:30000".parse().unwrap(),
+                inode: 4242
+            })
         );
         assert_eq!(listener_of(&message[..40]), None);
         message[1] = 1; // established

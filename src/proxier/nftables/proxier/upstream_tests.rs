@@ -4,8 +4,8 @@
 //! objects go through the daemon's flag parser and its conversion of API objects into one
 //! proxier of ours (against the stateful fake), and after each sync the whole table is compared
 //! with upstream's dump as upstream compares (sorted), outside the constructs our layout
-//! replaces (docs/nftables.md: a service without session affinity DNATs through a map,
-//! without endpoint chains; hairpin connections in a set of their own) and without the digest
+//! replaces (docs/nftables.md: a service without session affinity DNATs through a slot of a
+//! shared endpoint map) and without the digest
 //! comments our service chains carry and the chain of the table's digests. Upstream deletes a stale chain only once it has aged;
 //! ours a second after flushing it: a step upstream ages is synced here with no delay, the
 //! others with one long enough never to pass.

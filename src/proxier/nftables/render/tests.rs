@@ -360,9 +360,6 @@ fn element_comments_are_cut_to_what_nft_accepts() {
     }
 }
 
-/// Upstream 1.37's TestLocalhostNodePortReject, TestLocalhostNodePortRejectAll and
-/// TestLocalhostNodePortProxy: the gate on, nodePortAddresses as each sets it, the lines each
-/// requires in the table (verbatim), and the TCP lines each forbids while the proxy serves TCP.
 /// One of upstream's localhost NodePort tests: its nodePortAddresses, its services, the lines
 /// it requires, and whether the proxy serves TCP (no TCP reject then).
 struct LocalhostCase {
@@ -373,6 +370,9 @@ struct LocalhostCase {
     tcp_served: bool,
 }
 
+/// Upstream 1.37's TestLocalhostNodePortReject, TestLocalhostNodePortRejectAll and
+/// TestLocalhostNodePortProxy: the gate on, nodePortAddresses as each sets it, the lines each
+/// requires in the table (verbatim), and the TCP lines each forbids while the proxy serves TCP.
 #[test]
 fn upstreams_localhost_node_port_cases() {
     let tcp = svc_port(

@@ -341,10 +341,6 @@ fn a_full_sync_from_memory_knows_which_endpoint_maps_the_table_declares() {
     assert_table(&mut p, &state);
 }
 
-/// A node moved from upstream 1.35's table (its `mark-for-masquerade` chain, which its service,
-/// external and endpoint chains jump to): the first sync takes the table over, writes 1.36's
-/// layout and deletes the chain nothing jumps to any more, in transactions the kernel accepts
-/// (the fake refuses to delete a chain a rule still jumps to).
 /// A kernel holding upstream's expected table `golden` (tests/golden/nftables/), applied
 /// declarations first (the text is sorted by object).
 fn upstream_table(golden: &str) -> FakeNftables {
@@ -362,8 +358,12 @@ fn upstream_table(golden: &str) -> FakeNftables {
     kernel
 }
 
+/// A node moved from upstream 1.35's table (its `mark-for-masquerade` chain, which its service,
+/// external and endpoint chains jump to): the first sync takes the table over, writes the
+/// current layout and deletes the chain nothing jumps to any more, in transactions the kernel
+/// accepts (the fake refuses to delete a chain a rule still jumps to).
 #[test]
-fn a_restart_on_upstreams_1_35_table_moves_it_to_1_36s_layout() {
+fn a_restart_on_upstreams_1_35_table_moves_it_to_the_current_layout() {
     let state = state();
     let kernel = upstream_table("overall-1.35");
     assert!(
@@ -411,6 +411,17 @@ fn a_restart_on_upstreams_1_37_table_takes_it_over() {
         let mut p = restarted_on(&kernel);
         p.settings.localhost_gate = gate;
         p.sync(&state, &ChangeSummary::default()).unwrap();
+        if gate {
+            // Never deleted (declaring one again changes nothing): the counters' packets go
+            // on counting.
+            let written = p.nft.transactions.join("\n");
+            assert!(
+                !written.contains("delete counter ip kube-proxy localhost-nodeport-rejected-")
+                    && !written
+                        .contains("delete map ip kube-proxy localhost-nodeport-reject-ports"),
+                "{written}"
+            );
+        }
         p.sync(&state, &ChangeSummary::default()).unwrap();
         assert_table(&mut p, &state);
         let counters = p.nft.table(V4, TABLE).unwrap().counters.len();
