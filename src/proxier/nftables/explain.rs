@@ -9,8 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use super::render::{
-    CLUSTER_IPS, FIREWALL_IPS, LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
-    NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, TABLE, localhost_rejected_counter,
+    CLUSTER_IPS, FIREWALL_IPS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, TABLE,
 };
 use crate::model::IpFamily;
 use crate::model::address::octets;
@@ -24,7 +23,7 @@ use crate::sys::nf_tables::elements::{
 };
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::family_keyword;
-use crate::sys::nf_tables::read::{chain_rules, counters, table_exists};
+use crate::sys::nf_tables::read::{chain_rules, table_exists};
 use crate::sys::nf_tables::wire::NFT_GOTO;
 use crate::sys::nf_tables::write::KeyType;
 
@@ -34,6 +33,7 @@ const MAX_CHAINS: usize = 6;
 
 mod evaluate;
 mod hairpin;
+mod node_ports;
 mod rules;
 
 use evaluate::{Context, evaluate};
@@ -192,78 +192,6 @@ impl Reader<'_> {
             });
         }
         self.node_port()
-    }
-
-    /// A NodePort, when the destination is an address NodePorts are served on.
-    fn node_port(&mut self) -> Result<Outcome, ExplainError> {
-        let destination = self.flow.destination.ip();
-        let listed = self
-            .element(NODEPORT_IPS, &[self.address_type()], &octets(destination))?
-            .is_some();
-        let local = self.session.local.contains(&destination);
-        if destination.is_loopback() && !listed {
-            return self.localhost_node_port();
-        }
-        if !(listed || local) {
-            return Ok(Outcome::Untouched {
-                reason: format!(
-                    "{destination} is no ClusterIP, external or load-balancer IP of a Service, and no NodePort address of this node"
-                ),
-            });
-        }
-        let key = self.protocol_and_port();
-        let layout = [KeyType::Protocol, KeyType::Port];
-        if let Some(rest) = self.element(SERVICE_NODEPORTS, &layout, &key)? {
-            self.step(format!(
-                "@{SERVICE_NODEPORTS}: {}{rest}",
-                self.node_port_text()
-            ));
-            return self.follow_verdict(&rest);
-        }
-        if let Some(rest) = self.element(NO_ENDPOINT_NODEPORTS, &layout, &key)? {
-            self.step(format!(
-                "@{NO_ENDPOINT_NODEPORTS}: {}{rest}",
-                self.node_port_text()
-            ));
-            return Ok(self.refusal(&rest));
-        }
-        Ok(Outcome::Untouched {
-            reason: format!("no Service has NodePort {}", self.node_port_text()),
-        })
-    }
-
-    /// A loopback NodePort: never DNATed in nftables mode; with the localhost NodePorts gate on,
-    /// the ones the userspace proxy does not serve are rejected and counted.
-    fn localhost_node_port(&mut self) -> Result<Outcome, ExplainError> {
-        let key = self.protocol_and_port();
-        let layout = [KeyType::Protocol, KeyType::Port];
-        let destination = self.flow.destination.ip();
-        let Some(rest) = self.element(LOCALHOST_REJECT_PORTS, &layout, &key)? else {
-            return Ok(Outcome::Untouched {
-                reason: format!(
-                    "nftables mode programs no NodePort on {destination} (a loopback address)"
-                ),
-            });
-        };
-        self.step(format!(
-            "@{LOCALHOST_REJECT_PORTS}: {}{rest}",
-            self.node_port_text()
-        ));
-        let counter = localhost_rejected_counter(self.flow.protocol);
-        let counted = counters(self.family, TABLE).map_err(read_error("the named counters"))?;
-        self.explanation
-            .reads
-            .push("the named counters of our table".into());
-        let so_far = match counted.get(counter) {
-            Some(packets) => format!("{packets} packets so far"),
-            None => "which is missing".into(),
-        };
-        Ok(Outcome::Reject {
-            reason: format!(
-                "the localhost NodePort proxy does not serve {} on {destination}; counted by counter {counter} ({so_far})",
-                self.flow.protocol
-            ),
-        })
     }
 
     /// The rules of `services` that mark traffic to any ClusterIP for masquerading, before the

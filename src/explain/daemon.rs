@@ -1,0 +1,190 @@
+//! What `explain` asks the running daemon: its debug endpoint on the metrics address, for what
+//! it wants for the Service a flow is bound for, the Service port of a destination whose kernel
+//! objects carry no names, and where its localhost NodePort proxy relays a connection.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::model::Protocol;
+use crate::proxier::explanation::{
+    Candidate, Explanation, NamedDestination, NamedRelay, Outcome, Wanted, policy_name,
+};
+use crate::servers::debug::{DESTINATIONS_PATH, RELAYS_PATH, SERVICES_PATH};
+
+/// What the daemon wants for the Service the kernel's answer names (or, where the kernel keeps
+/// no names, the one the daemon names), to compare with; `None` when nothing is compared.
+pub(super) fn daemon_wants(
+    metrics: &str,
+    explanation: &mut Explanation,
+) -> Option<Result<Wanted, String>> {
+    let loopback_tcp = explanation.flow.destination.ip().is_loopback()
+        && explanation.flow.protocol == Protocol::Tcp;
+    match (&explanation.outcome, explanation.service.clone()) {
+        (Outcome::Relayed { .. }, None) => relayed_by_daemon(metrics, explanation),
+        (_, Some(service)) => {
+            let name = service
+                .rsplit_once(':')
+                .map_or(service.as_str(), |(name, _)| name);
+            Some(
+                ask_daemon(metrics, &format!("{SERVICES_PATH}{name}")).and_then(|body| {
+                    serde_json::from_str::<Wanted>(&body)
+                        .map_err(|err| format!("the daemon's answer: {err}"))
+                }),
+            )
+        }
+        (Outcome::Untouched { .. }, None) if loopback_tcp => {
+            unrelayed_by_daemon(metrics, explanation)
+        }
+        (Outcome::Untouched { .. }, None) => None,
+        (_, None) => Some(named_by_daemon(metrics, explanation)),
+    }
+}
+
+/// Where the localhost NodePort proxy relays a flow a listener on a loopback address takes, as
+/// the daemon holds its listeners, and what the daemon wants for that Service. A listener the
+/// daemon does not hold is another program's: nothing of kube-proxy's takes the flow; one the
+/// daemon cannot be asked about is not said to relay.
+fn relayed_by_daemon(
+    metrics: &str,
+    explanation: &mut Explanation,
+) -> Option<Result<Wanted, String>> {
+    let destination = explanation.flow.destination;
+    let path = format!("{RELAYS_PATH}{}/{}", destination.ip(), destination.port());
+    let asked = ask_daemon_if_known(metrics, &path).and_then(|answer| {
+        answer
+            .map(|body| {
+                serde_json::from_str::<NamedRelay>(&body)
+                    .map_err(|err| format!("the daemon's answer: {err}"))
+            })
+            .transpose()
+    });
+    let named = match asked {
+        Ok(Some(named)) => named,
+        Ok(None) => {
+            explanation.outcome = Outcome::Untouched {
+                reason: format!(
+                    "no rule of ours; a program listening on {destination} takes it, not the localhost NodePort proxy (its daemon has no listener there)"
+                ),
+            };
+            return unrelayed_by_daemon(metrics, explanation);
+        }
+        Err(why) => {
+            explanation.outcome = Outcome::Untouched {
+                reason: format!(
+                    "no rule of ours; a TCP listener on {destination} takes it (whether it is the localhost NodePort proxy's, only its daemon can say)"
+                ),
+            };
+            return Some(Err(why));
+        }
+    };
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(policy_name(named.policy == "Local"));
+    explanation.steps.push(format!(
+        "the localhost NodePort proxy listens there (traffic policy {})",
+        named.policy
+    ));
+    let share = 1.0 / named.endpoints.len().max(1) as f64;
+    if let Outcome::Relayed { candidates, .. } = &mut explanation.outcome {
+        *candidates = named
+            .endpoints
+            .iter()
+            .map(|&endpoint| Candidate {
+                endpoint,
+                probability: share,
+            })
+            .collect();
+    }
+    Some(Ok(named.wanted))
+}
+
+/// A TCP flow to a loopback address that nothing of ours takes: compared only where the daemon
+/// names it as a NodePort its localhost proxy should relay (its listener is missing: the port
+/// is another program's, or the proxy could not listen).
+fn unrelayed_by_daemon(
+    metrics: &str,
+    explanation: &mut Explanation,
+) -> Option<Result<Wanted, String>> {
+    let destination = explanation.flow.destination;
+    let path = format!(
+        "{DESTINATIONS_PATH}tcp/{}/{}/node",
+        destination.ip(),
+        destination.port()
+    );
+    let body = ask_daemon_if_known(metrics, &path).ok()??;
+    let named: NamedDestination = serde_json::from_str(&body).ok()?;
+    let family = if destination.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    };
+    let relayed = named.wanted.ports.iter().any(|p| {
+        p.localhost_proxy && p.family == family && p.node_port == Some(destination.port())
+    });
+    if !relayed {
+        return None;
+    }
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(policy_name(named.policy == "Local"));
+    Some(Ok(named.wanted))
+}
+
+/// Names the Service port and policy of a flow whose kernel objects carry no names (IPVS'
+/// virtual servers) by asking the daemon, and returns what it wants for that Service.
+fn named_by_daemon(metrics: &str, explanation: &mut Explanation) -> Result<Wanted, String> {
+    let destination = explanation.flow.destination;
+    let node =
+        crate::sys::host::net::LocalAddresses::addresses(&crate::sys::host::net::SystemAddresses)
+            .contains(&destination.ip());
+    let path = format!(
+        "{DESTINATIONS_PATH}{}/{}/{}{}",
+        explanation.flow.protocol.lower(),
+        destination.ip(),
+        destination.port(),
+        if node { "/node" } else { "" }
+    );
+    let body = ask_daemon(metrics, &path).map_err(|why| {
+        format!("the kernel keeps no Service name for it; asking the daemon: {why}")
+    })?;
+    let named: NamedDestination =
+        serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
+    explanation.service = Some(named.service_port);
+    explanation.policy = Some(policy_name(named.policy == "Local"));
+    Ok(named.wanted)
+}
+
+/// The daemon's debug answer at `path`: one GET on the metrics address (on loopback when it is
+/// every interface's).
+pub(super) fn ask_daemon(metrics: &str, path: &str) -> Result<String, String> {
+    ask_daemon_if_known(metrics, path)?.ok_or_else(|| format!("the daemon knows nothing at {path}"))
+}
+
+/// As [`ask_daemon`]; `None` when the daemon answers that it knows nothing there (404).
+fn ask_daemon_if_known(metrics: &str, path: &str) -> Result<Option<String>, String> {
+    let mut address: SocketAddr = metrics
+        .parse()
+        .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let unanswered = |err: std::io::Error| format!("the daemon did not answer at {address}: {err}");
+    let limit = Duration::from_secs(5);
+    let mut stream = TcpStream::connect_timeout(&address, limit).map_err(unanswered)?;
+    stream.set_read_timeout(Some(limit)).map_err(unanswered)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").map_err(unanswered)?;
+    let mut response = String::new();
+    stream
+        .take(1 << 28)
+        .read_to_string(&mut response)
+        .map_err(unanswered)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default();
+    match status.split_whitespace().nth(1) {
+        Some("200") => Ok(Some(body.to_string())),
+        Some("404") => Ok(None),
+        _ => Err(format!("the daemon answered {status:?} at {path}")),
+    }
+}

@@ -1,0 +1,87 @@
+//! NodePorts: a destination NodePorts are served on, looked up in `@service-nodeports` and
+//! `@no-endpoint-nodeports`; a loopback one, which nftables mode never DNATs, in the localhost
+//! NodePorts reject map.
+
+use super::Reader;
+use crate::model::address::octets;
+use crate::proxier::explanation::{ExplainError, Outcome, read_error};
+use crate::proxier::nftables::render::{
+    LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS, NODEPORT_IPS, SERVICE_NODEPORTS, TABLE,
+    localhost_rejected_counter,
+};
+use crate::sys::nf_tables::read::counters;
+use crate::sys::nf_tables::write::KeyType;
+
+impl Reader<'_> {
+    /// A NodePort, when the destination is an address NodePorts are served on.
+    pub(super) fn node_port(&mut self) -> Result<Outcome, ExplainError> {
+        let destination = self.flow.destination.ip();
+        let listed = self
+            .element(NODEPORT_IPS, &[self.address_type()], &octets(destination))?
+            .is_some();
+        let local = self.session.local.contains(&destination);
+        if destination.is_loopback() && !listed {
+            return self.localhost_node_port();
+        }
+        if !(listed || local) {
+            return Ok(Outcome::Untouched {
+                reason: format!(
+                    "{destination} is no ClusterIP, external or load-balancer IP of a Service, and no NodePort address of this node"
+                ),
+            });
+        }
+        let key = self.protocol_and_port();
+        let layout = [KeyType::Protocol, KeyType::Port];
+        if let Some(rest) = self.element(SERVICE_NODEPORTS, &layout, &key)? {
+            self.step(format!(
+                "@{SERVICE_NODEPORTS}: {}{rest}",
+                self.node_port_text()
+            ));
+            return self.follow_verdict(&rest);
+        }
+        if let Some(rest) = self.element(NO_ENDPOINT_NODEPORTS, &layout, &key)? {
+            self.step(format!(
+                "@{NO_ENDPOINT_NODEPORTS}: {}{rest}",
+                self.node_port_text()
+            ));
+            return Ok(self.refusal(&rest));
+        }
+        Ok(Outcome::Untouched {
+            reason: format!("no Service has NodePort {}", self.node_port_text()),
+        })
+    }
+
+    /// A loopback NodePort: never DNATed in nftables mode; with the localhost NodePorts gate on,
+    /// the ones the userspace proxy does not serve are rejected and counted.
+    fn localhost_node_port(&mut self) -> Result<Outcome, ExplainError> {
+        let key = self.protocol_and_port();
+        let layout = [KeyType::Protocol, KeyType::Port];
+        let destination = self.flow.destination.ip();
+        let Some(rest) = self.element(LOCALHOST_REJECT_PORTS, &layout, &key)? else {
+            return Ok(Outcome::Untouched {
+                reason: format!(
+                    "nftables mode programs no NodePort on {destination} (a loopback address)"
+                ),
+            });
+        };
+        self.step(format!(
+            "@{LOCALHOST_REJECT_PORTS}: {}{rest}",
+            self.node_port_text()
+        ));
+        let counter = localhost_rejected_counter(self.flow.protocol);
+        let counted = counters(self.family, TABLE).map_err(read_error("the named counters"))?;
+        self.explanation
+            .reads
+            .push("the named counters of our table".into());
+        let so_far = match counted.get(counter) {
+            Some(packets) => format!("{packets} packets so far"),
+            None => "which is missing".into(),
+        };
+        Ok(Outcome::Reject {
+            reason: format!(
+                "the localhost NodePort proxy does not serve {} on {destination}; counted by counter {counter} ({so_far})",
+                self.flow.protocol
+            ),
+        })
+    }
+}
