@@ -15,8 +15,7 @@
 //! `--only-daemon` / `--no-daemon` pick a part; `--svg PATH` says where the chart goes
 //! (`target/benchmarks/nftables.svg` by default); `--no-one-transaction` skips the
 //! one-transaction baselines: our table as one `nft -f`, and the same services in upstream
-//! 1.35's shape (an anonymous vmap per service, endpoint chains) as one `nft -f`, as upstream
-//! writes its table (minutes at 10,000 services).
+//! 1.37's shape (an anonymous map per service) as one `nft -f`, as upstream writes its table.
 //! Under `cargo test` it runs once at 50 services as a smoke test.
 
 #[path = "../tests/support/chart.rs"]
@@ -76,10 +75,11 @@ fn bare_nft(ns: &Netns, text: &str) -> Duration {
     started.elapsed()
 }
 
-/// Our first sync's text reshaped as upstream 1.35 writes a service (its layout without the
-/// constructs ours replaces): each policy chain picks an endpoint chain with `numgen random mod
-/// N vmap { ... }` (an anonymous map per service), and each endpoint chain marks hairpin
-/// traffic and DNATs. The endpoints are read off our slots' shares; the endpoint maps go.
+/// Our first sync's text reshaped as upstream 1.37 writes a service (its layout without the
+/// construct ours replaces): each policy chain DNATs through an anonymous map of its own,
+/// `dnat ip addr . port to numgen random mod N map { 0 : 10.1.0.1 . 8080 , ... }` (one
+/// endpoint: `dnat ip addr . port to 10.1.0.1 . 8080`). The endpoints are read off our slots'
+/// shares; the shared endpoint maps go.
 fn upstream_shaped(ours: &str) -> String {
     use std::collections::BTreeMap;
     use std::fmt::Write as _;
@@ -108,7 +108,6 @@ fn upstream_shaped(ours: &str) -> String {
         }
     }
     let mut out = String::new();
-    let mut chains = 0;
     for line in ours.lines() {
         let words: Vec<&str> = line.split(' ').collect();
         if line.contains(" endpoints-") && !line.starts_with("add rule ") {
@@ -116,43 +115,33 @@ fn upstream_shaped(ours: &str) -> String {
         }
         let Some(at) = words.iter().position(|w| *w == "offset") else {
             let _ = writeln!(out, "{line}");
-            if let ["add", "table", family, ..] = words[..] {
-                // 1.35's chain the endpoint chains jump to (1.36 marks in place).
-                let _ = writeln!(out, "add chain {family} kube-proxy mark-for-masquerade");
-                let _ = writeln!(
-                    out,
-                    "add rule {family} kube-proxy mark-for-masquerade mark set mark or 0x4000"
-                );
-            }
             continue;
         };
         let (family, chain) = (words[2], words[4]);
         let first: u64 = words[at + 1].parse().unwrap();
         let map = words[at + 3].trim_start_matches('@');
-        let suffix = chain.splitn(3, '-').nth(2).unwrap_or(chain);
-        let mut targets = Vec::new();
-        for (index, (_, (ip, port))) in shares
+        let endpoints: Vec<String> = shares
             .range((map, first)..(map, first + 16_384))
-            .enumerate()
-        {
-            chains += 1;
-            let endpoint = format!("endpoint-{chains:08}-{suffix}__{ip}/{port}");
-            let _ = writeln!(out, "add chain {family} kube-proxy {endpoint}");
-            let _ = writeln!(
-                out,
-                "add rule {family} kube-proxy {endpoint} ip saddr {ip} jump mark-for-masquerade"
-            );
-            let _ = writeln!(
-                out,
-                "add rule {family} kube-proxy {endpoint} meta l4proto tcp dnat to {ip}:{port}"
-            );
-            targets.push(format!("{index} : goto {endpoint}"));
-        }
+            .map(|(_, (ip, port))| format!("{ip} . {port}"))
+            .collect();
+        let target = match &endpoints[..] {
+            [one] => one.clone(),
+            all => {
+                let elements: Vec<String> = all
+                    .iter()
+                    .enumerate()
+                    .map(|(index, endpoint)| format!("{index} : {endpoint}"))
+                    .collect();
+                format!(
+                    "numgen random mod {} map {{ {} }}",
+                    all.len(),
+                    elements.join(" , ")
+                )
+            }
+        };
         let _ = writeln!(
             out,
-            "add rule {family} kube-proxy {chain} numgen random mod {} vmap {{ {} }}",
-            targets.len(),
-            targets.join(" , ")
+            "add rule {family} kube-proxy {chain} meta l4proto tcp dnat ip addr . port to {target}"
         );
     }
     out
@@ -193,7 +182,7 @@ fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
         .map(|(_, text)| bare_nft(&ours_ns, text))
         .sum();
     // The same table as one transaction, as upstream writes it; and the same services in
-    // upstream 1.35's shape, as one transaction.
+    // upstream 1.37's shape, as one transaction.
     let (bare_full, bare_upstream) = if one_transaction {
         (
             bare_nft(&Netns::new("nftbare"), &full_text),
@@ -318,7 +307,7 @@ fn run(count: usize, one_transaction: bool, chart: &mut Chart) {
     );
     if bare_full > Duration::ZERO {
         println!(
-            "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x) vs bare nft -f of upstream 1.35's shape of the same services, one transaction, {} ({:.2}x)",
+            "nftables {count} services x 10 endpoints: first sync {} vs bare nft -f of one transaction {} ({:.2}x) vs bare nft -f of upstream 1.37's shape of the same services, one transaction, {} ({:.2}x)",
             secs(full),
             secs(bare_full),
             ratio(full, bare_full),
