@@ -118,8 +118,18 @@ pub fn dual_stack_load_balancer(cluster: &Cluster) {
 /// IPv6 to web's ClusterIP (see [`dual_stack_load_balancer`]): explain names the two pods, and
 /// `n` connections from the node spread as it says.
 pub async fn assert_ipv6_spread(cluster: &Cluster, n: usize) {
-    // The pods' IPv6 side answers a moment after the daemon's first sync.
-    let reachable = || tcp_request(&cluster.node, addr("[fd00:10:96::10]:80")).is_ok();
+    // The pods' IPv6 side answers a moment after the daemon's first sync: each pod directly
+    // (its neighbour entry resolved), then the ClusterIP.
+    let pods: Vec<String> = ["pod-a1", "pod-b2"]
+        .iter()
+        .filter_map(|name| PODS.iter().find(|(pod, _, _)| pod == name))
+        .map(|(_, ip, _)| format!("[{}]:8080", pod_ip6(ip)))
+        .collect();
+    let reachable = || {
+        pods.iter()
+            .all(|pod| tcp_request(&cluster.node, addr(pod)).is_ok())
+            && tcp_request(&cluster.node, addr("[fd00:10:96::10]:80")).is_ok()
+    };
     assert!(eventually(WAIT, reachable).await, "IPv6 reachable");
     let v6 = explain(cluster, "[fd00:10:96::10]:80/tcp");
     assert_eq!(v6["service"], "default/web:http", "{v6:#}");
