@@ -144,4 +144,82 @@ mod tests {
         let policy = PortPolicy::new(&port, &endpoints, NODE);
         assert!(policy.uses_firewall && policy.has_internal && policy.has_external);
     }
+
+    /// Upstream 1.37's TestNoEndpointsMetric, case by case: the internal and external traffic
+    /// policies, the endpoints' nodes (this one is `node-a`), and whether internal and external
+    /// traffic count as having no local endpoints.
+    #[test]
+    fn upstreams_no_local_endpoints_cases() {
+        let local = ["node-a", "node1", "node2"];
+        let remote = ["node0", "node1", "node2"];
+        // (name, internal Local, external Local, the endpoints' nodes, counted as
+        // (internal, external)).
+        type Case<'a> = (&'a str, bool, bool, &'a [&'a str], (bool, bool));
+        let cases: [Case; 7] = [
+            (
+                "internalTrafficPolicy is set and there are local endpoints",
+                true,
+                false,
+                &local,
+                (false, false),
+            ),
+            (
+                "externalTrafficPolicy is set and there are local endpoints",
+                false,
+                true,
+                &local,
+                (false, false),
+            ),
+            (
+                "both policies are set and there are local endpoints",
+                true,
+                true,
+                &local,
+                (false, false),
+            ),
+            (
+                "internalTrafficPolicy is set and there are no local endpoints",
+                true,
+                false,
+                &remote,
+                (true, false),
+            ),
+            (
+                "externalTrafficPolicy is set and there are no local endpoints",
+                false,
+                true,
+                &remote,
+                (false, true),
+            ),
+            (
+                "both policies are set and there are no local endpoints",
+                true,
+                true,
+                &remote,
+                (true, true),
+            ),
+            (
+                "both policies are set and there are no endpoints at all",
+                true,
+                true,
+                &[],
+                (false, false),
+            ),
+        ];
+        for (name, internal_local, external_local, nodes, expected) in cases {
+            let mut port = service_port("ns1", "svc1", "");
+            port.internal_policy_local = internal_local;
+            if external_local {
+                port.node_port = Some(123);
+                port.external_policy_local = true;
+            }
+            let endpoints: Vec<Endpoint> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| endpoint(&format!("10.0.1.{}", i + 1), node))
+                .collect();
+            let policy = PortPolicy::new(&port, &endpoints, NODE);
+            assert_eq!(policy.no_local_endpoints(), expected, "{name}");
+        }
+    }
 }
