@@ -10,7 +10,7 @@ use crate::config::{
     KUBERNETES_VERSION, KubeProxyConfiguration, ProxyMode, Settings, feature_gates,
 };
 use crate::k8s::{self, ClientError, NodeEvent, Synced, WatchSink};
-use crate::model::{ChangeTracker, IpFamily, ProxyState};
+use crate::model::{ChangeTracker, ProxyState};
 use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
@@ -128,7 +128,7 @@ pub async fn run(
     let connections = connection_table(open_files, &metrics, !proxy_families.is_empty());
     let tracker = Arc::new(Mutex::new(change_tracker(config)));
     let state = Arc::new(RwLock::new(ProxyState::default()));
-    let relays = Relays::new(proxy_families.clone());
+    let relays = Relays::new(proxy_families);
     let debug = Arc::new(DebugView::new(
         state.clone(),
         tracker.clone(),
@@ -202,7 +202,7 @@ pub async fn run(
         events.post(NodeEvent::Starting);
     }
 
-    let localhost_node_ports = localhost_node_ports(proxy_families, relays, open_files, &metrics);
+    let localhost_node_ports = localhost_node_ports(relays, open_files, &metrics);
     let sync_loop = SyncLoop {
         tracker,
         state,
@@ -487,11 +487,11 @@ fn change_tracker(config: &KubeProxyConfiguration) -> ChangeTracker {
 /// The localhost NodePort proxy, when it serves a family. Its connections count apart from the
 /// HTTP servers', in the other half of the files left for connections.
 fn localhost_node_ports(
-    families: Vec<IpFamily>,
     relays: Relays,
     open_files: Option<u64>,
     metrics: &Metrics,
 ) -> Option<LocalhostNodePorts> {
+    let families = relays.families();
     if families.is_empty() {
         return None;
     }
@@ -500,12 +500,7 @@ fn localhost_node_ports(
     let limit = open_files.unwrap_or(ASSUMED_OPEN_FILES);
     let capacity = relay_capacity(capacity_for_open_files(limit));
     let table = ConnectionTable::new(capacity, connection_metrics);
-    Some(LocalhostNodePorts::new(
-        families,
-        table,
-        listener_metrics,
-        relays,
-    ))
+    Some(LocalhostNodePorts::new(table, listener_metrics, relays))
 }
 
 /// How often a server that could not listen tries again (upstream's too).

@@ -6,9 +6,9 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::model::Protocol;
+use crate::model::{IpFamily, Protocol};
 use crate::proxier::explanation::{
-    Candidate, Explanation, NamedDestination, NamedRelay, Outcome, Wanted, policy_name,
+    Candidate, Explanation, Flow, NamedDestination, NamedRelay, Outcome, Wanted, policy_name,
 };
 use crate::servers::debug::{DESTINATIONS_PATH, RELAYS_PATH, SERVICES_PATH};
 
@@ -51,15 +51,7 @@ fn relayed_by_daemon(
 ) -> Option<Result<Wanted, String>> {
     let destination = explanation.flow.destination;
     let path = format!("{RELAYS_PATH}{}/{}", destination.ip(), destination.port());
-    let asked = ask_daemon_if_known(metrics, &path).and_then(|answer| {
-        answer
-            .map(|body| {
-                serde_json::from_str::<NamedRelay>(&body)
-                    .map_err(|err| format!("the daemon's answer: {err}"))
-            })
-            .transpose()
-    });
-    let named = match asked {
+    let named = match ask_decoded::<NamedRelay>(metrics, &path) {
         Ok(Some(named)) => named,
         Ok(None) => {
             explanation.outcome = Outcome::Untouched {
@@ -78,8 +70,7 @@ fn relayed_by_daemon(
             return Some(Err(why));
         }
     };
-    explanation.service = Some(named.service_port);
-    explanation.policy = Some(policy_name(named.policy == "Local"));
+    name_port(explanation, named.service_port, &named.policy);
     explanation.steps.push(format!(
         "the localhost NodePort proxy listens there (traffic policy {})",
         named.policy
@@ -106,26 +97,16 @@ fn unrelayed_by_daemon(
     explanation: &mut Explanation,
 ) -> Option<Result<Wanted, String>> {
     let destination = explanation.flow.destination;
-    let path = format!(
-        "{DESTINATIONS_PATH}tcp/{}/{}/node",
-        destination.ip(),
-        destination.port()
-    );
-    let body = ask_daemon_if_known(metrics, &path).ok()??;
-    let named: NamedDestination = serde_json::from_str(&body).ok()?;
-    let family = if destination.is_ipv4() {
-        "IPv4"
-    } else {
-        "IPv6"
-    };
+    let path = destination_path(&explanation.flow, true);
+    let named: NamedDestination = ask_decoded(metrics, &path).ok()??;
+    let family = IpFamily::of(&destination.ip()).name();
     let relayed = named.wanted.ports.iter().any(|p| {
         p.localhost_proxy && p.family == family && p.node_port == Some(destination.port())
     });
     if !relayed {
         return None;
     }
-    explanation.service = Some(named.service_port);
-    explanation.policy = Some(policy_name(named.policy == "Local"));
+    name_port(explanation, named.service_port, &named.policy);
     Some(Ok(named.wanted))
 }
 
@@ -136,21 +117,44 @@ fn named_by_daemon(metrics: &str, explanation: &mut Explanation) -> Result<Wante
     let node =
         crate::sys::host::net::LocalAddresses::addresses(&crate::sys::host::net::SystemAddresses)
             .contains(&destination.ip());
-    let path = format!(
-        "{DESTINATIONS_PATH}{}/{}/{}{}",
-        explanation.flow.protocol.lower(),
-        destination.ip(),
-        destination.port(),
-        if node { "/node" } else { "" }
-    );
+    let path = destination_path(&explanation.flow, node);
     let body = ask_daemon(metrics, &path).map_err(|why| {
         format!("the kernel keeps no Service name for it; asking the daemon: {why}")
     })?;
     let named: NamedDestination =
         serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))?;
-    explanation.service = Some(named.service_port);
-    explanation.policy = Some(policy_name(named.policy == "Local"));
+    name_port(explanation, named.service_port, &named.policy);
     Ok(named.wanted)
+}
+
+/// The service port and the traffic policy the daemon names for the flow.
+fn name_port(explanation: &mut Explanation, service_port: String, policy: &str) {
+    explanation.service = Some(service_port);
+    explanation.policy = Some(policy_name(policy == "Local"));
+}
+
+/// The daemon's debug path naming the service port of `flow`'s destination (`node`: the
+/// address is one NodePorts answer on).
+fn destination_path(flow: &Flow, node: bool) -> String {
+    format!(
+        "{DESTINATIONS_PATH}{}/{}/{}{}",
+        flow.protocol.lower(),
+        flow.destination.ip(),
+        flow.destination.port(),
+        if node { "/node" } else { "" }
+    )
+}
+
+/// The daemon's answer at `path`, decoded; `None` when it knows nothing there.
+fn ask_decoded<T: serde::de::DeserializeOwned>(
+    metrics: &str,
+    path: &str,
+) -> Result<Option<T>, String> {
+    ask_daemon_if_known(metrics, path)?
+        .map(|body| {
+            serde_json::from_str(&body).map_err(|err| format!("the daemon's answer: {err}"))
+        })
+        .transpose()
 }
 
 /// The daemon's debug answer at `path`: one GET on the metrics address (on loopback when it is

@@ -105,6 +105,7 @@ impl DebugView {
         let Ok(flow) = Flow::parse(&format!("{}/{protocol}", join(address, port)), None) else {
             return Reply::not_found();
         };
+        let proxied = self.relays.families();
         let tracker = lock(&self.tracker);
         let state = read(&self.state);
         // Only the Services with a port of that number are looked at closely.
@@ -118,7 +119,9 @@ impl DebugView {
                             || p.node_port == Some(flow.destination.port()))
                 })
             })
-            .filter_map(|(service, _)| self.wanted_of(service, &tracker, &state))
+            .filter_map(|(service, _)| {
+                wanted_of(service, &tracker, &state, &self.node_name, &proxied)
+            })
             .find_map(|wanted| {
                 let (service_port, policy) =
                     port_of_flow(std::slice::from_ref(&wanted), &flow, node)?;
@@ -174,35 +177,22 @@ impl DebugView {
     }
 
     fn one(&self, service: &NamespacedName) -> Option<Wanted> {
+        let proxied = self.relays.families();
         let tracker = lock(&self.tracker);
         let state = read(&self.state);
-        self.wanted_of(service, &tracker, &state)
+        wanted_of(service, &tracker, &state, &self.node_name, &proxied)
     }
 
     /// Every Service the daemon has synced.
     fn all(&self) -> Vec<Wanted> {
+        let proxied = self.relays.families();
         let tracker = lock(&self.tracker);
         let state = read(&self.state);
         state
             .services
             .keys()
-            .filter_map(|service| self.wanted_of(service, &tracker, &state))
+            .filter_map(|service| wanted_of(service, &tracker, &state, &self.node_name, &proxied))
             .collect()
-    }
-
-    fn wanted_of(
-        &self,
-        service: &NamespacedName,
-        tracker: &ChangeTracker,
-        state: &ProxyState,
-    ) -> Option<Wanted> {
-        wanted_of(
-            service,
-            tracker,
-            state,
-            &self.node_name,
-            &self.relays.families(),
-        )
     }
 }
 
@@ -264,10 +254,7 @@ fn wanted_of(
             wanted_ports.push(WantedPort {
                 name: port.name.port.clone(),
                 protocol: port.name.protocol.lower().into(),
-                family: match family {
-                    IpFamily::V4 => "IPv4".into(),
-                    IpFamily::V6 => "IPv6".into(),
-                },
+                family: family.name().into(),
                 cluster_ip: port.cluster_ips.first().copied(),
                 port: port.port,
                 cluster: addresses(&selected.cluster),

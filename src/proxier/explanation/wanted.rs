@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 use super::{Explanation, Flow, Outcome};
-use crate::model::Protocol;
+use crate::model::{IpFamily, Protocol};
 
 /// What the daemon wants programmed for one Service, as its debug endpoint answers
 /// (`/debug/kube-proxy-rs/services/<namespace>/<name>` on the metrics address).
@@ -155,11 +155,7 @@ pub fn cluster_ip_flows(wanted: &[Wanted]) -> Vec<(&Wanted, &WantedPort, Flow)> 
 /// port and the policy whose endpoints it is sent to.
 pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     let local = explanation.policy == Some("Local");
-    let family = if explanation.flow.destination.is_ipv4() {
-        "IPv4"
-    } else {
-        "IPv6"
-    };
+    let family = IpFamily::of(&explanation.flow.destination.ip()).name();
     let protocol = explanation.flow.protocol.lower();
     // The port the kernel's chain names, else the one whose ClusterIP and port it is.
     let named = explanation

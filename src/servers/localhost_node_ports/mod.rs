@@ -65,7 +65,7 @@ pub struct ListenerMetrics {
 
 /// The families the proxy serves and each listener's balancer by the address it listens on,
 /// shared with the debug endpoint (`explain` asks where a localhost NodePort's connections go).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Relays {
     listeners: Arc<RwLock<BTreeMap<SocketAddr, Arc<Mutex<Balancer>>>>>,
     families: Arc<RwLock<Vec<IpFamily>>>,
@@ -122,7 +122,6 @@ struct Listener {
 
 /// The listeners, opened and closed as NodePorts come and go.
 pub struct LocalhostNodePorts {
-    families: Vec<IpFamily>,
     listeners: BTreeMap<SocketAddr, Listener>,
     /// The addresses each service's ports hold.
     held: BTreeMap<NamespacedName, Vec<SocketAddr>>,
@@ -138,14 +137,9 @@ pub struct LocalhostNodePorts {
 }
 
 impl LocalhostNodePorts {
-    pub fn new(
-        families: Vec<IpFamily>,
-        connections: ConnectionTable,
-        metrics: ListenerMetrics,
-        relays: Relays,
-    ) -> Self {
+    /// A proxy for the families `relays` serves.
+    pub fn new(connections: ConnectionTable, metrics: ListenerMetrics, relays: Relays) -> Self {
         LocalhostNodePorts {
-            families,
             listeners: BTreeMap::new(),
             held: BTreeMap::new(),
             retry: BTreeSet::new(),
@@ -173,8 +167,8 @@ impl LocalhostNodePorts {
         }
         // The node's families only: another family's endpoints are out of its reach.
         let node_families = state.node.families();
-        let families: Vec<IpFamily> = self
-            .families
+        let served = self.relays.families();
+        let families: Vec<IpFamily> = served
             .iter()
             .copied()
             .filter(|f| node_families.contains(f))
@@ -209,7 +203,7 @@ impl LocalhostNodePorts {
                 self.retry.insert(service);
             }
         }
-        for family in &self.families {
+        for family in &served {
             let open = self.open[family_index(*family)];
             self.metrics
                 .listeners
@@ -276,7 +270,6 @@ impl LocalhostNodePorts {
             .inc();
         if err.raw_os_error() == Some(nix::libc::EADDRNOTAVAIL) {
             warn!(%address, error = %err, "No loopback address to serve localhost NodePorts on; not serving them in this family");
-            self.families.retain(|f| *f != family);
             self.relays.stop_serving(family);
         } else if self.failing.insert(address) {
             error!(%address, service_port = %target.port, error = %err, "Failed to create localhost nodeport proxy");

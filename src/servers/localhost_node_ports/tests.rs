@@ -77,8 +77,7 @@ fn proxy_with_relays(
     };
     let table = ConnectionTable::new(capacity, metrics.clone());
     let relays = Relays::new(vec![IpFamily::V4]);
-    let proxy =
-        LocalhostNodePorts::new(vec![IpFamily::V4], table, listeners.clone(), relays.clone());
+    let proxy = LocalhostNodePorts::new(table, listeners.clone(), relays.clone());
     (proxy, metrics, listeners, relays)
 }
 

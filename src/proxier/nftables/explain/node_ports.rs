@@ -30,20 +30,10 @@ impl Reader<'_> {
                 ),
             });
         }
-        let key = self.protocol_and_port();
-        let layout = [KeyType::Protocol, KeyType::Port];
-        if let Some(rest) = self.element(SERVICE_NODEPORTS, &layout, &key)? {
-            self.step(format!(
-                "@{SERVICE_NODEPORTS}: {}{rest}",
-                self.node_port_text()
-            ));
+        if let Some(rest) = self.port_element(SERVICE_NODEPORTS)? {
             return self.follow_verdict(&rest);
         }
-        if let Some(rest) = self.element(NO_ENDPOINT_NODEPORTS, &layout, &key)? {
-            self.step(format!(
-                "@{NO_ENDPOINT_NODEPORTS}: {}{rest}",
-                self.node_port_text()
-            ));
+        if let Some(rest) = self.port_element(NO_ENDPOINT_NODEPORTS)? {
             return Ok(self.refusal(&rest));
         }
         Ok(Outcome::Untouched {
@@ -54,20 +44,14 @@ impl Reader<'_> {
     /// A loopback NodePort: never DNATed in nftables mode; with the localhost NodePorts gate on,
     /// the ones the userspace proxy does not serve are rejected and counted.
     fn localhost_node_port(&mut self) -> Result<Outcome, ExplainError> {
-        let key = self.protocol_and_port();
-        let layout = [KeyType::Protocol, KeyType::Port];
         let destination = self.flow.destination.ip();
-        let Some(rest) = self.element(LOCALHOST_REJECT_PORTS, &layout, &key)? else {
+        if self.port_element(LOCALHOST_REJECT_PORTS)?.is_none() {
             return Ok(Outcome::Untouched {
                 reason: format!(
                     "nftables mode programs no NodePort on {destination} (a loopback address)"
                 ),
             });
-        };
-        self.step(format!(
-            "@{LOCALHOST_REJECT_PORTS}: {}{rest}",
-            self.node_port_text()
-        ));
+        }
         let counter = localhost_rejected_counter(self.flow.protocol);
         let counted = counters(self.family, TABLE).map_err(read_error("the named counters"))?;
         self.explanation
@@ -83,5 +67,15 @@ impl Reader<'_> {
                 self.flow.protocol
             ),
         })
+    }
+
+    /// The element of the `protocol . port` map `map` for the flow, a step naming it when found.
+    fn port_element(&mut self, map: &str) -> Result<Option<String>, ExplainError> {
+        let key = self.protocol_and_port();
+        let found = self.element(map, &[KeyType::Protocol, KeyType::Port], &key)?;
+        if let Some(rest) = &found {
+            self.step(format!("@{map}: {}{rest}", self.node_port_text()));
+        }
+        Ok(found)
     }
 }

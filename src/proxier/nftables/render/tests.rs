@@ -6,6 +6,7 @@ use crate::config::KubeProxyConfiguration;
 use crate::proxier::fixtures::{
     NODE, NODE_IP, Svc, ep, family_context, overall_services, svc_port,
 };
+use crate::proxier::local::LOCALHOST_NODE_PORTS_GATE;
 use crate::proxier::nftables::names;
 use crate::proxier::nftables::slots::Placement;
 
@@ -460,7 +461,7 @@ fn upstreams_localhost_node_port_cases() {
     } in cases
     {
         let config = KubeProxyConfiguration {
-            feature_gates: [("KubeProxyNFTablesLocalhostNodePorts".to_string(), true)].into(),
+            feature_gates: [(LOCALHOST_NODE_PORTS_GATE.to_string(), true)].into(),
             node_port_addresses: addresses.iter().map(|a| a.to_string()).collect(),
             ..KubeProxyConfiguration::default()
         };
