@@ -70,9 +70,7 @@ pub fn version_line() -> String {
 
 /// `--version=raw`'s line, in the shape of upstream's `version.Info`.
 pub fn version_raw() -> String {
-    // "v1.37.0": major 1, minor 37.
-    let mut parts = KUBERNETES_VERSION.trim_start_matches('v').split('.');
-    let (major, minor) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (major, minor) = crate::config::kubernetes_major_minor();
     format!(
         "version.Info{{Major:\"{major}\", Minor:\"{minor}\", GitVersion:\"{KUBERNETES_VERSION}\", Program:\"kube-proxy-rs\", ProgramVersion:\"{}\", Platform:\"{}/{}\"}}",
         env!("CARGO_PKG_VERSION"),

@@ -23,6 +23,13 @@ pub use write::{config_yaml, configz_json};
 /// gates, configuration and metrics).
 pub const KUBERNETES_VERSION: &str = "v1.37.0";
 
+/// [`KUBERNETES_VERSION`]'s major and minor numbers ("1", "37"), as `version.Info` and
+/// `kubernetes_build_info` give them.
+pub fn kubernetes_major_minor() -> (&'static str, &'static str) {
+    let mut parts = KUBERNETES_VERSION.trim_start_matches('v').split('.');
+    (parts.next().unwrap_or(""), parts.next().unwrap_or(""))
+}
+
 /// Why the configuration cannot be used; each says the field and the value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -511,11 +511,15 @@ impl Metrics {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             self.tasks.set(runtime.metrics().num_alive_tasks() as i64);
         }
+        let mut families = self.registry.gather();
+        for family in &mut families {
+            if let Some(level) = stability_level(family.name()) {
+                let help = format!("[{level}] {}", family.help());
+                family.set_help(help);
+            }
+        }
         let mut buffer = Vec::new();
-        if TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buffer)
-            .is_err()
-        {
+        if TextEncoder::new().encode(&families, &mut buffer).is_err() {
             return String::new();
         }
         String::from_utf8(buffer).unwrap_or_default()

@@ -140,9 +140,10 @@ pub(super) fn build_info(registry: &Registry) -> prometheus::Result<()> {
         )?,
     )?;
     let platform = format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH);
+    let (major, minor) = crate::config::kubernetes_major_minor();
     info.with_label_values(&[
-        "1",
-        "35",
+        major,
+        minor,
         crate::config::KUBERNETES_VERSION,
         "",
         "",
@@ -153,6 +154,18 @@ pub(super) fn build_info(registry: &Registry) -> prometheus::Result<()> {
     ])
     .set(1.0);
     Ok(())
+}
+
+/// The stability level upstream's metrics framework prints at the head of a metric's help, as
+/// 1.37 gives it: `kubernetes_build_info` and `kubernetes_feature_enabled` are beta, every
+/// kube-proxy and client metric alpha (ours too: they carry no promise), and the process and
+/// runtime collectors' metrics carry none.
+pub(super) fn stability_level(name: &str) -> Option<&'static str> {
+    match name {
+        "kubernetes_build_info" | "kubernetes_feature_enabled" => Some("BETA"),
+        _ if name.starts_with("process_") || name.starts_with("go_") => None,
+        _ => Some("ALPHA"),
+    }
 }
 
 pub(super) fn unix_seconds(time: SystemTime) -> f64 {

@@ -66,7 +66,41 @@ fn syncs_move_the_counters() {
         "process_resident_memory_bytes ",
         "process_cpu_seconds_total ",
         "kubernetes_build_info{",
+        // The release named once, in config, for both numbers and the version.
+        "git_version=\"v1.37.0\"",
+        "major=\"1\",minor=\"37\"",
     ] {
         assert!(text.contains(want), "{want} missing from:\n{text}");
     }
+}
+
+#[test]
+fn help_texts_lead_with_upstreams_stability_levels() {
+    let metrics = Metrics::new().unwrap();
+    let mut gates = std::collections::BTreeMap::new();
+    gates.insert("KubeProxyIPVS".to_string(), true);
+    metrics.feature_gates(&gates).unwrap();
+    metrics.api_request(&crate::k8s::RequestRecord {
+        method: "GET".into(),
+        host: "10.0.0.1:6443".into(),
+        code: "200".into(),
+        duration: Duration::from_millis(3),
+    });
+    let text = metrics.encode();
+    for want in [
+        "# HELP kubeproxy_sync_proxy_rules_service_changes_total [ALPHA] Cumulative proxy rules Service changes\n",
+        "# HELP rest_client_requests_total [ALPHA] Number of HTTP requests, partitioned by status code, method, and host.\n",
+        "# HELP kubernetes_build_info [BETA] A metric with a constant '1' value",
+        "# HELP kubernetes_feature_enabled [BETA] This metric records",
+        "# HELP process_resident_memory_bytes Resident memory size in bytes.\n",
+    ] {
+        assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+    let unmarked: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("# HELP "))
+        .filter(|line| !line.contains(" process_") && !line.contains(" go_"))
+        .filter(|line| !line.contains(" [ALPHA] ") && !line.contains(" [BETA] "))
+        .collect();
+    assert!(unmarked.is_empty(), "no stability level: {unmarked:?}");
 }
