@@ -204,7 +204,7 @@ pub fn partial(
         for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
             out.declare_set(name, set);
         }
-        for name in new.counters.iter().filter(|n| !old.counters.contains(n)) {
+        for name in new.counters.difference(&old.counters) {
             out.line("add", "counter", name, "");
         }
         for (name, chain) in new
@@ -282,7 +282,7 @@ pub fn partial(
             out.line("delete", set.kind, name, "");
         }
         // After the flushes above took the rules that counted with them.
-        for name in old.counters.iter().filter(|n| !new.counters.contains(n)) {
+        for name in old.counters.difference(&new.counters) {
             out.line("delete", "counter", name, "");
         }
     }
@@ -312,12 +312,11 @@ pub fn endpoint_maps(
 }
 
 /// Objects to rewrite because another program changed them.
-#[derive(Default)]
 pub struct Repairs<'a> {
     pub chains: Vec<(&'a str, &'a Chain)>,
     /// The base's counters, which its chains' rules may count with (declared again: `add`
     /// leaves an existing counter as it is).
-    pub counters: &'a [String],
+    pub counters: &'a BTreeSet<String>,
     /// A set or map, and its elements (from every service) unless the kernel keeps them
     /// (affinity sets).
     pub sets: Vec<(&'a str, &'a SetDef, Option<Vec<&'a Elements>>)>,

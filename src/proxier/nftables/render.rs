@@ -4,6 +4,7 @@
 //! port its chains, affinity sets and map elements. Objects are kept per service so a sync can
 //! write only the services that changed.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use ipnet::IpNet;
@@ -166,7 +167,7 @@ pub struct Objects {
     /// The endpoint-map slots the policy chains hold.
     pub slots: Vec<Claim>,
     /// Named counters (the base's).
-    pub counters: Vec<String>,
+    pub counters: BTreeSet<String>,
 }
 
 impl Objects {
@@ -265,7 +266,7 @@ fn localhost_rejects(ctx: &NftContext, out: &mut Objects) {
             localhost_reject_chain(*protocol),
             format!("counter name \"{counter}\" reject"),
         );
-        out.counters.push(counter.to_string());
+        out.counters.insert(counter.to_string());
     }
     let (ip, loopback) = (ctx.ip(), ctx.loopback());
     out.rule(

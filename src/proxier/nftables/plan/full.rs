@@ -345,7 +345,7 @@ impl<'a> FullSync<'a> {
             .existing
             .counters
             .iter()
-            .filter(|n| !self.base.counters.contains(n))
+            .filter(|n| !self.base.counters.contains(*n))
         {
             out.line("delete", "counter", name, "");
         }

@@ -37,7 +37,7 @@ impl<N: Nftables> NftablesMode<N> {
                         .cloned(),
                 );
             }
-            existing.counters = programmed.base.counters.iter().cloned().collect();
+            existing.counters = programmed.base.counters.clone();
             existing.chains.extend(
                 self.stale_chains
                     .get(&family)

@@ -22,8 +22,9 @@ impl<N: Nftables> NftablesMode<N> {
             .collect();
         let pending = self.stale_chains.get(&family);
         let mut repairs = plan::Repairs {
+            chains: Vec::new(),
             counters: &current.base.counters,
-            ..plan::Repairs::default()
+            sets: Vec::new(),
         };
         let mut unknown = Vec::new();
         let mut digest_chain = false;

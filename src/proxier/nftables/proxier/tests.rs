@@ -110,7 +110,7 @@ pub(super) fn as_objects(table: &FakeTable) -> Objects {
                 .insert(name.clone(), set.elements.clone().into_iter().collect());
         }
     }
-    objects.counters = table.counters.iter().cloned().collect();
+    objects.counters = table.counters.clone();
     objects
 }
 
@@ -167,8 +167,7 @@ fn programmed(p: &NftablesProxier<FakeNftables>) -> Objects {
 }
 
 fn assert_table(p: &mut NftablesProxier<FakeNftables>, state: &ProxyState) {
-    let mut want = expected(p, state);
-    want.counters.sort();
+    let want = expected(p, state);
     let got = programmed(p);
     let missing: Vec<&String> = want
         .chains
