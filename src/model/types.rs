@@ -188,6 +188,12 @@ impl ServicePort {
             || !self.load_balancer_ips.is_empty()
     }
 
+    /// A TCP NodePort: what the localhost NodePort proxy (KEP-6032) relays on a loopback
+    /// address when it runs; the other protocols' loopback NodePorts are never served.
+    pub fn has_tcp_node_port(&self) -> bool {
+        self.node_port.is_some() && self.name.protocol == Protocol::Tcp
+    }
+
     /// Traffic to its load-balancer IPs is filtered by source.
     pub fn has_source_ranges(&self) -> bool {
         !self.load_balancer_source_ranges.is_empty() || self.source_ranges_closed

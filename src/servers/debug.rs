@@ -11,8 +11,8 @@ use hyper::StatusCode;
 
 use super::{Relays, Reply};
 use crate::model::{
-    ChangeTracker, IpFamily, NamespacedName, NodeContext, Protocol, ProxyState, ZONE_LABEL,
-    ports_in_family, select_endpoints,
+    ChangeTracker, IpFamily, NamespacedName, NodeContext, ProxyState, ZONE_LABEL, ports_in_family,
+    select_endpoints,
 };
 use crate::proxier::explanation::{
     Flow, NamedDestination, NamedRelay, Wanted, WantedPort, policy_name, port_of_flow,
@@ -268,9 +268,7 @@ fn wanted_of(
                     .collect(),
                 internal_local: port.internal_policy_local,
                 external_local: port.external_policy_local,
-                localhost_proxy: proxied.contains(&family)
-                    && port.name.protocol == Protocol::Tcp
-                    && port.node_port.is_some(),
+                localhost_proxy: proxied.contains(&family) && port.has_tcp_node_port(),
             });
         }
     }

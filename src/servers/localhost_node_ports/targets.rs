@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::model::{
-    IpFamily, NamespacedName, NodeContext, Protocol, ProxyState, ServicePortName, ports_in_family,
+    IpFamily, NamespacedName, NodeContext, ProxyState, ServicePortName, ports_in_family,
     select_endpoints,
 };
 use crate::proxier::local::localhost;
@@ -33,10 +33,7 @@ pub fn targets_of(
         return Vec::new();
     };
     // Most services have no TCP NodePort: skip them before their endpoints are sorted out.
-    if !ports
-        .values()
-        .any(|port| port.node_port.is_some() && port.name.protocol == Protocol::Tcp)
-    {
+    if !ports.values().any(|port| port.has_tcp_node_port()) {
         return Vec::new();
     }
     let endpoints = state.endpoints.get(service);
@@ -47,12 +44,9 @@ pub fn targets_of(
     let mut targets = Vec::new();
     for &family in families {
         for (port, all) in ports_in_family(ports, endpoints, family) {
-            let Some(node_port) = port.node_port else {
+            let Some(node_port) = port.node_port.filter(|_| port.has_tcp_node_port()) else {
                 continue;
             };
-            if port.name.protocol != Protocol::Tcp {
-                continue;
-            }
             let selected = select_endpoints(&port, &all, node);
             let used = if port.external_policy_local {
                 &selected.local
@@ -86,8 +80,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::Endpoint;
     use crate::model::fixtures::{endpoint, insert_port, service_port};
+    use crate::model::{Endpoint, Protocol};
 
     fn state(port: crate::model::ServicePort, endpoints: Vec<Endpoint>) -> ProxyState {
         let mut state = ProxyState::default();
