@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -92,6 +92,14 @@ impl IpFamily {
         match self {
             IpFamily::V4 => "IPv4",
             IpFamily::V6 => "IPv6",
+        }
+    }
+
+    /// The family's loopback address (127.0.0.1, ::1): where localhost NodePorts are served.
+    pub fn loopback(self) -> IpAddr {
+        match self {
+            IpFamily::V4 => Ipv4Addr::LOCALHOST.into(),
+            IpFamily::V6 => Ipv6Addr::LOCALHOST.into(),
         }
     }
 

@@ -142,7 +142,7 @@ pub fn localhost_proxy_families(config: &KubeProxyConfiguration) -> Vec<IpFamily
     let named: Vec<IpNet> = loopback_nets(&config.node_port_addresses).collect();
     [IpFamily::V4, IpFamily::V6]
         .into_iter()
-        .filter(|family| named.iter().any(|net| net.contains(&localhost(*family))))
+        .filter(|family| named.iter().any(|net| net.contains(&family.loopback())))
         .collect()
 }
 
@@ -160,14 +160,6 @@ pub fn loopback_nets(configured: &[String]) -> impl Iterator<Item = IpNet> + '_ 
         };
         nets
     })
-}
-
-/// The loopback address localhost NodePorts are served on in `family`.
-pub fn localhost(family: IpFamily) -> IpAddr {
-    match family {
-        IpFamily::V4 => IpAddr::from([127, 0, 0, 1]),
-        IpFamily::V6 => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-    }
 }
 
 #[cfg(test)]

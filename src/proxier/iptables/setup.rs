@@ -9,7 +9,7 @@ use super::{IptablesProxier, IptablesSettings, NfacctCounters};
 use crate::config::KubeProxyConfiguration;
 use crate::model::IpFamily;
 use crate::proxier::Proxier;
-use crate::proxier::local::{localhost, selected_node_port_ips};
+use crate::proxier::local::selected_node_port_ips;
 use crate::sys::host::net::{ProcSysctl, SystemAddresses};
 use crate::sys::nf_tables::events::{NfEvents, Scope};
 use crate::sys::nfacct::NetlinkNfacct;
@@ -55,7 +55,7 @@ pub fn setup(
 /// NodePorts on 127.0.0.1 (every address is, when nodePortAddresses is empty or says `all`);
 /// not when the userspace proxy serves them.
 pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
-    let loopback = localhost(IpFamily::V4);
+    let loopback = IpFamily::V4.loopback();
     let served = selected_node_port_ips(&config.node_port_addresses, None, || vec![loopback])
         .is_none_or(|ips| ips.contains(&loopback));
     if IptablesSettings::from_config(config).localhost_node_ports && served {

@@ -19,7 +19,6 @@ use tracing::{debug, error, info, warn};
 
 use super::http::{ConnectionNames, ConnectionTable, listen};
 use crate::model::{IpFamily, NamespacedName, ProxyState, ServicePortName};
-use crate::proxier::local::localhost;
 use balancer::{Balancer, locked};
 use targets::{Target, targets_of};
 
@@ -294,7 +293,7 @@ impl LocalhostNodePorts {
             };
             if !self
                 .listeners
-                .contains_key(&SocketAddr::new(localhost(other), address.port()))
+                .contains_key(&SocketAddr::new(other.loopback(), address.port()))
             {
                 self.connections.forget(relay::SERVER, address.port());
             }

@@ -11,7 +11,6 @@ use crate::model::{
     IpFamily, NamespacedName, NodeContext, ProxyState, ServicePortName, ports_in_family,
     select_endpoints,
 };
-use crate::proxier::local::localhost;
 
 /// Where one localhost NodePort's connections go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +68,7 @@ pub fn targets_of(
                     .session_affinity_seconds
                     .map(|s| Duration::from_secs(u64::from(s))),
             };
-            targets.push((SocketAddr::new(localhost(family), node_port), target));
+            targets.push((SocketAddr::new(family.loopback(), node_port), target));
         }
     }
     targets

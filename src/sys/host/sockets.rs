@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
+use crate::model::IpFamily;
 use crate::sys::netlink::{Connection, NetlinkError, RawMessage};
 
 /// SOCK_DIAG_BY_FAMILY: the request and its answer.
@@ -62,10 +63,7 @@ fn lookup(
 /// `address`'s family, tells the two apart. Without a loopback address to listen on, the
 /// answer is taken as it came.
 fn answers_lookups(connection: &mut Connection, address: SocketAddr) -> Result<(), NetlinkError> {
-    let loopback: IpAddr = match address {
-        SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
-        SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
-    };
+    let loopback = IpFamily::of(&address.ip()).loopback();
     let Ok(probe) = std::net::TcpListener::bind((loopback, 0)) else {
         return Ok(());
     };
