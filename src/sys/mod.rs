@@ -3,6 +3,8 @@
 //! back), xtables (the iptables tools), IPVS, ipset, conntrack, nfacct, and the host (links,
 //! sysctls and addresses, the tools' processes). `netlink` is the socket they share.
 
+use std::net::IpAddr;
+
 pub mod conntrack;
 pub mod host;
 pub mod ipset;
@@ -11,3 +13,14 @@ pub mod netlink;
 pub mod nf_tables;
 pub mod nfacct;
 pub mod xtables;
+
+/// An address as the kernel's structs hold either family (`union nf_inet_addr`, the addresses
+/// of `inet_diag_sockid`): 16 bytes, an IPv4 address in the first four.
+pub fn inet_addr(address: IpAddr) -> [u8; 16] {
+    let mut out = [0; 16];
+    match address {
+        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => out = v6.octets(),
+    }
+    out
+}

@@ -85,22 +85,12 @@ fn lookup_request(address: SocketAddr) -> Vec<u8> {
     payload.extend(u32::MAX.to_ne_bytes()); // every state
     payload.extend(address.port().to_be_bytes()); // source port
     payload.extend([0, 0]); // destination port
-    payload.extend(address_field(address.ip()));
+    payload.extend(crate::sys::inet_addr(address.ip()));
     payload.extend([0; 16]); // destination address
     payload.extend(0u32.to_ne_bytes()); // any interface
     payload.extend(NO_COOKIE.to_ne_bytes());
     payload.extend(NO_COOKIE.to_ne_bytes());
     payload
-}
-
-/// An address as inet_diag_sockid holds it: 16 bytes, IPv4's in the first four.
-fn address_field(ip: IpAddr) -> [u8; 16] {
-    let mut field = [0; 16];
-    match ip {
-        IpAddr::V4(v4) => field[..4].copy_from_slice(&v4.octets()),
-        IpAddr::V6(v6) => field.copy_from_slice(&v6.octets()),
-    }
-    field
 }
 
 /// The listener an inet_diag_msg describes; `None` for a socket in another state or a

@@ -10,16 +10,6 @@ fn xt_align(mut bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// A `union nf_inet_addr`: 16 bytes, an IPv4 address in the first four.
-fn inet_addr(address: IpAddr) -> [u8; 16] {
-    let mut out = [0; 16];
-    match address {
-        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
-        IpAddr::V6(v6) => out = v6.octets(),
-    }
-    out
-}
-
 /// A NUL-padded string field of `size` bytes (the text must be shorter).
 fn padded(text: &str, size: usize) -> Option<Vec<u8>> {
     (text.len() < size).then(|| {
@@ -147,7 +137,7 @@ pub fn mark_v2(mark: u32, mask: u32) -> Vec<u8> {
 /// base port.
 pub fn nat_range2(flags: u32, address: Option<IpAddr>, port: Option<u16>) -> Vec<u8> {
     let mut out = flags.to_ne_bytes().to_vec();
-    let address = address.map(inet_addr).unwrap_or_default();
+    let address = address.map(crate::sys::inet_addr).unwrap_or_default();
     out.extend(address);
     out.extend(address);
     let port = port.unwrap_or(0).to_be_bytes();
