@@ -21,7 +21,9 @@ pub(super) fn daemon_wants(
     let loopback_tcp = explanation.flow.destination.ip().is_loopback()
         && explanation.flow.protocol == Protocol::Tcp;
     match (&explanation.outcome, explanation.service.clone()) {
-        (Outcome::Relayed { .. }, None) => relayed_by_daemon(metrics, explanation),
+        (Outcome::Untouched { .. }, None) if explanation.loopback_listener => {
+            relayed_by_daemon(metrics, explanation)
+        }
         (_, Some(service)) => {
             let name = service
                 .rsplit_once(':')
@@ -41,10 +43,11 @@ pub(super) fn daemon_wants(
     }
 }
 
-/// Where the localhost NodePort proxy relays a flow a listener on a loopback address takes, as
-/// the daemon holds its listeners, and what the daemon wants for that Service. A listener the
-/// daemon does not hold is another program's: nothing of kube-proxy's takes the flow; one the
-/// daemon cannot be asked about is not said to relay.
+/// Whether the listener on a loopback address that takes a flow is the localhost NodePort
+/// proxy's, as the daemon holds its listeners: then the flow is relayed, to the endpoints the
+/// daemon names, and compared with what it wants for that Service. A listener the daemon does
+/// not hold is another program's: nothing of kube-proxy's takes the flow; one the daemon cannot
+/// be asked about is not said to relay.
 fn relayed_by_daemon(
     metrics: &str,
     explanation: &mut Explanation,
@@ -61,14 +64,7 @@ fn relayed_by_daemon(
             };
             return unrelayed_by_daemon(metrics, explanation);
         }
-        Err(why) => {
-            explanation.outcome = Outcome::Untouched {
-                reason: format!(
-                    "no rule of ours; a TCP listener on {destination} takes it (whether it is the localhost NodePort proxy's, only its daemon can say)"
-                ),
-            };
-            return Some(Err(why));
-        }
+        Err(why) => return Some(Err(why)),
     };
     name_port(explanation, named.service_port, &named.policy);
     explanation.steps.push(format!(
@@ -76,16 +72,17 @@ fn relayed_by_daemon(
         named.policy
     ));
     let share = 1.0 / named.endpoints.len().max(1) as f64;
-    if let Outcome::Relayed { candidates, .. } = &mut explanation.outcome {
-        *candidates = named
+    explanation.outcome = Outcome::Relayed {
+        listener: destination,
+        candidates: named
             .endpoints
             .iter()
             .map(|&endpoint| Candidate {
                 endpoint,
                 probability: share,
             })
-            .collect();
-    }
+            .collect(),
+    };
     Some(Ok(named.wanted))
 }
 

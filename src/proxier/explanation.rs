@@ -132,6 +132,11 @@ pub struct Explanation {
     pub reads: Vec<String>,
     /// How that compares with what the daemon wants, when it was asked.
     pub daemon: Option<Comparison>,
+    /// A TCP socket listens on the destination itself, which no rule of ours changes: the
+    /// localhost NodePort proxy's, if its daemon says so (`explain` asks, and then says
+    /// `relayed`).
+    #[serde(skip)]
+    pub loopback_listener: bool,
 }
 
 impl Explanation {
@@ -149,6 +154,7 @@ impl Explanation {
             },
             reads: Vec::new(),
             daemon: None,
+            loopback_listener: false,
         }
     }
 }
@@ -216,9 +222,11 @@ pub fn loopback_listener(explanation: &mut Explanation) -> Result<(), ExplainErr
             explanation.steps.push(format!(
                 "no rule of ours: a TCP listener on {destination} takes it"
             ));
-            Outcome::Relayed {
-                listener: destination,
-                candidates: Vec::new(),
+            explanation.loopback_listener = true;
+            Outcome::Untouched {
+                reason: format!(
+                    "{reason}; a TCP listener on {destination} takes it (whether it is the localhost NodePort proxy's, only its daemon can say)"
+                ),
             }
         }
         Some(listener) => Outcome::Untouched {

@@ -244,6 +244,7 @@ mod tests {
             },
             reads: Vec::new(),
             daemon: None,
+            loopback_listener: false,
         }
     }
 
