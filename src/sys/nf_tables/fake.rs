@@ -283,8 +283,7 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             if !table.sets.contains_key(&name) {
                 return Err("No such file or directory".into());
             }
-            let reference = format!("@{name}");
-            if used_by_a_rule(table, |rule| rule.split(' ').any(|w| w == reference)) {
+            if used_by_a_rule(table, |rule| references(rule).sets.contains(&name)) {
                 return Err("Device or resource busy".into());
             }
             table.sets.remove(&name);
@@ -298,7 +297,7 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             if !table.counters.contains(&name) {
                 return Err("No such file or directory".into());
             }
-            if used_by_a_rule(table, |rule| counter_names(rule).any(|n| n == name)) {
+            if used_by_a_rule(table, |rule| references(rule).counters.contains(&name)) {
                 return Err("Device or resource busy".into());
             }
             table.counters.remove(&name);
@@ -376,8 +375,18 @@ fn verdict(data: &str) -> &str {
     data.rsplit_once(" : ").map_or("", |(_, v)| v)
 }
 
-/// The chains a rule or element jumps or goes to, and the sets it names.
-fn references(text: &str) -> (Vec<String>, Vec<String>) {
+/// What a rule or a map element refers to, by name: the kernel refuses it while one is missing,
+/// and refuses to delete one while a rule refers to it.
+struct References {
+    /// The chains it jumps or goes to.
+    chains: Vec<String>,
+    /// The sets and maps it names (`@name`).
+    sets: Vec<String>,
+    /// The named counters it counts with (`counter name "x"`), unquoted.
+    counters: Vec<String>,
+}
+
+fn references(text: &str) -> References {
     let words: Vec<&str> = text.split_whitespace().collect();
     let chains = words
         .windows(2)
@@ -389,7 +398,16 @@ fn references(text: &str) -> (Vec<String>, Vec<String>) {
         .filter_map(|w| w.strip_prefix('@'))
         .map(|s| s.trim_end_matches([',', '}']).to_string())
         .collect();
-    (chains, sets)
+    let counters = words
+        .windows(3)
+        .filter(|w| w[0] == "counter" && w[1] == "name")
+        .map(|w| w[2].trim_matches('"').to_string())
+        .collect();
+    References {
+        chains,
+        sets,
+        counters,
+    }
 }
 
 /// Whether a rule of `table` `uses` something.
@@ -400,22 +418,15 @@ fn used_by_a_rule(table: &FakeTable, uses: impl Fn(&str) -> bool) -> bool {
         .any(|(_, rules)| rules.iter().any(|rule| uses(rule)))
 }
 
-/// The names a rule counts with (`counter name "x"`), unquoted.
-fn counter_names(rule: &str) -> impl Iterator<Item = &str> {
-    let words: Vec<&str> = rule.split_whitespace().collect();
-    let names: Vec<&str> = words
-        .windows(3)
-        .filter(|w| w[0] == "counter" && w[1] == "name")
-        .map(|w| w[2].trim_matches('"'))
-        .collect();
-    names.into_iter()
-}
-
 fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
-    if let Some(missing) = counter_names(text).find(|name| !table.counters.contains(*name)) {
+    let References {
+        chains,
+        sets,
+        counters,
+    } = references(text);
+    if let Some(missing) = counters.iter().find(|n| !table.counters.contains(*n)) {
         return Err(format!("No such file or directory (counter {missing})"));
     }
-    let (chains, sets) = references(text);
     if let Some(missing) = chains.iter().find(|c| !table.chains.contains_key(*c)) {
         return Err(format!("No such file or directory (chain {missing})"));
     }
@@ -427,7 +438,7 @@ fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
 
 /// Whether a rule or a map element refers to `chain`.
 fn chain_in_use(table: &FakeTable, chain: &str) -> bool {
-    let refers = |text: &str| references(text).0.iter().any(|c| c == chain);
+    let refers = |text: &str| references(text).chains.iter().any(|c| c == chain);
     table
         .chains
         .values()
@@ -463,6 +474,23 @@ mod tests {
         assert!(err.to_string().contains("busy"), "{err}");
         applied(&mut nft, "flush chain ip t a\ndelete counter ip t c\n").unwrap();
         assert!(nft.table(V4, "t").unwrap().counters.is_empty());
+    }
+
+    #[test]
+    fn a_set_a_rule_names_must_exist_and_stays_while_named() {
+        let mut nft = FakeNftables::default();
+        applied(&mut nft, "add table ip t\nadd chain ip t a\n").unwrap();
+        let err = applied(&mut nft, "add rule ip t a ip daddr @s drop\n").unwrap_err();
+        assert!(err.to_string().contains("(set s)"), "{err}");
+        applied(
+            &mut nft,
+            "add set ip t s { type ipv4_addr ; }\nadd rule ip t a ip daddr @s drop\n",
+        )
+        .unwrap();
+        let err = applied(&mut nft, "delete set ip t s\n").unwrap_err();
+        assert!(err.to_string().contains("busy"), "{err}");
+        applied(&mut nft, "flush chain ip t a\ndelete set ip t s\n").unwrap();
+        assert!(nft.table(V4, "t").unwrap().sets.is_empty());
     }
 
     #[test]
