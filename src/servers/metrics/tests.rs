@@ -1,5 +1,15 @@
 use super::*;
 
+/// A GET to the API server answered 200 in 3 ms.
+fn one_api_request(metrics: &Metrics) {
+    metrics.api_request(&crate::k8s::RequestRecord {
+        method: "GET".into(),
+        host: "10.0.0.1:6443".into(),
+        code: "200".into(),
+        duration: Duration::from_millis(3),
+    });
+}
+
 #[test]
 fn syncs_move_the_counters() {
     let metrics = Metrics::new().unwrap();
@@ -30,12 +40,7 @@ fn syncs_move_the_counters() {
     metrics.nftables_cleanup_failures(IpFamily::V6);
     metrics.health_answered(false, 200);
     metrics.health_answered(true, 503);
-    metrics.api_request(&crate::k8s::RequestRecord {
-        method: "GET".into(),
-        host: "10.0.0.1:6443".into(),
-        code: "200".into(),
-        duration: Duration::from_millis(3),
-    });
+    one_api_request(&metrics);
     let text = metrics.encode();
     for want in [
         "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
@@ -80,12 +85,7 @@ fn help_texts_lead_with_upstreams_stability_levels() {
     let mut gates = std::collections::BTreeMap::new();
     gates.insert("KubeProxyIPVS".to_string(), true);
     metrics.feature_gates(&gates).unwrap();
-    metrics.api_request(&crate::k8s::RequestRecord {
-        method: "GET".into(),
-        host: "10.0.0.1:6443".into(),
-        code: "200".into(),
-        duration: Duration::from_millis(3),
-    });
+    one_api_request(&metrics);
     let text = metrics.encode();
     for want in [
         "# HELP kubeproxy_sync_proxy_rules_service_changes_total [ALPHA] Cumulative proxy rules Service changes\n",
