@@ -25,6 +25,10 @@ const COMMAND_LINES: &[(&str, &str)] = &[
         "--config={config} --hostname-override=node-a --feature-gates=ServiceTrafficDistribution=true",
     ),
     (
+        "a 1.38 manifest, a gate 1.38 announces",
+        "--config={config} --hostname-override=node-a --feature-gates=ManagedFieldsOptOut=false",
+    ),
+    (
         "EKS DaemonSet",
         "--v=2 --config={config} --hostname-override=node-a",
     ),

@@ -2,13 +2,16 @@
 //! release we follow registers (known.rs: Kubernetes' pkg/features, the generic apiserver's,
 //! apiextensions', controller-manager's, client-go's, component-base's logging, metrics and
 //! zpages gates, AllAlpha/AllBeta), each with its stage, default and whether it is locked to
-//! its default; and, beyond upstream, the gates older releases registered (retired.rs), so that
-//! a manifest of any release operators run still starts us. `--feature-gates` and the file's
-//! `featureGates` are checked as upstream checks them.
+//! its default; and, beyond upstream, the gates older releases registered (retired.rs) and those
+//! the next release announces (announced.rs), so that a manifest of any release operators run,
+//! or of the next, still starts us. `--feature-gates` and the file's `featureGates` are checked
+//! as upstream checks them.
 
+mod announced;
 mod known;
 mod retired;
 
+pub use announced::ANNOUNCED;
 pub use known::KNOWN;
 pub use retired::RETIRED;
 
@@ -57,6 +60,12 @@ pub fn check(gates: &std::collections::BTreeMap<String, bool>) -> Result<Vec<Str
             if let Some((_, last)) = RETIRED.iter().find(|(n, _)| n == name) {
                 warnings.push(format!(
                     "Feature gate {name} is not registered by upstream kube-proxy {RELEASE} (its last release with it: {last}); the setting {name}={value} is ignored"
+                ));
+                continue;
+            }
+            if let Some((_, since)) = ANNOUNCED.iter().find(|(n, _)| n == name) {
+                warnings.push(format!(
+                    "Feature gate {name} is registered by upstream kube-proxy from {since}, not by {RELEASE}, the release followed; the setting {name}={value} is ignored"
                 ));
                 continue;
             }
@@ -131,11 +140,15 @@ mod tests {
     fn the_lists_are_sorted_and_apart() {
         assert!(KNOWN.windows(2).all(|w| w[0].0 < w[1].0));
         assert!(RETIRED.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(ANNOUNCED.windows(2).all(|w| w[0].0 < w[1].0));
         assert!(KNOWN.len() > 200);
+        let known = |name: &str| KNOWN.iter().any(|(known, ..)| *known == name);
+        assert!(RETIRED.iter().all(|(name, _)| !known(name)));
+        assert!(ANNOUNCED.iter().all(|(name, _)| !known(name)));
         assert!(
-            RETIRED
+            ANNOUNCED
                 .iter()
-                .all(|(name, _)| KNOWN.iter().all(|(known, ..)| known != name))
+                .all(|(name, _)| RETIRED.iter().all(|(retired, _)| retired != name))
         );
     }
 
@@ -155,5 +168,13 @@ mod tests {
             warnings[0].contains("not registered by upstream kube-proxy 1.37"),
             "{warnings:?}"
         );
+        // A gate 1.38 announces: ignored with a warning, not refused.
+        let set = gates(&[("ManagedFieldsOptOut", true)]);
+        let warnings = check(&set).unwrap();
+        assert!(
+            warnings[0].contains("registered by upstream kube-proxy from 1.38"),
+            "{warnings:?}"
+        );
+        assert!(!enabled(&gates(&[]), "ManagedFieldsOptOut"));
     }
 }
