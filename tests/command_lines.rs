@@ -25,10 +25,6 @@ const COMMAND_LINES: &[(&str, &str)] = &[
         "--config={config} --hostname-override=node-a --feature-gates=ServiceTrafficDistribution=true",
     ),
     (
-        "a 1.38 manifest, a gate 1.38 announces",
-        "--config={config} --hostname-override=node-a --feature-gates=ManagedFieldsOptOut=false",
-    ),
-    (
         "EKS DaemonSet",
         "--v=2 --config={config} --hostname-override=node-a",
     ),
@@ -133,6 +129,20 @@ fn version_help_and_refused_flags() {
     assert_ne!(gate.status.code(), Some(0));
     assert!(
         String::from_utf8_lossy(&gate.stderr).contains("unrecognized feature gate: NoSuchGate")
+    );
+    // A gate 1.38 announces is accepted with a warning, not refused.
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("written.conf");
+    let announced = binary(&[
+        "--feature-gates=ManagedFieldsOptOut=true",
+        "--hostname-override=n",
+        &format!("--write-config-to={}", written.display()),
+    ]);
+    assert!(announced.status.success(), "{announced:?}");
+    assert!(
+        String::from_utf8_lossy(&announced.stderr)
+            .contains("registered by upstream kube-proxy from 1.38"),
+        "{announced:?}"
     );
     // Upstream 1.37 gates IPVS mode: turned off, ipvs mode refuses to start and says why.
     let ipvs_off = binary(&[

@@ -95,14 +95,13 @@ pub fn check(gates: &std::collections::BTreeMap<String, bool>) -> Result<Vec<Str
 /// default in 1.40).
 pub const ALLOW_SERVICE_EXTERNAL_IPS: &str = "AllowServiceExternalIPs";
 
-/// Whether `name` is on, given what was set.
+/// Whether `name` is on, given what was set: a gate the release we follow registers, set or
+/// by default; any other (retired, announced, unknown) is off whatever it was set to.
 pub fn enabled(gates: &std::collections::BTreeMap<String, bool>, name: &str) -> bool {
-    gates.get(name).copied().unwrap_or_else(|| {
-        KNOWN
-            .iter()
-            .find(|(n, ..)| *n == name)
-            .is_some_and(|(_, _, default, _)| *default)
-    })
+    KNOWN
+        .iter()
+        .find(|(n, ..)| *n == name)
+        .is_some_and(|(_, _, default, _)| gates.get(name).copied().unwrap_or(*default))
 }
 
 #[cfg(test)]
@@ -168,13 +167,21 @@ mod tests {
             warnings[0].contains("not registered by upstream kube-proxy 1.37"),
             "{warnings:?}"
         );
-        // A gate 1.38 announces: ignored with a warning, not refused.
+        // A gate 1.38 announces: ignored with a warning, not refused; set on, it stays off.
         let set = gates(&[("ManagedFieldsOptOut", true)]);
         let warnings = check(&set).unwrap();
         assert!(
             warnings[0].contains("registered by upstream kube-proxy from 1.38"),
             "{warnings:?}"
         );
-        assert!(!enabled(&gates(&[]), "ManagedFieldsOptOut"));
+        assert!(!enabled(&set, "ManagedFieldsOptOut"));
+        assert!(!enabled(
+            &gates(&[("ServiceTrafficDistribution", true)]),
+            "ServiceTrafficDistribution"
+        ));
+        assert!(!enabled(
+            &gates(&[("KubeProxyIPVS", false)]),
+            "KubeProxyIPVS"
+        ));
     }
 }
