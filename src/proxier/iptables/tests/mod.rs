@@ -9,6 +9,7 @@ mod incremental;
 mod quarantine;
 mod tracer;
 mod tracer_cases;
+mod upstream_flows;
 
 use std::collections::BTreeMap;
 

@@ -10,16 +10,16 @@ use crate::proxier::iptables::explain::Session;
 use crate::sys::xtables::fake::FakeIptables;
 use crate::sys::xtables::{Backend, Iptables};
 
-struct Case {
-    name: &'static str,
-    src: &'static str,
-    dst: &'static str,
-    port: u16,
-    from_node: bool,
-    want: Verdict,
+pub(super) struct Case {
+    pub name: &'static str,
+    pub src: &'static str,
+    pub dst: &'static str,
+    pub port: u16,
+    pub from_node: bool,
+    pub want: Verdict,
 }
 
-fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
+pub(super) fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
     Verdict::Accept {
         endpoints: endpoints
             .iter()
@@ -31,18 +31,20 @@ fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
 
 /// Traces each case, and checks that `explain` (reading the same fake) says what the trace
 /// finds: the endpoints, masquerading, the drop or the rejection.
-fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
+pub(super) fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
+    run_on(services, ctx, &[NODE_IP, "127.0.0.1"], cases);
+}
+
+/// As [`run`], on a node with these addresses.
+pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], cases: &[Case]) {
     let mut ipt = FakeIptables::default();
     ipt.restore(ctx.common.family, &full_text(services, ctx))
         .unwrap();
-    let local: Vec<IpAddr> = vec![NODE_IP.parse().unwrap()];
-    let mut explaining = Session::with(
-        Box::new(ipt.clone()),
-        Backend::Nft,
-        vec![NODE_IP.parse().unwrap(), "127.0.0.1".parse().unwrap()],
-    );
+    let local: Vec<IpAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+    let mut explaining = Session::with(Box::new(ipt.clone()), Backend::Nft, local.clone());
     for case in cases {
-        let flow = Flow::parse(&format!("{}:{}", case.dst, case.port), Some(case.src)).unwrap();
+        let destination = std::net::SocketAddr::new(case.dst.parse().unwrap(), case.port);
+        let flow = Flow::parse(&destination.to_string(), Some(case.src)).unwrap();
         let explanation = explaining.explain(&flow).unwrap();
         assert_eq!(
             explained_as_trace(&explanation),
@@ -86,7 +88,7 @@ fn explained_as_trace(explanation: &Explanation) -> Verdict {
     }
 }
 
-const POD: &str = "10.0.0.2";
+pub(super) const POD: &str = "10.0.0.2";
 const OUTSIDE: &str = "203.0.113.200";
 
 #[test]
