@@ -166,10 +166,7 @@ fn ask_daemon_if_known(metrics: &str, path: &str) -> Result<Option<String>, Stri
         .parse()
         .map_err(|_| format!("the metrics address {metrics:?} is not ADDRESS:PORT"))?;
     if address.ip().is_unspecified() {
-        address.set_ip(match address {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        });
+        address.set_ip(IpFamily::of(&address.ip()).loopback());
     }
     let unanswered = |err: std::io::Error| format!("the daemon did not answer at {address}: {err}");
     let limit = Duration::from_secs(5);

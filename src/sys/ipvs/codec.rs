@@ -7,6 +7,7 @@ use netlink_packet_core::{DecodeError, Emitable, Nla, NlasIterator, ParseablePar
 use netlink_packet_generic::{GenlFamily, GenlHeader};
 
 use crate::model::Protocol;
+use crate::model::address::octets;
 
 pub const CMD_NEW_SERVICE: u8 = 1;
 pub const CMD_SET_SERVICE: u8 = 2;
@@ -190,13 +191,6 @@ fn af(address: &IpAddr) -> u16 {
     if address.is_ipv4() { AF_INET } else { AF_INET6 }
 }
 
-fn address_bytes(address: &IpAddr) -> Vec<u8> {
-    match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
 fn protocol_number(protocol: Protocol) -> u16 {
     match protocol {
         Protocol::Tcp => 6,
@@ -210,7 +204,7 @@ fn service_key_attrs(vs: &VirtualServer) -> Vec<Attr> {
     vec![
         attr(SVC_AF, af(&vs.address).to_ne_bytes()),
         attr(SVC_PROTOCOL, protocol_number(vs.protocol).to_ne_bytes()),
-        attr(SVC_ADDR, address_bytes(&vs.address)),
+        attr(SVC_ADDR, octets(vs.address)),
         attr(SVC_PORT, vs.port.to_be_bytes()),
     ]
 }
@@ -237,7 +231,7 @@ fn service_attrs(vs: &VirtualServer) -> Vec<Attr> {
 
 fn dest_attrs(rs: &RealServer) -> Vec<Attr> {
     vec![
-        attr(DEST_ADDR, address_bytes(&rs.address)),
+        attr(DEST_ADDR, octets(rs.address)),
         attr(DEST_PORT, rs.port.to_be_bytes()),
         attr(DEST_FWD_METHOD, FWD_MASQ.to_ne_bytes()),
         attr(DEST_WEIGHT, rs.weight.to_ne_bytes()),

@@ -74,12 +74,7 @@ impl KeyType {
 }
 
 /// An address's bytes in network order.
-pub fn address_bytes(address: IpAddr) -> Vec<u8> {
-    match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
+pub use crate::model::address::octets as address_bytes;
 
 /// An address or a prefix (`10.0.0.0/8`), as nft reads either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -474,10 +474,7 @@ fn address(ipv6: bool, text: &str, inverted: bool) -> Result<AddressMatch, Untra
     if net.addr().is_ipv6() != ipv6 {
         return refuse(format!("address {text} of the other family"));
     }
-    let bytes = |address: IpAddr| match address {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
+    let bytes = crate::model::address::octets;
     Ok(AddressMatch {
         address: bytes(net.network()),
         mask: bytes(net.netmask()),
