@@ -196,10 +196,12 @@ impl ServicePort {
             || !self.load_balancer_ips.is_empty()
     }
 
-    /// A TCP NodePort: what the localhost NodePort proxy (KEP-6032) relays on a loopback
-    /// address when it runs; the other protocols' loopback NodePorts are never served.
-    pub fn has_tcp_node_port(&self) -> bool {
-        self.node_port.is_some() && self.name.protocol == Protocol::Tcp
+    /// Its NodePort if it is a TCP one: what the localhost NodePort proxy (KEP-6032) relays on
+    /// a loopback address when it runs; the other protocols' loopback NodePorts are never
+    /// served.
+    pub fn tcp_node_port(&self) -> Option<u16> {
+        self.node_port
+            .filter(|_| self.name.protocol == Protocol::Tcp)
     }
 
     /// Traffic to its load-balancer IPs is filtered by source.

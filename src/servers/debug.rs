@@ -268,7 +268,7 @@ fn wanted_of(
                     .collect(),
                 internal_local: port.internal_policy_local,
                 external_local: port.external_policy_local,
-                localhost_proxy: proxied.contains(&family) && port.has_tcp_node_port(),
+                localhost_proxy: proxied.contains(&family) && port.tcp_node_port().is_some(),
             });
         }
     }

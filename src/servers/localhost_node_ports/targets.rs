@@ -32,7 +32,7 @@ pub fn targets_of(
         return Vec::new();
     };
     // Most services have no TCP NodePort: skip them before their endpoints are sorted out.
-    if !ports.values().any(|port| port.has_tcp_node_port()) {
+    if !ports.values().any(|port| port.tcp_node_port().is_some()) {
         return Vec::new();
     }
     let endpoints = state.endpoints.get(service);
@@ -43,7 +43,7 @@ pub fn targets_of(
     let mut targets = Vec::new();
     for &family in families {
         for (port, all) in ports_in_family(ports, endpoints, family) {
-            let Some(node_port) = port.node_port.filter(|_| port.has_tcp_node_port()) else {
+            let Some(node_port) = port.tcp_node_port() else {
                 continue;
             };
             let selected = select_endpoints(&port, &all, node);
