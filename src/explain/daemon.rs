@@ -21,7 +21,7 @@ pub(super) fn daemon_wants(
     let loopback_tcp = explanation.flow.destination.ip().is_loopback()
         && explanation.flow.protocol == Protocol::Tcp;
     match (&explanation.outcome, explanation.service.clone()) {
-        (Outcome::Untouched { .. }, None) if explanation.loopback_listener => {
+        (Outcome::Untouched { .. }, None) if explanation.listener_on_destination => {
             relayed_by_daemon(metrics, explanation)
         }
         (_, Some(service)) => {
@@ -57,14 +57,19 @@ fn relayed_by_daemon(
     let named = match ask_decoded::<NamedRelay>(metrics, &path) {
         Ok(Some(named)) => named,
         Ok(None) => {
-            explanation.outcome = Outcome::Untouched {
-                reason: format!(
-                    "no rule of ours; a program listening on {destination} takes it, not the localhost NodePort proxy (its daemon has no listener there)"
-                ),
-            };
+            qualify_listener(
+                explanation,
+                ": another program's, not the localhost NodePort proxy's (its daemon has no listener there)",
+            );
             return unrelayed_by_daemon(metrics, explanation);
         }
-        Err(why) => return Some(Err(why)),
+        Err(why) => {
+            qualify_listener(
+                explanation,
+                " (whether it is the localhost NodePort proxy's, only its daemon can say)",
+            );
+            return Some(Err(why));
+        }
     };
     name_port(explanation, named.service_port, &named.policy);
     explanation.steps.push(format!(
@@ -84,6 +89,13 @@ fn relayed_by_daemon(
             .collect(),
     };
     Some(Ok(named.wanted))
+}
+
+/// Says whose the listener on the destination is, after the untouched flow's reason.
+fn qualify_listener(explanation: &mut Explanation, whose: &str) {
+    if let Outcome::Untouched { reason } = &mut explanation.outcome {
+        reason.push_str(whose);
+    }
 }
 
 /// A TCP flow to a loopback address that nothing of ours takes: compared only where the daemon
@@ -184,5 +196,84 @@ fn ask_daemon_if_known(metrics: &str, path: &str) -> Result<Option<String>, Stri
         Some("200") => Ok(Some(body.to_string())),
         Some("404") => Ok(None),
         _ => Err(format!("the daemon answered {status:?} at {path}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// An explanation of a TCP flow to 127.0.0.1:30080 that a listener there takes.
+    fn taken_by_a_listener() -> Explanation {
+        let flow = Flow::parse("127.0.0.1:30080/tcp", None).unwrap();
+        let mut explanation = Explanation::new("iptables", &flow);
+        explanation.outcome = Outcome::Untouched {
+            reason: "no rule of ours matches; a TCP listener on 127.0.0.1:30080 takes it".into(),
+        };
+        explanation.listener_on_destination = true;
+        explanation
+    }
+
+    /// A daemon that answers every request with 404, `answers` times.
+    fn knowing_nothing(answers: usize) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(answers) {
+                let mut stream = stream.unwrap();
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request);
+                let _ = stream.write_all(b"HTTP/1.0 404 Not Found\r\n\r\n");
+            }
+        });
+        address
+    }
+
+    fn reason(explanation: &Explanation) -> &str {
+        match &explanation.outcome {
+            Outcome::Untouched { reason } => reason,
+            other => panic!("not untouched: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_listener_the_daemon_cannot_be_asked_about_is_not_said_to_relay() {
+        let unused = TcpListener::bind("127.0.0.1:0").unwrap();
+        let metrics = unused.local_addr().unwrap().to_string();
+        drop(unused);
+        let mut explanation = taken_by_a_listener();
+        let answer = daemon_wants(&metrics, &mut explanation);
+        assert!(matches!(answer, Some(Err(_))), "{answer:?}");
+        assert!(
+            reason(&explanation).starts_with("no rule of ours matches; a TCP listener")
+                && reason(&explanation).ends_with("only its daemon can say)"),
+            "{explanation:?}"
+        );
+        let json = serde_json::to_string(&explanation).unwrap();
+        assert!(json.contains("\"listener_on_destination\":true"), "{json}");
+    }
+
+    #[test]
+    fn a_listener_the_daemon_does_not_hold_is_another_programs() {
+        let metrics = knowing_nothing(2);
+        let mut explanation = taken_by_a_listener();
+        let answer = daemon_wants(&metrics, &mut explanation);
+        // Nor does the daemon name the port as one its proxy should relay: nothing to compare.
+        assert!(answer.is_none(), "{answer:?}");
+        assert!(
+            reason(&explanation).starts_with("no rule of ours matches; a TCP listener")
+                && reason(&explanation).contains("another program's"),
+            "{explanation:?}"
+        );
+    }
+
+    #[test]
+    fn a_flow_without_a_listener_leaves_the_field_out() {
+        let flow = Flow::parse("127.0.0.1:30080/tcp", None).unwrap();
+        let json = serde_json::to_string(&Explanation::new("iptables", &flow)).unwrap();
+        assert!(!json.contains("listener_on_destination"), "{json}");
     }
 }

@@ -135,8 +135,8 @@ pub struct Explanation {
     /// A TCP socket listens on the destination itself, which no rule of ours changes: the
     /// localhost NodePort proxy's, if its daemon says so (`explain` asks, and then says
     /// `relayed`).
-    #[serde(skip)]
-    pub loopback_listener: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub listener_on_destination: bool,
 }
 
 impl Explanation {
@@ -154,7 +154,7 @@ impl Explanation {
             },
             reads: Vec::new(),
             daemon: None,
-            loopback_listener: false,
+            listener_on_destination: false,
         }
     }
 }
@@ -222,11 +222,9 @@ pub fn loopback_listener(explanation: &mut Explanation) -> Result<(), ExplainErr
             explanation.steps.push(format!(
                 "no rule of ours: a TCP listener on {destination} takes it"
             ));
-            explanation.loopback_listener = true;
+            explanation.listener_on_destination = true;
             Outcome::Untouched {
-                reason: format!(
-                    "{reason}; a TCP listener on {destination} takes it (whether it is the localhost NodePort proxy's, only its daemon can say)"
-                ),
+                reason: format!("{reason}; a TCP listener on {destination} takes it"),
             }
         }
         Some(listener) => Outcome::Untouched {

@@ -244,7 +244,7 @@ mod tests {
             },
             reads: Vec::new(),
             daemon: None,
-            loopback_listener: false,
+            listener_on_destination: false,
         }
     }
 
