@@ -15,6 +15,7 @@ pub(super) struct Case {
     pub src: &'static str,
     pub dst: &'static str,
     pub port: u16,
+    pub protocol: Protocol,
     pub from_node: bool,
     pub want: Verdict,
 }
@@ -44,7 +45,8 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
     let mut explaining = Session::with(Box::new(ipt.clone()), Backend::Nft, local.clone());
     for case in cases {
         let destination = std::net::SocketAddr::new(case.dst.parse().unwrap(), case.port);
-        let flow = Flow::parse(&destination.to_string(), Some(case.src)).unwrap();
+        let to = format!("{destination}/{}", case.protocol.lower());
+        let flow = Flow::parse(&to, Some(case.src)).unwrap();
         let explanation = explaining.explain(&flow).unwrap();
         assert_eq!(
             explained_as_trace(&explanation),
@@ -56,7 +58,7 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
             src: case.src.parse().unwrap(),
             dst: case.dst.parse().unwrap(),
             dport: case.port,
-            protocol: Protocol::Tcp,
+            protocol: case.protocol,
             from_node: case.from_node,
         };
         assert_eq!(
@@ -95,25 +97,25 @@ const OUTSIDE: &str = "203.0.113.200";
 fn overall_packet_flows() {
     #[rustfmt::skip]
     let cases = [
-        Case { name: "pod to cluster IP", src: POD, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], false) },
-        Case { name: "outside to cluster IP is masqueraded", src: OUTSIDE, dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) },
-        Case { name: "node to cluster IP is masqueraded", src: NODE_IP, dst: "172.30.0.41", port: 80, from_node: true, want: accept(&["10.180.0.1:80"], true) },
-        Case { name: "hairpin: endpoint to its own service", src: "10.180.0.1", dst: "172.30.0.41", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], true) },
-        Case { name: "wrong port to cluster IP is untouched", src: POD, dst: "172.30.0.41", port: 81, from_node: false, want: accept(&[], false) },
-        Case { name: "cluster IP without endpoints is rejected", src: POD, dst: "172.30.0.46", port: 80, from_node: false, want: Verdict::Reject },
-        Case { name: "ETP Local, no local endpoints: external IP from outside dropped", src: OUTSIDE, dst: "192.168.99.22", port: 80, from_node: false, want: Verdict::Drop },
-        Case { name: "ETP Local, no local endpoints: LB IP from outside dropped", src: OUTSIDE, dst: "1.2.3.4", port: 80, from_node: false, want: Verdict::Drop },
-        Case { name: "ETP Local, no local endpoints: NodePort from outside dropped", src: OUTSIDE, dst: NODE_IP, port: 3001, from_node: false, want: Verdict::Drop },
-        Case { name: "ETP Local: pod to external IP short-circuits to any endpoint", src: POD, dst: "192.168.99.22", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
-        Case { name: "ETP Local: node to LB IP short-circuits, masqueraded", src: NODE_IP, dst: "1.2.3.4", port: 80, from_node: true, want: accept(&["10.180.0.2:80"], true) },
-        Case { name: "ETP Local: cluster IP still works", src: POD, dst: "172.30.0.42", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
-        Case { name: "NodePort from outside", src: OUTSIDE, dst: NODE_IP, port: 3003, from_node: false, want: accept(&["10.180.0.3:80"], true) },
-        Case { name: "NodePort on localhost", src: "127.0.0.1", dst: "127.0.0.1", port: 3003, from_node: true, want: accept(&["10.180.0.3:80"], true) },
-        Case { name: "external IP spreads over both endpoints", src: OUTSIDE, dst: "192.168.99.33", port: 80, from_node: false, want: accept(&["10.180.0.4:80", "10.180.0.5:80"], true) },
-        Case { name: "LB source range allows", src: "203.0.113.7", dst: "5.6.7.8", port: 80, from_node: false, want: accept(&["10.180.0.3:80"], true) },
-        Case { name: "LB source range refuses the rest", src: OUTSIDE, dst: "5.6.7.8", port: 80, from_node: false, want: Verdict::Drop },
-        Case { name: "NodePort is not subject to source ranges", src: OUTSIDE, dst: NODE_IP, port: 3002, from_node: false, want: accept(&["10.180.0.3:80"], true) },
-        Case { name: "unrelated traffic to the node", src: OUTSIDE, dst: NODE_IP, port: 22, from_node: false, want: accept(&[], false) },
+        Case { name: "pod to cluster IP", src: POD, dst: "172.30.0.41", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "outside to cluster IP is masqueraded", src: OUTSIDE, dst: "172.30.0.41", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "node to cluster IP is masqueraded", src: NODE_IP, dst: "172.30.0.41", port: 80, protocol: Protocol::Tcp, from_node: true, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "hairpin: endpoint to its own service", src: "10.180.0.1", dst: "172.30.0.41", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "wrong port to cluster IP is untouched", src: POD, dst: "172.30.0.41", port: 81, protocol: Protocol::Tcp, from_node: false, want: accept(&[], false) },
+        Case { name: "cluster IP without endpoints is rejected", src: POD, dst: "172.30.0.46", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Reject },
+        Case { name: "ETP Local, no local endpoints: external IP from outside dropped", src: OUTSIDE, dst: "192.168.99.22", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local, no local endpoints: LB IP from outside dropped", src: OUTSIDE, dst: "1.2.3.4", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local, no local endpoints: NodePort from outside dropped", src: OUTSIDE, dst: NODE_IP, port: 3001, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local: pod to external IP short-circuits to any endpoint", src: POD, dst: "192.168.99.22", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "ETP Local: node to LB IP short-circuits, masqueraded", src: NODE_IP, dst: "1.2.3.4", port: 80, protocol: Protocol::Tcp, from_node: true, want: accept(&["10.180.0.2:80"], true) },
+        Case { name: "ETP Local: cluster IP still works", src: POD, dst: "172.30.0.42", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "NodePort from outside", src: OUTSIDE, dst: NODE_IP, port: 3003, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "NodePort on localhost", src: "127.0.0.1", dst: "127.0.0.1", port: 3003, protocol: Protocol::Tcp, from_node: true, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "external IP spreads over both endpoints", src: OUTSIDE, dst: "192.168.99.33", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.4:80", "10.180.0.5:80"], true) },
+        Case { name: "LB source range allows", src: "203.0.113.7", dst: "5.6.7.8", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "LB source range refuses the rest", src: OUTSIDE, dst: "5.6.7.8", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "NodePort is not subject to source ranges", src: OUTSIDE, dst: NODE_IP, port: 3002, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.3:80"], true) },
+        Case { name: "unrelated traffic to the node", src: OUTSIDE, dst: NODE_IP, port: 22, protocol: Protocol::Tcp, from_node: false, want: accept(&[], false) },
     ];
     run(&overall_services(), &context(), &cases);
 }
@@ -141,10 +143,10 @@ fn local_policy_flows() {
     .with_endpoints(vec![ep("10.180.1.3", 80, "other")]);
     #[rustfmt::skip]
     let cases = [
-        Case { name: "ETP Local from outside: local endpoint only, source kept", src: OUTSIDE, dst: NODE_IP, port: 30051, from_node: false, want: accept(&["10.180.0.1:80"], false) },
-        Case { name: "ETP Local cluster IP: every endpoint", src: POD, dst: "172.30.0.51", port: 80, from_node: false, want: accept(&["10.180.0.1:80", "10.180.1.1:80"], false) },
-        Case { name: "ITP Local: only the local endpoint", src: POD, dst: "172.30.0.52", port: 80, from_node: false, want: accept(&["10.180.0.2:80"], false) },
-        Case { name: "ITP Local without local endpoints: dropped", src: POD, dst: "172.30.0.53", port: 80, from_node: false, want: Verdict::Drop },
+        Case { name: "ETP Local from outside: local endpoint only, source kept", src: OUTSIDE, dst: NODE_IP, port: 30051, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "ETP Local cluster IP: every endpoint", src: POD, dst: "172.30.0.51", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80", "10.180.1.1:80"], false) },
+        Case { name: "ITP Local: only the local endpoint", src: POD, dst: "172.30.0.52", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.2:80"], false) },
+        Case { name: "ITP Local without local endpoints: dropped", src: POD, dst: "172.30.0.53", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
     ];
     run(&[etp, itp, itp_none], &context(), &cases);
 }
@@ -160,6 +162,7 @@ fn masquerade_all_flows() {
         src: POD,
         dst: "172.30.0.41",
         port: 80,
+        protocol: Protocol::Tcp,
         from_node: false,
         want: accept(&["10.180.0.1:80"], true),
     }];
@@ -176,10 +179,10 @@ fn unreadable_source_ranges_let_no_source_in() {
     .with_endpoints(vec![ep("10.180.0.1", 80, "")]);
     #[rustfmt::skip]
     let cases = [
-        Case { name: "LB IP from outside: dropped", src: OUTSIDE, dst: "5.6.7.61", port: 80, from_node: false, want: Verdict::Drop },
-        Case { name: "LB IP from a pod: dropped", src: POD, dst: "5.6.7.61", port: 80, from_node: false, want: Verdict::Drop },
-        Case { name: "cluster IP unaffected", src: POD, dst: "172.30.0.61", port: 80, from_node: false, want: accept(&["10.180.0.1:80"], false) },
-        Case { name: "NodePort unaffected (never subject to source ranges)", src: OUTSIDE, dst: NODE_IP, port: 30061, from_node: false, want: accept(&["10.180.0.1:80"], true) },
+        Case { name: "LB IP from outside: dropped", src: OUTSIDE, dst: "5.6.7.61", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "LB IP from a pod: dropped", src: POD, dst: "5.6.7.61", port: 80, protocol: Protocol::Tcp, from_node: false, want: Verdict::Drop },
+        Case { name: "cluster IP unaffected", src: POD, dst: "172.30.0.61", port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], false) },
+        Case { name: "NodePort unaffected (never subject to source ranges)", src: OUTSIDE, dst: NODE_IP, port: 30061, protocol: Protocol::Tcp, from_node: false, want: accept(&["10.180.0.1:80"], true) },
     ];
     run(&[closed], &context(), &cases);
 }

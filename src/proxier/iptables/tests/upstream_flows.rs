@@ -8,8 +8,8 @@ use super::*;
 use crate::proxier::local::LocalDetector;
 
 /// Upstream's `testExternalClient`.
-const EXTERNAL: &str = "203.0.113.2";
-const LOCALHOST: &str = "127.0.0.1";
+pub(super) const EXTERNAL: &str = "203.0.113.2";
+pub(super) const LOCALHOST: &str = "127.0.0.1";
 
 /// TestInternalExternalMasquerade's services: svc1 all Cluster, svc2 externalTrafficPolicy
 /// Local, svc3 internalTrafficPolicy Local; each a LoadBalancer with one endpoint on this
@@ -50,7 +50,7 @@ fn local(n: u8) -> Vec<String> {
 }
 
 /// A flow of TCP to `dst:port`, sent by the node itself when its source is the node's.
-fn flow(
+pub(super) fn flow(
     name: &'static str,
     (src, dst, port): (&'static str, &'static str, u16),
     endpoints: Vec<String>,
@@ -62,6 +62,7 @@ fn flow(
         src,
         dst,
         port,
+        protocol: Protocol::Tcp,
         from_node: src == NODE_IP || src == LOCALHOST,
         want: accept(&endpoints, masquerade),
     }
@@ -271,11 +272,11 @@ fn node_ports_flows(case: &NodePortsCase) {
     let untouched = accept(&[], false);
     #[rustfmt::skip]
     let cases = [
-        Case { name: "pod to cluster IP", src: pod, dst: cluster_ip, port: 80, from_node: false, want: accept(&both, false) },
-        Case { name: "external to nodePort", src: external, dst: node_ip, port: 3001, from_node: false, want: accept(&both, true) },
-        Case { name: "node to nodePort", src: node_ip, dst: node_ip, port: 3001, from_node: true, want: accept(&both, true) },
-        Case { name: "localhost to nodePort", src: localhost, dst: localhost, port: 3001, from_node: true, want: if case.localhost { accept(&both, true) } else { untouched.clone() } },
-        Case { name: "external to nodePort on secondary IP", src: external, dst: alt_ip, port: 3001, from_node: false, want: if case.alt_node_ip { accept(&both, true) } else { untouched.clone() } },
+        Case { name: "pod to cluster IP", src: pod, dst: cluster_ip, port: 80, protocol: Protocol::Tcp, from_node: false, want: accept(&both, false) },
+        Case { name: "external to nodePort", src: external, dst: node_ip, port: 3001, protocol: Protocol::Tcp, from_node: false, want: accept(&both, true) },
+        Case { name: "node to nodePort", src: node_ip, dst: node_ip, port: 3001, protocol: Protocol::Tcp, from_node: true, want: accept(&both, true) },
+        Case { name: "localhost to nodePort", src: localhost, dst: localhost, port: 3001, protocol: Protocol::Tcp, from_node: true, want: if case.localhost { accept(&both, true) } else { untouched.clone() } },
+        Case { name: "external to nodePort on secondary IP", src: external, dst: alt_ip, port: 3001, protocol: Protocol::Tcp, from_node: false, want: if case.alt_node_ip { accept(&both, true) } else { untouched.clone() } },
     ];
     // Printed with a failure's output: which subcase it is.
     eprintln!("TestNodePorts, case {:?}", case.name);
