@@ -1,23 +1,21 @@
 //! More of upstream's packet-flow tables (`pkg/proxy/iptables/proxier_test.go`, 1.37's
 //! development copy): a Service without endpoints, ClusterIP basics, load balancers with
-//! source ranges, both external traffic policies. Each flow is traced and explained, which
-//! agree.
+//! source ranges. Each flow is traced and explained, which agree.
 
 use super::tracer::Verdict;
-use super::tracer_cases::{Case, POD, run, run_on};
+use super::tracer_cases::{Case, POD, run};
 use super::upstream_flows::{EXTERNAL, flow};
 use super::*;
-use crate::model::Endpoint;
 
 /// Upstream's `testExternalClientBlocked`: outside every source range below.
 const BLOCKED: &str = "203.0.113.130";
 
-fn endpoints(list: &[&str]) -> Vec<String> {
+pub(super) fn endpoints(list: &[&str]) -> Vec<String> {
     list.iter().map(|e| e.to_string()).collect()
 }
 
 /// A flow upstream expects to be rejected or dropped.
-fn refused(
+pub(super) fn refused(
     name: &'static str,
     (src, dst, port): (&'static str, &'static str, u16),
     want: Verdict,
@@ -131,133 +129,4 @@ fn load_balancer_with_source_ranges() {
         flow("same node to LB2, SNATted to LB2 (implicitly allowed)", ("5.6.7.8", "5.6.7.8", 80), endpoint(), true),
     ];
     run(&[service], &context(), &cases);
-}
-
-/// Upstream's fake network's IPv4 addresses (lo and eth0): the external IP is the node's too.
-const NODE_ADDRESSES: &[&str] = &["127.0.0.1", NODE_IP, "192.168.1.2", "192.168.99.11"];
-
-/// TestExternalTrafficPolicyLocal's and ...Cluster's Service: a LoadBalancer with an external
-/// IP, one endpoint on no node and one on this node.
-fn external_service(local: bool) -> Svc {
-    svc("ns1", "svc1", "172.30.0.41", |s| {
-        s.node_port = Some(3001);
-        s.external_ips = vec!["192.168.99.11".parse().unwrap()];
-        s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
-        s.external_policy_local = local;
-        s.health_check_node_port = local.then_some(30000);
-    })
-    .with_endpoints(vec![ep("10.180.0.1", 80, ""), ep("10.180.2.1", 80, NODE)])
-}
-
-#[test]
-fn external_traffic_policy_local() {
-    let both = || endpoints(&["10.180.0.1:80", "10.180.2.1:80"]);
-    let local = || endpoints(&["10.180.2.1:80"]);
-    #[rustfmt::skip]
-    let cases = [
-        flow("pod to cluster IP hits both endpoints, unmasqueraded", (POD, "172.30.0.41", 80), both(), false),
-        flow("pod to external IP hits both endpoints, unmasqueraded", (POD, "192.168.99.11", 80), both(), false),
-        flow("external to external IP hits only local endpoint, unmasqueraded", (EXTERNAL, "192.168.99.11", 80), local(), false),
-        flow("pod to LB IP hits only both endpoints, unmasqueraded", (POD, "1.2.3.4", 80), both(), false),
-        flow("external to LB IP hits only local endpoint, unmasqueraded", (EXTERNAL, "1.2.3.4", 80), local(), false),
-        flow("pod to NodePort hits both endpoints, unmasqueraded", (POD, NODE_IP, 3001), both(), false),
-        flow("external to NodePort hits only local endpoint, unmasqueraded", (EXTERNAL, NODE_IP, 3001), local(), false),
-    ];
-    run_on(
-        &[external_service(true)],
-        &context(),
-        NODE_ADDRESSES,
-        &cases,
-    );
-}
-
-#[test]
-fn external_traffic_policy_cluster() {
-    let both = || endpoints(&["10.180.0.1:80", "10.180.2.1:80"]);
-    #[rustfmt::skip]
-    let cases = [
-        flow("pod to cluster IP hits both endpoints, unmasqueraded", (POD, "172.30.0.41", 80), both(), false),
-        flow("pod to external IP hits both endpoints, masqueraded", (POD, "192.168.99.11", 80), both(), true),
-        flow("external to external IP hits both endpoints, masqueraded", (EXTERNAL, "192.168.99.11", 80), both(), true),
-        flow("pod to LB IP hits both endpoints, masqueraded", (POD, "1.2.3.4", 80), both(), true),
-        flow("external to LB IP hits both endpoints, masqueraded", (EXTERNAL, "1.2.3.4", 80), both(), true),
-        flow("pod to NodePort hits both endpoints, masqueraded", (POD, NODE_IP, 3001), both(), true),
-        flow("external to NodePort hits both endpoints, masqueraded", (EXTERNAL, NODE_IP, 3001), both(), true),
-    ];
-    run_on(
-        &[external_service(false)],
-        &context(),
-        NODE_ADDRESSES,
-        &cases,
-    );
-}
-
-/// An endpoint at `ip:80` with these conditions (ready, serving, terminating), on `node`.
-fn with_conditions(
-    ip: &str,
-    node: &str,
-    (ready, serving, terminating): (bool, bool, bool),
-) -> Endpoint {
-    Endpoint {
-        ready,
-        serving,
-        terminating,
-        ..ep(ip, 80, node)
-    }
-}
-
-/// A subcase: its name, the slice's endpoints, and the endpoints both flows reach (none:
-/// rejected).
-type Subcase = (&'static str, Vec<Endpoint>, Option<&'static [&'static str]>);
-
-#[test]
-fn terminating_endpoints_under_a_cluster_policy() {
-    const READY: (bool, bool, bool) = (true, true, false);
-    const TERMINATING: (bool, bool, bool) = (false, true, true);
-    const GONE: (bool, bool, bool) = (false, false, true);
-    let service = |endpoints: Vec<Endpoint>| {
-        svc_port("ns1", "svc1", "", Protocol::Tcp, 80, "172.30.1.1", |s| {
-            s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
-        })
-        .with_endpoints(endpoints)
-    };
-    let flows = |want: Option<&[&str]>| {
-        let case = |name, (src, dst, port), masquerade| match want {
-            Some(list) => flow(name, (src, dst, port), endpoints(list), masquerade),
-            None => refused(name, (src, dst, port), Verdict::Reject),
-        };
-        [
-            case("pod to clusterIP", ("10.0.0.2", "172.30.1.1", 80), false),
-            case("external to LB", (EXTERNAL, "1.2.3.4", 80), true),
-        ]
-    };
-    #[rustfmt::skip]
-    let subcases: [Subcase; 4] = [
-        ("ready endpoints exist", vec![
-            with_conditions("10.0.1.1", NODE, READY),
-            with_conditions("10.0.1.2", NODE, READY),
-            with_conditions("10.0.1.3", "another-node", TERMINATING),
-            with_conditions("10.0.1.4", "another-node", GONE),
-            with_conditions("10.0.1.5", "another-node", READY),
-        ], Some(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"])),
-        ("only terminating endpoints exist", vec![
-            with_conditions("10.0.1.2", NODE, TERMINATING),
-            with_conditions("10.0.1.3", NODE, TERMINATING),
-            with_conditions("10.0.1.4", "another-node", GONE),
-            with_conditions("10.0.1.5", "another-node", TERMINATING),
-        ], Some(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"])),
-        ("terminating endpoints on remote node", vec![
-            with_conditions("10.0.1.5", "node-1", TERMINATING),
-        ], Some(&["10.0.1.5:80"])),
-        ("no usable endpoints on any node", vec![
-            with_conditions("10.0.1.5", NODE, GONE),
-            with_conditions("10.0.1.5", "node-1", GONE),
-        ], None),
-    ];
-    for (name, endpoints, want) in subcases {
-        eprintln!("TestTerminatingEndpointsTrafficPolicyCluster, case {name:?}");
-        run(&[service(endpoints)], &context(), &flows(want));
-        // The slice deleted: both flows rejected.
-        run(&[service(Vec::new())], &context(), &flows(None));
-    }
 }

@@ -1,0 +1,247 @@
+//! Upstream's packet-flow tables of the traffic policies (`pkg/proxy/iptables/proxier_test.go`,
+//! 1.37's development copy): both external policies, terminating endpoints under each, and
+//! internalTrafficPolicy. Each flow is traced and explained, which agree.
+
+use super::tracer::Verdict;
+use super::tracer_cases::{Case, POD, run, run_on};
+use super::upstream_flows::{EXTERNAL, flow};
+use super::upstream_service_flows::{endpoints, refused};
+use super::*;
+use crate::model::Endpoint;
+
+/// Upstream's fake network's IPv4 addresses (lo and eth0): the external IP is the node's too.
+const NODE_ADDRESSES: &[&str] = &["127.0.0.1", NODE_IP, "192.168.1.2", "192.168.99.11"];
+
+/// TestExternalTrafficPolicyLocal's and ...Cluster's Service: a LoadBalancer with an external
+/// IP, one endpoint on no node and one on this node.
+fn external_service(local: bool) -> Svc {
+    svc("ns1", "svc1", "172.30.0.41", |s| {
+        s.node_port = Some(3001);
+        s.external_ips = vec!["192.168.99.11".parse().unwrap()];
+        s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
+        s.external_policy_local = local;
+        s.health_check_node_port = local.then_some(30000);
+    })
+    .with_endpoints(vec![ep("10.180.0.1", 80, ""), ep("10.180.2.1", 80, NODE)])
+}
+
+#[test]
+fn external_traffic_policy_local() {
+    let both = || endpoints(&["10.180.0.1:80", "10.180.2.1:80"]);
+    let local = || endpoints(&["10.180.2.1:80"]);
+    #[rustfmt::skip]
+    let cases = [
+        flow("pod to cluster IP hits both endpoints, unmasqueraded", (POD, "172.30.0.41", 80), both(), false),
+        flow("pod to external IP hits both endpoints, unmasqueraded", (POD, "192.168.99.11", 80), both(), false),
+        flow("external to external IP hits only local endpoint, unmasqueraded", (EXTERNAL, "192.168.99.11", 80), local(), false),
+        flow("pod to LB IP hits only both endpoints, unmasqueraded", (POD, "1.2.3.4", 80), both(), false),
+        flow("external to LB IP hits only local endpoint, unmasqueraded", (EXTERNAL, "1.2.3.4", 80), local(), false),
+        flow("pod to NodePort hits both endpoints, unmasqueraded", (POD, NODE_IP, 3001), both(), false),
+        flow("external to NodePort hits only local endpoint, unmasqueraded", (EXTERNAL, NODE_IP, 3001), local(), false),
+    ];
+    run_on(
+        &[external_service(true)],
+        &context(),
+        NODE_ADDRESSES,
+        &cases,
+    );
+}
+
+#[test]
+fn external_traffic_policy_cluster() {
+    let both = || endpoints(&["10.180.0.1:80", "10.180.2.1:80"]);
+    #[rustfmt::skip]
+    let cases = [
+        flow("pod to cluster IP hits both endpoints, unmasqueraded", (POD, "172.30.0.41", 80), both(), false),
+        flow("pod to external IP hits both endpoints, masqueraded", (POD, "192.168.99.11", 80), both(), true),
+        flow("external to external IP hits both endpoints, masqueraded", (EXTERNAL, "192.168.99.11", 80), both(), true),
+        flow("pod to LB IP hits both endpoints, masqueraded", (POD, "1.2.3.4", 80), both(), true),
+        flow("external to LB IP hits both endpoints, masqueraded", (EXTERNAL, "1.2.3.4", 80), both(), true),
+        flow("pod to NodePort hits both endpoints, masqueraded", (POD, NODE_IP, 3001), both(), true),
+        flow("external to NodePort hits both endpoints, masqueraded", (EXTERNAL, NODE_IP, 3001), both(), true),
+    ];
+    run_on(
+        &[external_service(false)],
+        &context(),
+        NODE_ADDRESSES,
+        &cases,
+    );
+}
+
+/// An endpoint at `ip:80` with these conditions (ready, serving, terminating), on `node`.
+fn with_conditions(
+    ip: &str,
+    node: &str,
+    (ready, serving, terminating): (bool, bool, bool),
+) -> Endpoint {
+    Endpoint {
+        ready,
+        serving,
+        terminating,
+        ..ep(ip, 80, node)
+    }
+}
+
+/// Where a flow goes: to these endpoints (masqueraded or not), or refused.
+#[derive(Clone, Copy)]
+enum Want {
+    To(&'static [&'static str], bool),
+    Refused(fn() -> Verdict),
+}
+
+const REJECT: Want = Want::Refused(|| Verdict::Reject);
+const DROP: Want = Want::Refused(|| Verdict::Drop);
+
+/// A subcase: its name, the slice's endpoints, and where a pod's flow to the ClusterIP and an
+/// outside client's to the LB IP go.
+type Subcase = (&'static str, Vec<Endpoint>, [Want; 2]);
+
+const READY: (bool, bool, bool) = (true, true, false);
+const TERMINATING: (bool, bool, bool) = (false, true, true);
+const GONE: (bool, bool, bool) = (false, false, true);
+
+/// TestTerminatingEndpointsTrafficPolicy{Local,Cluster}: each subcase's flows, then the same
+/// flows rejected once the slice is deleted.
+fn terminating_endpoints(external_local: bool, test: &str, subcases: Vec<Subcase>) {
+    let service = |endpoints: Vec<Endpoint>| {
+        svc_port("ns1", "svc1", "", Protocol::Tcp, 80, "172.30.1.1", |s| {
+            s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
+            s.external_policy_local = external_local;
+            s.health_check_node_port = Some(30000);
+        })
+        .with_endpoints(endpoints)
+    };
+    let flows = |wants: [Want; 2]| {
+        let to = [
+            ("pod to clusterIP", ("10.0.0.2", "172.30.1.1", 80)),
+            ("external to LB", (EXTERNAL, "1.2.3.4", 80)),
+        ];
+        to.into_iter()
+            .zip(wants)
+            .map(|((name, target), want)| match want {
+                Want::To(list, masquerade) => flow(name, target, endpoints(list), masquerade),
+                Want::Refused(verdict) => refused(name, target, verdict()),
+            })
+            .collect::<Vec<Case>>()
+    };
+    for (name, endpoints, wants) in subcases {
+        eprintln!("{test}, case {name:?}");
+        run(&[service(endpoints)], &context(), &flows(wants));
+        run(&[service(Vec::new())], &context(), &flows([REJECT, REJECT]));
+    }
+}
+
+#[test]
+fn terminating_endpoints_under_a_cluster_policy() {
+    #[rustfmt::skip]
+    let subcases = vec![
+        ("ready endpoints exist", vec![
+            with_conditions("10.0.1.1", NODE, READY),
+            with_conditions("10.0.1.2", NODE, READY),
+            with_conditions("10.0.1.3", "another-node", TERMINATING),
+            with_conditions("10.0.1.4", "another-node", GONE),
+            with_conditions("10.0.1.5", "another-node", READY),
+        ], [Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], true)]),
+        ("only terminating endpoints exist", vec![
+            with_conditions("10.0.1.2", NODE, TERMINATING),
+            with_conditions("10.0.1.3", NODE, TERMINATING),
+            with_conditions("10.0.1.4", "another-node", GONE),
+            with_conditions("10.0.1.5", "another-node", TERMINATING),
+        ], [Want::To(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], true)]),
+        ("terminating endpoints on remote node", vec![
+            with_conditions("10.0.1.5", "node-1", TERMINATING),
+        ], [Want::To(&["10.0.1.5:80"], false), Want::To(&["10.0.1.5:80"], true)]),
+        ("no usable endpoints on any node", vec![
+            with_conditions("10.0.1.5", NODE, GONE),
+            with_conditions("10.0.1.5", "node-1", GONE),
+        ], [REJECT, REJECT]),
+    ];
+    terminating_endpoints(
+        false,
+        "TestTerminatingEndpointsTrafficPolicyCluster",
+        subcases,
+    );
+}
+
+#[test]
+fn terminating_endpoints_under_a_local_policy() {
+    #[rustfmt::skip]
+    let subcases = vec![
+        ("ready endpoints exist", vec![
+            with_conditions("10.0.1.1", NODE, READY),
+            with_conditions("10.0.1.2", NODE, READY),
+            with_conditions("10.0.1.3", NODE, TERMINATING),
+            with_conditions("10.0.1.4", NODE, GONE),
+            with_conditions("10.0.1.5", "node-1", READY),
+        ], [Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.1:80", "10.0.1.2:80"], false)]),
+        ("only terminating endpoints exist", vec![
+            with_conditions("10.0.1.2", NODE, TERMINATING),
+            with_conditions("10.0.1.3", NODE, TERMINATING),
+            with_conditions("10.0.1.4", NODE, GONE),
+            with_conditions("10.0.1.5", "node-1", READY),
+        ], [Want::To(&["10.0.1.5:80"], false), Want::To(&["10.0.1.2:80", "10.0.1.3:80"], false)]),
+        // The remote endpoint is not used from outside, but it keeps the service from being
+        // rejected: outside traffic is dropped.
+        ("terminating endpoints on remote node", vec![
+            with_conditions("10.0.1.5", "node-1", TERMINATING),
+        ], [Want::To(&["10.0.1.5:80"], false), DROP]),
+        ("no usable endpoints on any node", vec![
+            with_conditions("10.0.1.5", NODE, GONE),
+            with_conditions("10.0.1.5", "node-1", GONE),
+        ], [REJECT, REJECT]),
+    ];
+    terminating_endpoints(true, "TestTerminatingEndpointsTrafficPolicyLocal", subcases);
+}
+
+/// A subcase: its name, whether the policy is Local, the endpoints and their nodes, and where
+/// a pod's flow to the ClusterIP goes.
+type PolicySubcase = (
+    &'static str,
+    bool,
+    &'static [(&'static str, &'static str)],
+    Want,
+);
+
+#[test]
+fn internal_traffic_policy() {
+    let service = |local: bool, endpoints: &[(&str, &str)]| {
+        svc_port("ns1", "svc1", "", Protocol::Tcp, 80, "172.30.1.1", |s| {
+            s.internal_policy_local = local;
+        })
+        .with_endpoints(
+            endpoints
+                .iter()
+                .map(|(ip, node)| ep(ip, 80, node))
+                .collect(),
+        )
+    };
+    let pod = |want: Want| {
+        let target = ("10.0.0.2", "172.30.1.1", 80);
+        vec![match want {
+            Want::To(list, masquerade) => {
+                flow("pod to ClusterIP", target, endpoints(list), masquerade)
+            }
+            Want::Refused(verdict) => refused("pod to ClusterIP", target, verdict()),
+        }]
+    };
+    #[rustfmt::skip]
+    let subcases: [PolicySubcase; 4] = [
+        ("internalTrafficPolicy is cluster", false,
+            &[("10.0.1.1", NODE), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
+            Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.3:80"], false)),
+        ("internalTrafficPolicy is local and there is one local endpoint", true,
+            &[("10.0.1.1", NODE), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
+            Want::To(&["10.0.1.1:80"], false)),
+        ("internalTrafficPolicy is local and there are multiple local endpoints", true,
+            &[("10.0.1.1", NODE), ("10.0.1.2", NODE), ("10.0.1.3", "node2")],
+            Want::To(&["10.0.1.1:80", "10.0.1.2:80"], false)),
+        ("internalTrafficPolicy is local and there are no local endpoints", true,
+            &[("10.0.1.1", "node0"), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
+            DROP),
+    ];
+    for (name, local, endpoints, want) in subcases {
+        eprintln!("TestInternalTrafficPolicy, case {name:?}");
+        run(&[service(local, endpoints)], &context(), &pod(want));
+        run(&[service(local, &[])], &context(), &pod(REJECT));
+    }
+}
