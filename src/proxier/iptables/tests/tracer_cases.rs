@@ -91,6 +91,9 @@ fn explained_as_trace(explanation: &Explanation) -> Verdict {
 }
 
 pub(super) const POD: &str = "10.0.0.2";
+
+/// Upstream's fake network's IPv4 addresses (lo and eth0): its external IP is the node's too.
+pub(super) const NODE_ADDRESSES: &[&str] = &["127.0.0.1", NODE_IP, "192.168.1.2", "192.168.99.11"];
 const OUTSIDE: &str = "203.0.113.200";
 
 #[test]

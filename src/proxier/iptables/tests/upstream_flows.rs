@@ -3,7 +3,7 @@
 //! and masquerading, traced and explained.
 
 use super::tracer::Verdict;
-use super::tracer_cases::{Case, POD, accept, run, run_on};
+use super::tracer_cases::{Case, NODE_ADDRESSES, POD, accept, run_on};
 use super::*;
 use crate::proxier::local::LocalDetector;
 
@@ -18,8 +18,9 @@ fn masquerade_services() -> Vec<Svc> {
     let lb = |ns: &str, name: &str, n: u8, edit: fn(&mut crate::model::ServicePort)| {
         svc(ns, name, &format!("172.30.0.4{n}"), |s| {
             s.node_port = Some(3000 + u16::from(n));
-            s.health_check_node_port = Some(30000 + u16::from(n));
             edit(s);
+            // Upstream sets one on each; the API keeps it for externalTrafficPolicy Local only.
+            s.health_check_node_port = s.external_policy_local.then_some(30000 + u16::from(n));
         })
         .with_endpoints(vec![
             ep(&format!("10.180.0.{n}"), 80, NODE),
@@ -148,7 +149,7 @@ fn masquerade_variant(masquerade_all: bool, detector: bool, overrides: &[(&str, 
             }
         }
     }
-    run(&masquerade_services(), &ctx, &cases);
+    run_on(&masquerade_services(), &ctx, NODE_ADDRESSES, &cases);
 }
 
 #[test]

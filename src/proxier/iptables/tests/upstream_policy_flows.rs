@@ -3,14 +3,11 @@
 //! internalTrafficPolicy. Each flow is traced and explained, which agree.
 
 use super::tracer::Verdict;
-use super::tracer_cases::{Case, POD, run, run_on};
+use super::tracer_cases::{Case, NODE_ADDRESSES, POD, run, run_on};
 use super::upstream_flows::{EXTERNAL, flow};
 use super::upstream_service_flows::{endpoints, refused};
 use super::*;
 use crate::model::Endpoint;
-
-/// Upstream's fake network's IPv4 addresses (lo and eth0): the external IP is the node's too.
-const NODE_ADDRESSES: &[&str] = &["127.0.0.1", NODE_IP, "192.168.1.2", "192.168.99.11"];
 
 /// TestExternalTrafficPolicyLocal's and ...Cluster's Service: a LoadBalancer with an external
 /// IP, one endpoint on no node and one on this node.
@@ -107,7 +104,7 @@ fn terminating_endpoints(external_local: bool, test: &str, subcases: Vec<Subcase
         svc_port("ns1", "svc1", "", Protocol::Tcp, 80, "172.30.1.1", |s| {
             s.load_balancer_ips = vec!["1.2.3.4".parse().unwrap()];
             s.external_policy_local = external_local;
-            s.health_check_node_port = Some(30000);
+            s.health_check_node_port = external_local.then_some(30000);
         })
         .with_endpoints(endpoints)
     };
@@ -215,13 +212,11 @@ fn internal_traffic_policy() {
                 .collect(),
         )
     };
-    let pod = |want: Want| {
+    let pod = |name: &'static str, want: Want| {
         let target = ("10.0.0.2", "172.30.1.1", 80);
         vec![match want {
-            Want::To(list, masquerade) => {
-                flow("pod to ClusterIP", target, endpoints(list), masquerade)
-            }
-            Want::Refused(verdict) => refused("pod to ClusterIP", target, verdict()),
+            Want::To(list, masquerade) => flow(name, target, endpoints(list), masquerade),
+            Want::Refused(verdict) => refused(name, target, verdict()),
         }]
     };
     #[rustfmt::skip]
@@ -239,9 +234,23 @@ fn internal_traffic_policy() {
             &[("10.0.1.1", "node0"), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
             DROP),
     ];
-    for (name, local, endpoints, want) in subcases {
+    let flows = [
+        "pod to ClusterIP hits all endpoints",
+        "pod to ClusterIP hits only local endpoint",
+        "pod to ClusterIP hits all local endpoints",
+        "no endpoints",
+    ];
+    for ((name, local, endpoints, want), flow_name) in subcases.into_iter().zip(flows) {
         eprintln!("TestInternalTrafficPolicy, case {name:?}");
-        run(&[service(local, endpoints)], &context(), &pod(want));
-        run(&[service(local, &[])], &context(), &pod(REJECT));
+        run(
+            &[service(local, endpoints)],
+            &context(),
+            &pod(flow_name, want),
+        );
+        run(
+            &[service(local, &[])],
+            &context(),
+            &pod("endpoints deleted", REJECT),
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! source ranges. Each flow is traced and explained, which agree.
 
 use super::tracer::Verdict;
-use super::tracer_cases::{Case, POD, run};
+use super::tracer_cases::{Case, NODE_ADDRESSES, POD, run, run_on};
 use super::upstream_flows::{EXTERNAL, flow};
 use super::*;
 
@@ -43,7 +43,7 @@ fn no_endpoints_reject() {
         refused("pod to LoadBalancer IP with no endpoints", (POD, "1.2.3.4", 80), reject()),
         refused("external to LoadBalancer IP with no endpoints", (EXTERNAL, "1.2.3.4", 80), reject()),
     ];
-    run(&[service], &context(), &cases);
+    run_on(&[service], &context(), NODE_ADDRESSES, &cases);
 }
 
 #[test]
@@ -128,5 +128,5 @@ fn load_balancer_with_source_ranges() {
         flow("same node to LB1, SNATted to LB1 (implicitly allowed)", ("1.2.3.4", "1.2.3.4", 80), endpoint(), true),
         flow("same node to LB2, SNATted to LB2 (implicitly allowed)", ("5.6.7.8", "5.6.7.8", 80), endpoint(), true),
     ];
-    run(&[service], &context(), &cases);
+    run_on(&[service], &context(), NODE_ADDRESSES, &cases);
 }
