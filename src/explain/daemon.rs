@@ -224,8 +224,16 @@ mod tests {
         std::thread::spawn(move || {
             for stream in listener.incoming().take(answers) {
                 let mut stream = stream.unwrap();
-                let mut request = [0u8; 1024];
-                let _ = stream.read(&mut request);
+                // The whole request first: closing with part of it unread resets the
+                // connection instead of ending it.
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&chunk[..n]),
+                    }
+                }
                 let _ = stream.write_all(b"HTTP/1.0 404 Not Found\r\n\r\n");
             }
         });
