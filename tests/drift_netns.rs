@@ -121,7 +121,16 @@ async fn drift_is_repaired(backend: &str, sync_period: u64) {
             "before the syncPeriod: {repairs:?}"
         );
     }
-    assert!(daemon.count("Repaired rules another program changed") >= 3);
+    // The repair is logged after its rules are in: the last one's line may follow the check
+    // that saw them.
+    assert!(
+        eventually(WAIT, || daemon
+            .count("Repaired rules another program changed")
+            >= 3)
+        .await,
+        "{}",
+        daemon.lines.lock().unwrap().join("\n")
+    );
     assert_eq!(
         daemon.count("\"Synced proxy rules\" mode=\"iptables\" full=true"),
         1,
