@@ -50,14 +50,13 @@ fn local(n: u8) -> Vec<String> {
     vec![format!("10.180.0.{n}:80")]
 }
 
-/// A flow of TCP to `dst:port`, sent by the node itself when its source is the node's.
-pub(super) fn flow(
+/// A flow of TCP to `dst:port` and what it meets, sent by the node itself when its source is
+/// the node's.
+pub(super) fn case(
     name: &'static str,
     (src, dst, port): (&'static str, &'static str, u16),
-    endpoints: Vec<String>,
-    masquerade: bool,
+    want: Verdict,
 ) -> Case {
-    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     Case {
         name,
         src,
@@ -65,8 +64,19 @@ pub(super) fn flow(
         port,
         protocol: Protocol::Tcp,
         from_node: src == NODE_IP || src == LOCALHOST,
-        want: accept(&endpoints, masquerade),
+        want,
     }
+}
+
+/// A flow delivered to these endpoints, masqueraded or not.
+pub(super) fn flow(
+    name: &'static str,
+    target: (&'static str, &'static str, u16),
+    endpoints: Vec<String>,
+    masquerade: bool,
+) -> Case {
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    case(name, target, accept(&endpoints, masquerade))
 }
 
 /// TestInternalExternalMasquerade's flows for the normal case (a local-traffic detector, no

@@ -3,9 +3,9 @@
 //! internalTrafficPolicy. Each flow is traced and explained, which agree.
 
 use super::tracer::Verdict;
-use super::tracer_cases::{Case, NODE_ADDRESSES, POD, run, run_on};
-use super::upstream_flows::{EXTERNAL, flow};
-use super::upstream_service_flows::{endpoints, refused};
+use super::tracer_cases::{Case, NODE_ADDRESSES, POD, accept, run, run_on};
+use super::upstream_flows::{EXTERNAL, case, flow};
+use super::upstream_service_flows::endpoints;
 use super::*;
 use crate::model::Endpoint;
 
@@ -79,19 +79,9 @@ fn with_conditions(
     }
 }
 
-/// Where a flow goes: to these endpoints (masqueraded or not), or refused.
-#[derive(Clone, Copy)]
-enum Want {
-    To(&'static [&'static str], bool),
-    Refused(fn() -> Verdict),
-}
-
-const REJECT: Want = Want::Refused(|| Verdict::Reject);
-const DROP: Want = Want::Refused(|| Verdict::Drop);
-
 /// A subcase: its name, the slice's endpoints, and where a pod's flow to the ClusterIP and an
 /// outside client's to the LB IP go.
-type Subcase = (&'static str, Vec<Endpoint>, [Want; 2]);
+type Subcase = (&'static str, Vec<Endpoint>, [Verdict; 2]);
 
 const READY: (bool, bool, bool) = (true, true, false);
 const TERMINATING: (bool, bool, bool) = (false, true, true);
@@ -108,23 +98,24 @@ fn terminating_endpoints(external_local: bool, test: &str, subcases: Vec<Subcase
         })
         .with_endpoints(endpoints)
     };
-    let flows = |wants: [Want; 2]| {
+    let flows = |wants: [Verdict; 2]| {
         let to = [
             ("pod to clusterIP", ("10.0.0.2", "172.30.1.1", 80)),
             ("external to LB", (EXTERNAL, "1.2.3.4", 80)),
         ];
         to.into_iter()
             .zip(wants)
-            .map(|((name, target), want)| match want {
-                Want::To(list, masquerade) => flow(name, target, endpoints(list), masquerade),
-                Want::Refused(verdict) => refused(name, target, verdict()),
-            })
+            .map(|((name, target), want)| case(name, target, want))
             .collect::<Vec<Case>>()
     };
     for (name, endpoints, wants) in subcases {
         eprintln!("{test}, case {name:?}");
         run(&[service(endpoints)], &context(), &flows(wants));
-        run(&[service(Vec::new())], &context(), &flows([REJECT, REJECT]));
+        run(
+            &[service(Vec::new())],
+            &context(),
+            &flows([Verdict::Reject, Verdict::Reject]),
+        );
     }
 }
 
@@ -138,20 +129,20 @@ fn terminating_endpoints_under_a_cluster_policy() {
             with_conditions("10.0.1.3", "another-node", TERMINATING),
             with_conditions("10.0.1.4", "another-node", GONE),
             with_conditions("10.0.1.5", "another-node", READY),
-        ], [Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], true)]),
+        ], [accept(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), accept(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], true)]),
         ("only terminating endpoints exist", vec![
             with_conditions("10.0.1.2", NODE, TERMINATING),
             with_conditions("10.0.1.3", NODE, TERMINATING),
             with_conditions("10.0.1.4", "another-node", GONE),
             with_conditions("10.0.1.5", "another-node", TERMINATING),
-        ], [Want::To(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], true)]),
+        ], [accept(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], false), accept(&["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"], true)]),
         ("terminating endpoints on remote node", vec![
             with_conditions("10.0.1.5", "node-1", TERMINATING),
-        ], [Want::To(&["10.0.1.5:80"], false), Want::To(&["10.0.1.5:80"], true)]),
+        ], [accept(&["10.0.1.5:80"], false), accept(&["10.0.1.5:80"], true)]),
         ("no usable endpoints on any node", vec![
             with_conditions("10.0.1.5", NODE, GONE),
             with_conditions("10.0.1.5", "node-1", GONE),
-        ], [REJECT, REJECT]),
+        ], [Verdict::Reject, Verdict::Reject]),
     ];
     terminating_endpoints(
         false,
@@ -170,22 +161,22 @@ fn terminating_endpoints_under_a_local_policy() {
             with_conditions("10.0.1.3", NODE, TERMINATING),
             with_conditions("10.0.1.4", NODE, GONE),
             with_conditions("10.0.1.5", "node-1", READY),
-        ], [Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), Want::To(&["10.0.1.1:80", "10.0.1.2:80"], false)]),
+        ], [accept(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.5:80"], false), accept(&["10.0.1.1:80", "10.0.1.2:80"], false)]),
         ("only terminating endpoints exist", vec![
             with_conditions("10.0.1.2", NODE, TERMINATING),
             with_conditions("10.0.1.3", NODE, TERMINATING),
             with_conditions("10.0.1.4", NODE, GONE),
             with_conditions("10.0.1.5", "node-1", READY),
-        ], [Want::To(&["10.0.1.5:80"], false), Want::To(&["10.0.1.2:80", "10.0.1.3:80"], false)]),
+        ], [accept(&["10.0.1.5:80"], false), accept(&["10.0.1.2:80", "10.0.1.3:80"], false)]),
         // The remote endpoint is not used from outside, but it keeps the service from being
         // rejected: outside traffic is dropped.
         ("terminating endpoints on remote node", vec![
             with_conditions("10.0.1.5", "node-1", TERMINATING),
-        ], [Want::To(&["10.0.1.5:80"], false), DROP]),
+        ], [accept(&["10.0.1.5:80"], false), Verdict::Drop]),
         ("no usable endpoints on any node", vec![
             with_conditions("10.0.1.5", NODE, GONE),
             with_conditions("10.0.1.5", "node-1", GONE),
-        ], [REJECT, REJECT]),
+        ], [Verdict::Reject, Verdict::Reject]),
     ];
     terminating_endpoints(true, "TestTerminatingEndpointsTrafficPolicyLocal", subcases);
 }
@@ -196,7 +187,7 @@ type PolicySubcase = (
     &'static str,
     bool,
     &'static [(&'static str, &'static str)],
-    Want,
+    Verdict,
 );
 
 #[test]
@@ -212,27 +203,22 @@ fn internal_traffic_policy() {
                 .collect(),
         )
     };
-    let pod = |name: &'static str, want: Want| {
-        let target = ("10.0.0.2", "172.30.1.1", 80);
-        vec![match want {
-            Want::To(list, masquerade) => flow(name, target, endpoints(list), masquerade),
-            Want::Refused(verdict) => refused(name, target, verdict()),
-        }]
-    };
+    let pod =
+        |name: &'static str, want: Verdict| vec![case(name, ("10.0.0.2", "172.30.1.1", 80), want)];
     #[rustfmt::skip]
     let subcases: [PolicySubcase; 4] = [
         ("internalTrafficPolicy is cluster", false,
             &[("10.0.1.1", NODE), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
-            Want::To(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.3:80"], false)),
+            accept(&["10.0.1.1:80", "10.0.1.2:80", "10.0.1.3:80"], false)),
         ("internalTrafficPolicy is local and there is one local endpoint", true,
             &[("10.0.1.1", NODE), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
-            Want::To(&["10.0.1.1:80"], false)),
+            accept(&["10.0.1.1:80"], false)),
         ("internalTrafficPolicy is local and there are multiple local endpoints", true,
             &[("10.0.1.1", NODE), ("10.0.1.2", NODE), ("10.0.1.3", "node2")],
-            Want::To(&["10.0.1.1:80", "10.0.1.2:80"], false)),
+            accept(&["10.0.1.1:80", "10.0.1.2:80"], false)),
         ("internalTrafficPolicy is local and there are no local endpoints", true,
             &[("10.0.1.1", "node0"), ("10.0.1.2", "node1"), ("10.0.1.3", "node2")],
-            DROP),
+            Verdict::Drop),
     ];
     let flows = [
         "pod to ClusterIP hits all endpoints",
@@ -250,7 +236,7 @@ fn internal_traffic_policy() {
         run(
             &[service(local, &[])],
             &context(),
-            &pod("endpoints deleted", REJECT),
+            &pod("endpoints deleted", Verdict::Reject),
         );
     }
 }

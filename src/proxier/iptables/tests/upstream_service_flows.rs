@@ -4,7 +4,7 @@
 
 use super::tracer::Verdict;
 use super::tracer_cases::{Case, NODE_ADDRESSES, POD, run, run_on};
-use super::upstream_flows::{EXTERNAL, flow};
+use super::upstream_flows::{EXTERNAL, case, flow};
 use super::*;
 
 /// Upstream's `testExternalClientBlocked`: outside every source range below.
@@ -12,18 +12,6 @@ const BLOCKED: &str = "203.0.113.130";
 
 pub(super) fn endpoints(list: &[&str]) -> Vec<String> {
     list.iter().map(|e| e.to_string()).collect()
-}
-
-/// A flow upstream expects to be rejected or dropped.
-pub(super) fn refused(
-    name: &'static str,
-    (src, dst, port): (&'static str, &'static str, u16),
-    want: Verdict,
-) -> Case {
-    Case {
-        want,
-        ..flow(name, (src, dst, port), Vec::new(), false)
-    }
 }
 
 #[test]
@@ -36,12 +24,12 @@ fn no_endpoints_reject() {
     let reject = || Verdict::Reject;
     #[rustfmt::skip]
     let cases = [
-        refused("pod to cluster IP with no endpoints", (POD, "172.30.0.41", 80), reject()),
-        refused("external to external IP with no endpoints", (EXTERNAL, "192.168.99.11", 80), reject()),
-        refused("pod to NodePort with no endpoints", (POD, NODE_IP, 3001), reject()),
-        refused("external to NodePort with no endpoints", (EXTERNAL, NODE_IP, 3001), reject()),
-        refused("pod to LoadBalancer IP with no endpoints", (POD, "1.2.3.4", 80), reject()),
-        refused("external to LoadBalancer IP with no endpoints", (EXTERNAL, "1.2.3.4", 80), reject()),
+        case("pod to cluster IP with no endpoints", (POD, "172.30.0.41", 80), reject()),
+        case("external to external IP with no endpoints", (EXTERNAL, "192.168.99.11", 80), reject()),
+        case("pod to NodePort with no endpoints", (POD, NODE_IP, 3001), reject()),
+        case("external to NodePort with no endpoints", (EXTERNAL, NODE_IP, 3001), reject()),
+        case("pod to LoadBalancer IP with no endpoints", (POD, "1.2.3.4", 80), reject()),
+        case("external to LoadBalancer IP with no endpoints", (EXTERNAL, "1.2.3.4", 80), reject()),
     ];
     run_on(&[service], &context(), NODE_ADDRESSES, &cases);
 }
@@ -117,10 +105,10 @@ fn load_balancer_with_source_ranges() {
         flow("nodePort bypasses LoadBalancerSourceRanges", (BLOCKED, NODE_IP, 3001), endpoint(), true),
         flow("accepted external to LB1", (EXTERNAL, "1.2.3.4", 80), endpoint(), true),
         flow("accepted external to LB2", (EXTERNAL, "5.6.7.8", 80), endpoint(), true),
-        refused("blocked external to LB1", (BLOCKED, "1.2.3.4", 80), Verdict::Drop),
-        refused("blocked external to LB2", (BLOCKED, "5.6.7.8", 80), Verdict::Drop),
-        refused("pod to LB1 (blocked by LoadBalancerSourceRanges)", (POD, "1.2.3.4", 80), Verdict::Drop),
-        refused("pod to LB2 (blocked by LoadBalancerSourceRanges)", (POD, "5.6.7.8", 80), Verdict::Drop),
+        case("blocked external to LB1", (BLOCKED, "1.2.3.4", 80), Verdict::Drop),
+        case("blocked external to LB2", (BLOCKED, "5.6.7.8", 80), Verdict::Drop),
+        case("pod to LB1 (blocked by LoadBalancerSourceRanges)", (POD, "1.2.3.4", 80), Verdict::Drop),
+        case("pod to LB2 (blocked by LoadBalancerSourceRanges)", (POD, "5.6.7.8", 80), Verdict::Drop),
         flow("node to LB1 (allowed by LoadBalancerSourceRanges)", (NODE_IP, "1.2.3.4", 80), endpoint(), true),
         flow("node to LB2 (allowed by LoadBalancerSourceRanges)", (NODE_IP, "5.6.7.8", 80), endpoint(), true),
         // A node's connection to its LB IP, SNATted to that IP by something else: allowed,

@@ -341,12 +341,7 @@ impl<'a> FullSync<'a> {
             out.line("delete", kind, name, "");
         }
         // Counters the stale chains (flushed above) counted with.
-        for name in self
-            .existing
-            .counters
-            .iter()
-            .filter(|n| !self.base.counters.contains(*n))
-        {
+        for name in self.existing.counters.difference(&self.base.counters) {
             out.line("delete", "counter", name, "");
         }
     }
