@@ -180,6 +180,12 @@ pub async fn run(
                 metrics.invalid_input(kind, what.as_str())
             })
         },
+        on_refused: {
+            let metrics = metrics.clone();
+            Arc::new(move |kind: &'static str, refusal: Option<k8s::Refusal>| {
+                metrics.watch_refused(kind, refusal)
+            })
+        },
         synced: synced_tx,
     };
     // Only nftables mode uses the ServiceCIDRs (the drop rule for unallocated ClusterIPs).

@@ -53,11 +53,12 @@ pub fn filter_for(verbosity: u32) -> EnvFilter {
         _ => "trace",
     };
     // Below -v 6 the client's per-request trace (one error line per failed retry, next to our
-    // own line for the same failure) stays quiet.
+    // own line for the same failure) stays quiet, and so does the watcher's line for each 403
+    // (ours logs a refusal once, then every few minutes).
     let libraries = if verbosity >= 6 {
         "debug"
     } else {
-        "warn,kube_client::client::builder=off"
+        "warn,kube_client::client::builder=off,kube_runtime::watcher=error"
     };
     EnvFilter::new(format!(
         "{libraries},kube_proxy_rs={ours},test_apiserver={ours}"

@@ -15,19 +15,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
 struct Daemon {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// Where its metrics server listens, when the test chose it (flags, not a config file).
+    metrics: Option<String>,
 }
 
 impl Daemon {
     fn spawn(args: &[&str]) -> Daemon {
         // The host's namespace: servers on free loopback ports, so parallel tests do not fight
         // over 10256 (flags count only without --config; config files get them from the test).
-        let servers: Vec<String> = if args.iter().any(|a| a.starts_with("--config")) {
-            vec![]
-        } else {
-            vec![
+        let metrics = (!args.iter().any(|a| a.starts_with("--config")))
+            .then(|| format!("127.0.0.1:{}", free_port()));
+        let servers: Vec<String> = match &metrics {
+            None => vec![],
+            Some(metrics) => vec![
                 format!("--healthz-bind-address=127.0.0.1:{}", free_port()),
-                format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
-            ]
+                format!("--metrics-bind-address={metrics}"),
+            ],
         };
         // --dry-run: these tests run in the host's network namespace, which must never be programmed.
         let mut child = Command::new(BIN)
@@ -50,7 +53,25 @@ impl Daemon {
                 sink.lock().unwrap().push(line);
             }
         });
-        Daemon { child, lines }
+        Daemon {
+            child,
+            lines,
+            metrics,
+        }
+    }
+
+    /// Its /metrics page.
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let address = self
+            .metrics
+            .as_deref()
+            .expect("a metrics address of the test's");
+        let mut stream = std::net::TcpStream::connect(address).expect("metrics server");
+        write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+        let mut page = String::new();
+        stream.read_to_string(&mut page).unwrap();
+        page
     }
 
     fn count(&self, needle: &str) -> usize {
@@ -254,6 +275,53 @@ async fn an_api_outage_is_logged_honestly_and_recovered_from_quickly() {
         d.lines.lock().unwrap().iter().all(|l| l.len() < 2000),
         "no line dumps a whole response"
     );
+}
+
+/// An API server that does not serve ServiceCIDRs (before 1.33), or whose RBAC forbids them:
+/// nftables mode programs every Service, says once what is missing and what to do, retries
+/// slowly, shows the refusal in a metric, and takes the ServiceCIDRs when they come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_resource_is_logged_once_shown_in_a_metric_and_taken_when_served() {
+    let cases = [
+        (
+            404,
+            "The API server does not serve ServiceCIDRs",
+            "not_found",
+        ),
+        (
+            403,
+            "grant get, list and watch on servicecidrs.networking.k8s.io",
+            "forbidden",
+        ),
+    ];
+    for (code, said, reason) in cases {
+        let cluster = Cluster::start().await;
+        seed_web(&cluster.server);
+        cluster
+            .server
+            .refuse(test_apiserver::Resource::ServiceCidrs, Some(code));
+        let kubeconfig_arg = format!("--kubeconfig={}", cluster.kubeconfig.display());
+        let d = Daemon::spawn(&[
+            &kubeconfig_arg,
+            "--hostname-override=node-a",
+            "--proxy-mode=nftables",
+        ]);
+        d.wait_for("service_port=\"default/web:p80\"").await;
+        // Several tries in this time (the first delays are 0.5, 1, 2, 4 s at most).
+        tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+        assert_eq!(d.count(said), 1, "{code}: said once:\n{}", d.log());
+        let refused =
+            format!("kubeproxy_rs_watch_refused{{kind=\"ServiceCIDR\",reason=\"{reason}\"}} 1");
+        assert!(d.metrics().contains(&refused), "{code}: {refused}");
+        cluster
+            .server
+            .refuse(test_apiserver::Resource::ServiceCidrs, None);
+        d.wait_for("Watch of ServiceCIDR is working again").await;
+        let ended =
+            format!("kubeproxy_rs_watch_refused{{kind=\"ServiceCIDR\",reason=\"{reason}\"}} 0");
+        assert!(d.metrics().contains(&ended), "{code}: {ended}");
+        assert_eq!(d.count(said), 1, "{code}:\n{}", d.log());
+    }
 }
 
 /// A ConfigMap edit reaching the pod (the --config file changes) makes the daemon log it and exit,

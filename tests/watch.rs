@@ -9,11 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube_proxy_rs::k8s::{Synced, WatchSink, build_client, spawn_watches};
+use kube_proxy_rs::k8s::{Refusal, Synced, WatchSink, build_client, spawn_watches};
 use kube_proxy_rs::model::{ChangeTracker, NamespacedName, ProxyState};
 use support::{Cluster, WAIT, eventually, node, seed_web, service, slice};
 use test_apiserver::Resource;
 use tokio::sync::watch;
+
+/// A kind, and the refusal a watch reported for it (`None`: not refused).
+type Reported = (&'static str, Option<Refusal>);
 
 /// The daemon's view, minus the proxier: a tracker fed by the watches, drained into a state.
 struct Follower {
@@ -21,6 +24,8 @@ struct Follower {
     state: ProxyState,
     synced: watch::Receiver<Synced>,
     notified: Arc<AtomicUsize>,
+    /// What the watches reported of refusals, in order.
+    refusals: Arc<Mutex<Vec<Reported>>>,
     _tasks: tokio::task::JoinSet<()>,
 }
 
@@ -33,12 +38,17 @@ impl Follower {
         let notified = Arc::new(AtomicUsize::new(0));
         let (synced_tx, synced) = watch::channel(Synced::default());
         let counter = notified.clone();
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let reported = refusals.clone();
         let sink = WatchSink {
             tracker: tracker.clone(),
             on_change: Arc::new(move || {
                 counter.fetch_add(1, Ordering::SeqCst);
             }),
             on_invalid: Arc::new(|_, _| {}),
+            on_refused: Arc::new(move |kind, refusal| {
+                reported.lock().unwrap().push((kind, refusal));
+            }),
             synced: synced_tx,
         };
         let tasks = spawn_watches(client, "node-a", true, sink);
@@ -47,6 +57,7 @@ impl Follower {
             state: ProxyState::default(),
             synced,
             notified,
+            refusals,
             _tasks: tasks,
         }
     }
@@ -348,6 +359,92 @@ async fn error_answers_back_off_and_recover() {
         let failed = s.requests().len();
         assert!(failed > 6, "the failures were seen");
     }
+}
+
+/// The window requests are counted over, and the most tries of one watch it may hold. A list
+/// that keeps failing used to be retried about 2.5 times a second (30 tries in the window).
+/// An outage's delays (at least 0.25, 0.5, 1, 2, then 2 s each) allow 8 tries in 12 s; a
+/// refusal's (at least 0.25, 0.5, 1, 2, 4, 8 s) allow 6.
+const WINDOW: Duration = Duration::from_secs(12);
+const MOST_OUTAGE_TRIES: usize = 8;
+const MOST_REFUSED_TRIES: usize = 6;
+
+/// Requests for ServiceCIDRs the server has seen.
+fn service_cidr_requests(server: &test_apiserver::ApiServer) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|line| line.starts_with("GET /apis/networking.k8s.io/v1/servicecidrs"))
+        .count()
+}
+
+/// A resource the API server refuses (404: not served; 403: RBAC) is retried with backoff
+/// while every other kind works; the refusal is reported once, and its end too when the
+/// server serves it again.
+async fn refused_service_cidrs(code: u16, refusal: Refusal) {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    s.refuse(Resource::ServiceCidrs, Some(code));
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    assert_eq!(f.services(), set(&["default/api", "default/web"]));
+    let start = service_cidr_requests(s);
+    tokio::time::sleep(WINDOW).await;
+    let tries = service_cidr_requests(s) - start;
+    assert!(
+        (1..=MOST_REFUSED_TRIES).contains(&tries),
+        "{code}: {tries} tries in {WINDOW:?}"
+    );
+    let reported = f.refusals.lock().unwrap().clone();
+    let refused: Vec<_> = reported.iter().filter(|(_, r)| r.is_some()).collect();
+    assert_eq!(refused, [&("ServiceCIDR", Some(refusal))], "{reported:?}");
+    s.refuse(Resource::ServiceCidrs, None);
+    assert!(
+        eventually(WAIT, || f.synced.borrow().service_cidrs).await,
+        "listed once served"
+    );
+    assert_eq!(
+        f.refusals.lock().unwrap().last(),
+        Some(&("ServiceCIDR", None)),
+        "the end of the refusal is reported"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_the_server_does_not_serve_is_retried_slowly() {
+    refused_service_cidrs(404, Refusal::NotServed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_rbac_forbids_is_retried_slowly() {
+    refused_service_cidrs(403, Refusal::Forbidden).await;
+}
+
+/// A list that fails for as long as the API server is unwell is retried at most every 2-4 s,
+/// jittered, and the watch recovers when it is well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_that_keeps_failing_backs_off() {
+    let cluster = seeded().await;
+    let s = &cluster.server;
+    s.refuse(Resource::ServiceCidrs, Some(503));
+    let mut f = Follower::start(&cluster).await;
+    f.wait_synced().await;
+    let start = service_cidr_requests(s);
+    tokio::time::sleep(WINDOW).await;
+    let tries = service_cidr_requests(s) - start;
+    assert!(
+        (2..=MOST_OUTAGE_TRIES).contains(&tries),
+        "{tries} tries in {WINDOW:?}"
+    );
+    assert!(
+        f.refusals.lock().unwrap().iter().all(|(_, r)| r.is_none()),
+        "an outage is not a refusal"
+    );
+    s.refuse(Resource::ServiceCidrs, None);
+    assert!(
+        eventually(WAIT, || f.synced.borrow().service_cidrs).await,
+        "listed once the server is well"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

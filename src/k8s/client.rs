@@ -76,6 +76,11 @@ pub async fn build_client(
     if let Some(master) = master {
         config.cluster_url = parse_master(master)?;
     }
+    // kube's own retry of 429, 503 and 504 starts at 5 ms and tries 15 times, so a watch's
+    // one list became 8 requests in its first second against a server that said it was
+    // overloaded (and the request metric, outside that layer, counted one). The watches retry
+    // on their own schedule (k8s/backoff.rs); an Event is posted once.
+    config.default_retry = false;
     let host = config
         .cluster_url
         .authority()

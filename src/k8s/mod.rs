@@ -7,9 +7,11 @@ pub mod convert;
 mod events;
 pub mod files;
 mod lenient;
+mod retry;
 pub mod rules;
 mod watch;
 
 pub use client::{ClientError, RequestObserver, RequestRecord, build_client};
 pub use events::{IPVS_DEPRECATION, NodeEvent, NodeEvents};
+pub use retry::Refusal;
 pub use watch::{InvalidInput, Synced, WatchSink, proxy_label_selector, spawn_watches};

@@ -13,16 +13,15 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice as ApiEndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::backoff::WatchBackoff;
 use super::convert::{self, ConvertError, Converted, PROXY_EXCLUDING_LABELS};
 use super::lenient::Lenient;
+use super::retry::{Refusal, Reported, Retry, Subject};
 use crate::model::{ChangeTracker, EndpointSlice, NamespacedName, NodeInfo, ServicePortMap};
 use ipnet::IpNet;
 
@@ -75,12 +74,14 @@ impl InvalidInput {
 }
 
 /// Where the watches deliver: the tracker, a callback that asks for a sync, one that counts
-/// invalid input (by kind), and the synced flags.
+/// invalid input (by kind), one told when the API server starts or stops refusing a kind
+/// ([`Refusal`]), and the synced flags.
 #[derive(Clone)]
 pub struct WatchSink {
     pub tracker: Arc<Mutex<ChangeTracker>>,
     pub on_change: Arc<dyn Fn() + Send + Sync>,
     pub on_invalid: Arc<dyn Fn(&'static str, InvalidInput) + Send + Sync>,
+    pub on_refused: Arc<dyn Fn(&'static str, Option<Refusal>) + Send + Sync>,
     pub synced: watch::Sender<Synced>,
 }
 
@@ -113,7 +114,6 @@ pub fn spawn_watches(
                 Api::<Lenient<ServiceCIDR>>::all(client.clone()),
                 watcher::Config::default(),
             )
-            .backoff(WatchBackoff::new())
         };
         tasks.spawn(follow(cidrs, ServiceCidrKind, sink.clone()));
     }
@@ -125,7 +125,6 @@ pub fn spawn_watches(
                 Api::<Lenient<Service>>::all(client.clone()),
                 selector.clone(),
             )
-            .backoff(WatchBackoff::new())
         }
     };
     tasks.spawn(follow(services, ServiceKind, sink.clone()));
@@ -136,7 +135,6 @@ pub fn spawn_watches(
                 Api::<Lenient<ApiEndpointSlice>>::all(client.clone()),
                 selector.clone(),
             )
-            .backoff(WatchBackoff::new())
         }
     };
     tasks.spawn(follow(slices, SliceKind, sink.clone()));
@@ -146,7 +144,6 @@ pub fn spawn_watches(
             Api::<Lenient<Node>>::all(client.clone()),
             node_selector.clone(),
         )
-        .backoff(WatchBackoff::new())
     };
     tasks.spawn(follow(
         nodes,
@@ -165,6 +162,7 @@ fn watcher<K>(
 where
     K: Resource + Clone + Debug + serde::de::DeserializeOwned + Send + 'static,
 {
+    // No kube-runtime backoff: `follow` waits between tries (k8s/retry.rs says why).
     watcher::watcher(api, config)
 }
 
@@ -172,8 +170,10 @@ where
 trait Kind: Send + 'static {
     type Object: Resource<DynamicType = ()> + Send;
     type Value: Send;
+    /// What logs say of it.
+    const SUBJECT: Subject;
     /// The name logs use.
-    const NAME: &'static str;
+    const NAME: &'static str = Self::SUBJECT.kind;
     fn convert(&self, object: &Self::Object) -> Result<Converted<Self::Value>, ConvertError>;
     fn apply(
         &self,
@@ -210,6 +210,8 @@ where
         malformed: BTreeSet::new(),
     };
     let mut failing = false;
+    let mut retry = Retry::new(K::SUBJECT);
+    (sink.on_refused)(K::NAME, None);
     loop {
         let next = if failing {
             match tokio::time::timeout(RECOVERY_STALL, stream.next()).await {
@@ -231,14 +233,23 @@ where
         let event = match event {
             Ok(event) => event,
             Err(err) => {
-                log_watch_error(K::NAME, &err);
+                let (delay, reported) = retry.failed(&err);
+                if let Reported::Refusal(refusal) = reported {
+                    (sink.on_refused)(K::NAME, refusal);
+                }
                 failing = true;
+                tokio::time::sleep(delay).await;
                 continue;
             }
         };
         // The start of a relist is no proof: only a completed list or a delivered event is.
-        if !matches!(event, Event::Init) && std::mem::take(&mut failing) {
-            info!(kind = K::NAME, "Watch of {} is working again", K::NAME);
+        if !matches!(event, Event::Init) {
+            if retry.progressed() {
+                (sink.on_refused)(K::NAME, None);
+            }
+            if std::mem::take(&mut failing) {
+                info!(kind = K::NAME, "Watch of {} is working again", K::NAME);
+            }
         }
         on_event(&kind, event, &mut relist, &sink);
     }
@@ -327,47 +338,17 @@ fn converted<K: Kind>(
     }
 }
 
-/// At most this much of an error's text is logged: a failed list must not dump its body.
-const ERROR_TEXT_LIMIT: usize = 400;
-
-fn shortened(error: &dyn std::fmt::Display) -> String {
-    let text = error.to_string();
-    if text.chars().count() <= ERROR_TEXT_LIMIT {
-        return text;
-    }
-    let cut: String = text.chars().take(ERROR_TEXT_LIMIT).collect();
-    format!(
-        "{cut}... ({} characters more)",
-        text.chars().count() - ERROR_TEXT_LIMIT
-    )
-}
-
-fn log_watch_error(kind: &str, err: &watcher::Error) {
-    match err {
-        watcher::Error::WatchError(status) if status.code == 410 => {
-            info!(kind, "Watch of {kind} expired (410 Gone); listing again");
-        }
-        watcher::Error::WatchFailed(source) => {
-            info!(kind, error = %shortened(source), "Watch of {kind} ended; reconnecting");
-        }
-        watcher::Error::InitialListFailed(source) => {
-            warn!(kind, error = %shortened(source), "Failed to list {kind}; retrying with backoff, keeping the last state");
-        }
-        watcher::Error::WatchStartFailed(source) => {
-            warn!(kind, error = %shortened(source), "Failed to watch {kind}; retrying with backoff, keeping the last state");
-        }
-        other => {
-            warn!(kind, error = %shortened(other), "Watch of {kind} failed; retrying with backoff")
-        }
-    }
-}
-
 struct ServiceKind;
 
 impl Kind for ServiceKind {
     type Object = Service;
     type Value = ServicePortMap;
-    const NAME: &'static str = "Service";
+    const SUBJECT: Subject = Subject {
+        kind: "Service",
+        resource: "services",
+        api_version: "v1",
+        without_it: "no Service can be programmed",
+    };
 
     fn convert(&self, object: &Service) -> Result<Converted<ServicePortMap>, ConvertError> {
         convert::service_ports(object)
@@ -402,7 +383,12 @@ impl Kind for SliceKind {
     type Object = ApiEndpointSlice;
     /// `None` for a slice kube-proxy ignores (FQDN): it is listed, so it is not malformed.
     type Value = Option<EndpointSlice>;
-    const NAME: &'static str = "EndpointSlice";
+    const SUBJECT: Subject = Subject {
+        kind: "EndpointSlice",
+        resource: "endpointslices.discovery.k8s.io",
+        api_version: "discovery.k8s.io/v1, Kubernetes 1.21 and later",
+        without_it: "no Service gets endpoints",
+    };
 
     fn convert(
         &self,
@@ -445,7 +431,12 @@ struct NodeKind {
 impl Kind for NodeKind {
     type Object = Node;
     type Value = NodeInfo;
-    const NAME: &'static str = "Node";
+    const SUBJECT: Subject = Subject {
+        kind: "Node",
+        resource: "nodes",
+        api_version: "v1",
+        without_it: "this node's addresses, zone and pod CIDRs stay unknown",
+    };
 
     fn convert(&self, object: &Node) -> Result<Converted<NodeInfo>, ConvertError> {
         Ok(convert::node_info(object))
@@ -492,7 +483,12 @@ struct ServiceCidrKind;
 impl Kind for ServiceCidrKind {
     type Object = ServiceCIDR;
     type Value = Vec<IpNet>;
-    const NAME: &'static str = "ServiceCIDR";
+    const SUBJECT: Subject = Subject {
+        kind: "ServiceCIDR",
+        resource: "servicecidrs.networking.k8s.io",
+        api_version: "networking.k8s.io/v1, Kubernetes 1.33 and later",
+        without_it: "nftables mode drops no traffic to unallocated ClusterIPs until it does, and programs every Service as usual",
+    };
 
     fn convert(&self, object: &ServiceCIDR) -> Result<Converted<Vec<IpNet>>, ConvertError> {
         Ok(convert::service_cidr(object))

@@ -12,6 +12,7 @@ use self::register::*;
 use super::http::ConnectionMetrics;
 use super::localhost_node_ports::{self, ListenerMetrics};
 use crate::config::ProxyMode;
+use crate::k8s::Refusal;
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
 
@@ -43,6 +44,7 @@ pub struct Metrics {
     conntrack_duration: HistogramVec,
     conntrack_deleted: IntCounterVec,
     invalid_input: IntCounterVec,
+    watch_refused: IntGaugeVec,
     skipped_services: IntGauge,
     repaired_chains: IntCounter,
     partial_restore_failures: IntCounterVec,
@@ -174,6 +176,16 @@ impl Metrics {
                         "API objects skipped, and entries of objects ignored, because they were invalid (kube-proxy-rs)",
                     ),
                     &["kind", "outcome"],
+                )?,
+            )?,
+            watch_refused: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubeproxy_rs_watch_refused",
+                        "1 while the API server refuses to list or watch a kind with a status retrying soon will not change: not_found (not served) or forbidden (RBAC) (kube-proxy-rs)",
+                    ),
+                    &["kind", "reason"],
                 )?,
             )?,
             skipped_services: int_gauge(
@@ -337,6 +349,15 @@ impl Metrics {
     /// (`entry_ignored`), because it was invalid.
     pub fn invalid_input(&self, kind: &str, outcome: &str) {
         self.invalid_input.with_label_values(&[kind, outcome]).inc();
+    }
+
+    /// The API server started refusing `kind` for this reason, or (`None`) stopped.
+    pub fn watch_refused(&self, kind: &str, refusal: Option<Refusal>) {
+        for reason in Refusal::ALL {
+            self.watch_refused
+                .with_label_values(&[kind, reason.as_str()])
+                .set(i64::from(refusal == Some(reason)));
+        }
     }
 
     /// A change arrived from the API server.

@@ -76,6 +76,9 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             &format!("the server could not find the requested resource ({path})"),
         );
     };
+    if let Some(response) = refusal(&shared, &target, request.method()) {
+        return response;
+    }
     let method = request.method().clone();
     match (method, target) {
         (Method::GET, Target::Version) => json_response(
@@ -224,6 +227,44 @@ fn injected_failure(shared: &Shared, request: &Request<Incoming>) -> Option<Resp
             .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
     }
     Some(response)
+}
+
+/// The answer for a resource the tests told the server to refuse.
+fn refusal(shared: &Shared, target: &Target, method: &Method) -> Option<Response<Body>> {
+    let resource = match target {
+        Target::Collection { resource, .. } | Target::Object { resource, .. } => *resource,
+        _ => return None,
+    };
+    let code = shared
+        .refused
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(refused, _)| *refused == resource)
+        .map(|(_, code)| *code)?;
+    Some(match code {
+        404 => {
+            let mut response = bytes_response(404, b"404 page not found\n".to_vec());
+            response.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            response
+        }
+        403 => {
+            let verb = if *method == Method::GET {
+                "list"
+            } else {
+                "write"
+            };
+            let message = format!(
+                "{plural} is forbidden: User \"system:serviceaccount:kube-system:kube-proxy\" cannot {verb} resource \"{plural}\" at the cluster scope",
+                plural = resource.plural()
+            );
+            status(403, "Forbidden", &message)
+        }
+        other => status(other, "InternalError", "refused by the test"),
+    })
 }
 
 fn route(path: &str) -> Option<Target> {

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub stalled: watch::Sender<bool>,
     pub watch_epoch: watch::Sender<u64>,
     pub requests: Mutex<Vec<String>>,
+    /// Resources answered with an error status instead of being served.
+    pub refused: Mutex<Vec<(Resource, u16)>>,
     pub bookmark_interval: Duration,
 }
 
@@ -130,6 +132,7 @@ impl ApiServer {
             stalled: watch::channel(false).0,
             watch_epoch: watch::channel(0).0,
             requests: Mutex::new(Vec::new()),
+            refused: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
         });
         let addr = listener.local_addr()?;
@@ -241,6 +244,20 @@ impl ApiServer {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         failures.extend(std::iter::repeat_n(status, count));
+    }
+
+    /// Answers every request for `resource` with `code` from now on, or (`None`) serves it
+    /// again. 404 comes with the plain-text body a real server gives for a path it has no route
+    /// for (a resource of a later release, a disabled API group); 403 with RBAC's Status for a
+    /// ServiceAccount without the rule; any other code with an InternalError Status.
+    pub fn refuse(&self, resource: Resource, code: Option<u16>) {
+        let mut refused = self
+            .shared
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        refused.retain(|(r, _)| *r != resource);
+        refused.extend(code.map(|code| (resource, code)));
     }
 
     /// While stalled, requests hang without an answer.
