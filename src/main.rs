@@ -11,7 +11,7 @@ use tokio::sync::watch;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// jemalloc gives memory back to the system after a full sync's peak, which glibc's malloc
-/// mostly keeps: 165 MB against 194 MB after the first sync at 10,000 services (docs/benchmarks.md, Memory).
+/// mostly keeps (docs/benchmarks.md, Memory).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
