@@ -1,5 +1,6 @@
 //! `kube-proxy-rs explain --to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS] [--mode MODE]
-//! [--config FILE] [--metrics ADDRESS] [-o text|json]`: what this node does with one packet,
+//! [--config FILE] [--metrics ADDRESS] [-o text|json]` (its command line: `commands/explain.rs`):
+//! what this node does with one packet,
 //! read from the kernel of the network namespace it runs in (on a node: `kubectl -n
 //! kube-system exec ds/kube-proxy -- kube-proxy-rs explain ...`), compared with what the
 //! running daemon wants (its debug endpoint on the metrics address).
@@ -40,79 +41,60 @@ pub struct Request {
 /// The metrics address when neither `--metrics` nor the config names one (upstream's default).
 const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 
-/// `explain`'s arguments (those after the word `explain`).
-pub fn parse_args(args: &[String]) -> Result<Request, String> {
-    let (mut to, mut from, mut mode, mut config, mut output) =
-        (None, None, None, None, Output::Text);
-    let mut metrics = None;
-    let mut all = false;
-    let mut words = args.iter();
-    while let Some(word) = words.next() {
-        let (name, inline) = match word.split_once('=') {
-            Some((name, value)) => (name, Some(value.to_string())),
-            None => (word.as_str(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| words.next().cloned())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match name {
-            "--to" => to = Some(value()?),
-            "--from" => from = Some(value()?),
-            "--mode" => mode = Some(value()?),
-            "--config" => config = Some(value()?),
-            "--metrics" => metrics = Some(value()?),
-            "--all" if inline.is_none() => all = true,
-            "-o" | "--output" => {
-                output = match value()?.as_str() {
-                    "text" => Output::Text,
-                    "json" => Output::Json,
-                    other => return Err(format!("-o {other:?}: text or json")),
-                }
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    let flow = match (to, all) {
-        (Some(to), false) => Some(Flow::parse(&to, from.as_deref())?),
-        (None, true) => None,
-        (Some(_), true) => return Err("--to and --all: one or the other".into()),
-        (None, false) => return Err("--to ADDRESS:PORT[/PROTOCOL] or --all is needed".into()),
-    };
-    let from_config = match &config {
-        Some(path) => Some(read_config_file(Path::new(path)).map_err(|err| err.to_string())?),
-        None => None,
-    };
-    let mode = match (mode, &from_config) {
-        (Some(mode), _) => Some(parse_mode(&mode, "--mode")?),
-        (None, Some(decoded)) if !decoded.config.mode.is_empty() => {
-            Some(parse_mode(&decoded.config.mode, "mode")?)
-        }
-        _ => None,
-    };
-    let metrics = metrics
-        .or_else(|| {
-            from_config
-                .map(|decoded| decoded.config.metrics_bind_address)
-                .filter(|address| !address.is_empty())
-        })
-        .unwrap_or_else(|| DEFAULT_METRICS.into());
-    Ok(Request {
-        flow,
-        mode,
-        output,
-        metrics,
-    })
+/// What to explain.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// A packet to `to` (`ADDRESS:PORT[/PROTOCOL]`), from `from` when given.
+    Flow { to: String, from: Option<String> },
+    /// Every service port of the node.
+    All,
 }
 
-fn parse_mode(text: &str, field: &str) -> Result<ProxyMode, String> {
-    match text {
-        "" | "iptables" => Ok(ProxyMode::Iptables),
-        "ipvs" => Ok(ProxyMode::Ipvs),
-        "nftables" => Ok(ProxyMode::Nftables),
-        other => Err(format!("{field} {other:?}: iptables, ipvs or nftables")),
+impl Request {
+    /// The request for `target`: the mode and the daemon's metrics address as given, else as
+    /// the configuration file `config` says, else the mode detected from the kernel and
+    /// upstream's default address.
+    pub fn new(
+        target: Target,
+        mode: Option<ProxyMode>,
+        config: Option<&Path>,
+        metrics: Option<String>,
+        output: Output,
+    ) -> Result<Request, String> {
+        let flow = match target {
+            Target::Flow { to, from } => Some(Flow::parse(&to, from.as_deref())?),
+            Target::All => None,
+        };
+        let from_config = match config {
+            Some(path) => Some(
+                read_config_file(path)
+                    .map_err(|err| err.to_string())?
+                    .config,
+            ),
+            None => None,
+        };
+        let mode = match (mode, &from_config) {
+            (Some(mode), _) => Some(mode),
+            (None, Some(config)) if !config.mode.is_empty() => Some(
+                config
+                    .proxy_mode()
+                    .ok_or_else(|| format!("mode {:?}: iptables, ipvs or nftables", config.mode))?,
+            ),
+            _ => None,
+        };
+        let metrics = metrics
+            .or_else(|| {
+                from_config
+                    .map(|config| config.metrics_bind_address)
+                    .filter(|address| !address.is_empty())
+            })
+            .unwrap_or_else(|| DEFAULT_METRICS.into());
+        Ok(Request {
+            flow,
+            mode,
+            output,
+            metrics,
+        })
     }
 }
 

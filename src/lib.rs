@@ -1,6 +1,7 @@
 //! kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.
 #![forbid(unsafe_code)]
 
+pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod explain;

@@ -1,8 +1,10 @@
-//! The `kube-proxy-rs` binary: parse flags and config, set up logging, run the daemon.
+//! The `kube-proxy-rs` binary: a subcommand's command line goes to `commands`; the daemon's
+//! is read as upstream's (flags, config), then logging is set up and the daemon runs.
 
 use std::process::ExitCode;
 
-use kube_proxy_rs::config::{self, Command, Flags, NodeNameSources, VersionRequest};
+use kube_proxy_rs::commands::{self, EXIT_BAD_CONFIG, EXIT_BAD_FLAGS};
+use kube_proxy_rs::config::{self, Flags, VersionRequest};
 use kube_proxy_rs::{daemon, logging};
 use tokio::sync::watch;
 
@@ -16,23 +18,26 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Exit status for a configuration the program cannot use (sysexits' EX_USAGE).
-const EXIT_BAD_CONFIG: u8 = 64;
-/// Exit status for a command line it cannot read (upstream's, for flag errors).
-const EXIT_BAD_FLAGS: u8 = 1;
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("explain") {
-        return explain(&args[1..]);
+    // The daemon takes no arguments (an empty one is ignored, as upstream's does): a first word
+    // is a subcommand's name, or a mistyped one that clap suggests the closest name for.
+    if args
+        .first()
+        .is_some_and(|first| !first.is_empty() && !first.starts_with('-'))
+    {
+        return commands::run(args, 0);
     }
-    let flags = match Flags::parse_from(std::env::args().skip(1)) {
+    let flags = match Flags::parse_from(&args) {
         Ok(flags) => flags,
         Err(err) => {
             eprintln!("Error: {err}\nRun 'kube-proxy-rs --help' for usage.");
             return ExitCode::from(EXIT_BAD_FLAGS);
         }
     };
+    if let Some(at) = flags.subcommand_at {
+        return commands::run(args, at);
+    }
     if flags.help {
         print!("{}", config::usage());
         return ExitCode::SUCCESS;
@@ -48,11 +53,7 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let sources = NodeNameSources {
-        env_node_name: std::env::var("NODE_NAME").ok(),
-        hostname: gethostname::gethostname().into_string().ok(),
-    };
-    let mut settings = match config::resolve(&flags, &sources) {
+    let mut settings = match config::resolve(&flags, &commands::node_name_sources()) {
         Ok(settings) => settings,
         Err(err) => {
             eprintln!("kube-proxy-rs: {err}");
@@ -61,11 +62,6 @@ fn main() -> ExitCode {
     };
     if let VersionRequest::Set(version) = &flags.version {
         settings.reported_version = Some(version.clone());
-    }
-    match &flags.command {
-        Some(Command::Render { files }) => return render(&flags, settings, files),
-        Some(Command::PrintConfig) => return print_config(&settings.config, None),
-        None => {}
     }
     let format = match logging::Format::parse(&settings.config.logging.format) {
         Ok(format) => format,
@@ -82,7 +78,7 @@ fn main() -> ExitCode {
         tracing::warn!("{warning}");
     }
     if let Some(path) = flags.write_config_to() {
-        return print_config(&settings.config, Some(&path));
+        return commands::write_config(&settings.config, Some(&path));
     }
     if flags.cleanup() {
         daemon::cleanup();
@@ -102,88 +98,6 @@ fn main() -> ExitCode {
         Err(err) => {
             tracing::error!(error = %format!("{err:#}"), "kube-proxy-rs stopped");
             eprintln!("kube-proxy-rs: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `print-config` (to stdout) and `--write-config-to` (to a file, then exit as upstream does).
-fn print_config(
-    config: &config::KubeProxyConfiguration,
-    path: Option<&std::path::Path>,
-) -> ExitCode {
-    let text = match config::config_yaml(config) {
-        Ok(text) => text,
-        Err(err) => {
-            eprintln!("kube-proxy-rs: cannot write the configuration: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let Some(path) = path else {
-        print!("{text}");
-        return ExitCode::SUCCESS;
-    };
-    match std::fs::write(path, text) {
-        Ok(()) => {
-            tracing::info!(file = %path.display(), "Wrote configuration");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("kube-proxy-rs: cannot write {}: {err}", path.display());
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `explain`: one packet's path through what this node programmed, read from the kernel.
-fn explain(args: &[String]) -> ExitCode {
-    let request = match kube_proxy_rs::explain::parse_args(args) {
-        Ok(request) => request,
-        Err(err) => {
-            eprintln!("kube-proxy-rs explain: {err}");
-            return ExitCode::from(EXIT_BAD_FLAGS);
-        }
-    };
-    match kube_proxy_rs::explain::run(&request) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("kube-proxy-rs explain: {err}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `render`: prints what would be programmed; objects that could not be used are listed on
-/// stderr and make the exit status 1 (the rest is still printed).
-fn render(flags: &Flags, mut settings: config::Settings, files: &[std::path::PathBuf]) -> ExitCode {
-    if let Some(mode) = flags.proxy_mode() {
-        settings.config.mode = mode;
-        let errors = config::validate(&settings.config);
-        if !errors.is_empty() {
-            eprintln!("kube-proxy-rs: {}", config::ConfigError::Invalid(errors));
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
-    }
-    for warning in &settings.warnings {
-        eprintln!("kube-proxy-rs render: warning: {warning}");
-    }
-    match kube_proxy_rs::preview::render(&settings.config, &settings.node_name, files) {
-        Ok(rendered) => {
-            print!("{}", rendered.text);
-            for problem in &rendered.problems {
-                eprintln!("kube-proxy-rs render: skipped: {problem}");
-            }
-            if rendered.problems.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(err) => {
-            eprintln!("kube-proxy-rs render: {err}");
             ExitCode::FAILURE
         }
     }

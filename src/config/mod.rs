@@ -13,7 +13,9 @@ use std::path::PathBuf;
 
 pub use canonical::canonical_addresses;
 pub use duration::{DurationError, GoDuration};
-pub use flags::{Command, FlagError, Flags, VersionRequest, usage};
+pub use flags::{
+    FlagError, Flags, Kind, Role, SUBCOMMANDS, Spec, VersionRequest, retired_flags, specs, usage,
+};
 pub use load::{API_VERSION, Decoded, KIND, LoadError, decode_config, read_config_file};
 pub use types::*;
 pub use validate::{FieldError, IPVS_SCHEDULERS, validate};

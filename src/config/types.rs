@@ -22,6 +22,19 @@ pub enum ProxyMode {
 }
 
 impl ProxyMode {
+    /// Every mode.
+    pub const ALL: [ProxyMode; 3] = [ProxyMode::Iptables, ProxyMode::Ipvs, ProxyMode::Nftables];
+
+    /// The mode a word names: empty means iptables, as on Linux upstream.
+    pub fn parse(word: &str) -> Option<ProxyMode> {
+        match word {
+            "" => Some(ProxyMode::Iptables),
+            word => ProxyMode::ALL
+                .into_iter()
+                .find(|mode| mode.as_str() == word),
+        }
+    }
+
     /// The name as the config and `/proxyMode` spell it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -231,12 +244,7 @@ impl KubeProxyConfiguration {
     /// The mode in force: empty means iptables, as on Linux upstream. `None` for an unknown word
     /// (validation reports that before anyone asks).
     pub fn proxy_mode(&self) -> Option<ProxyMode> {
-        match self.mode.as_str() {
-            "" | "iptables" => Some(ProxyMode::Iptables),
-            "ipvs" => Some(ProxyMode::Ipvs),
-            "nftables" => Some(ProxyMode::Nftables),
-            _ => None,
-        }
+        ProxyMode::parse(&self.mode)
     }
 
     /// The local-traffic detector in force (empty means ClusterCIDR).

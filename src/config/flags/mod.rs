@@ -46,14 +46,9 @@ pub enum VersionRequest {
     Set(String),
 }
 
-/// Subcommands (ours; upstream takes no arguments).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Print the defaulted, validated configuration as YAML and exit.
-    PrintConfig,
-    /// Print what this node would program for objects read from YAML files (`-`: stdin).
-    Render { files: Vec<PathBuf> },
-}
+/// The words that name a subcommand of ours (upstream's command takes no arguments). The
+/// subcommands read their own command lines (`crate::commands`).
+pub const SUBCOMMANDS: [&str; 5] = ["explain", "render", "print-config", "completion", "help"];
 
 /// One flag as given.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,7 +64,9 @@ pub struct Flags {
     pub given: Vec<Given>,
     /// Retired flags given (accepted, they do nothing): name and why.
     pub retired: Vec<(&'static str, &'static str)>,
-    pub command: Option<Command>,
+    /// Where a subcommand's name stands (the first word that is no flag's, when it names one):
+    /// reading stops there, and the whole command line is the subcommand's.
+    pub subcommand_at: Option<usize>,
     pub version: VersionRequest,
     pub help: bool,
     pub dry_run: bool,
@@ -115,6 +112,10 @@ impl Flags {
                     return Err(FlagError::UnknownShorthand(first, arg.clone()));
                 }
             } else {
+                if positional.is_empty() && SUBCOMMANDS.contains(&arg.as_str()) {
+                    flags.subcommand_at = Some(index - 1);
+                    return Ok(flags);
+                }
                 positional.push(arg.clone());
                 continue;
             };
@@ -145,31 +146,10 @@ impl Flags {
             })?;
             flags.take(spec, value, &raw);
         }
-        flags.command = match positional.split_first() {
-            None => None,
-            Some((first, rest)) if first == "render" => {
-                if rest.is_empty() {
-                    return Err(FlagError::Usage(
-                        "render needs at least one file (or - for standard input)".into(),
-                    ));
-                }
-                Some(Command::Render {
-                    files: rest.iter().map(PathBuf::from).collect(),
-                })
-            }
-            Some((first, rest)) if first == "print-config" && rest.is_empty() => {
-                Some(Command::PrintConfig)
-            }
-            _ => {
-                let non_empty: Vec<String> =
-                    positional.into_iter().filter(|a| !a.is_empty()).collect();
-                if non_empty.is_empty() {
-                    None
-                } else {
-                    return Err(FlagError::Arguments(non_empty));
-                }
-            }
-        };
+        let non_empty: Vec<String> = positional.into_iter().filter(|a| !a.is_empty()).collect();
+        if !non_empty.is_empty() {
+            return Err(FlagError::Arguments(non_empty));
+        }
         Ok(flags)
     }
 
@@ -350,15 +330,30 @@ fn read_value(spec: &Spec, raw: &str) -> Result<Value, values::ValueError> {
     })
 }
 
+/// Every flag the daemon reads: upstream's, then ours.
+pub fn specs() -> impl Iterator<Item = &'static Spec> {
+    table::UPSTREAM.iter().chain(table::OURS)
+}
+
+/// The retired flags the daemon accepts (and ignores): name, kind, why.
+pub fn retired_flags() -> &'static [(&'static str, Kind, &'static str)] {
+    table::RETIRED
+}
+
 /// `--help`'s text.
 pub fn usage() -> String {
     let mut text = String::from(
         "kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.\n\n\
-         Usage:\n  kube-proxy-rs [flags]\n  kube-proxy-rs render [flags] FILE...   print what this node would program\n  \
-         kube-proxy-rs print-config [flags]     print the configuration in force\n  \
-         kube-proxy-rs explain --to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS] [--mode MODE] [--config FILE] [-o text|json]\n                                         one packet's path through what this node programmed\n\nFlags:\n",
+         Usage:\n  \
+         kube-proxy-rs [flags]                run the proxy (upstream kube-proxy's flags, below)\n  \
+         kube-proxy-rs explain --to ADDRESS:PORT[/PROTOCOL] | --all [flags]\n                                       one packet's path through what this node programmed\n  \
+         kube-proxy-rs render [flags] FILE... what this node would program for objects in YAML files\n  \
+         kube-proxy-rs print-config [flags]   the configuration in force, as YAML\n  \
+         kube-proxy-rs completion SHELL       shell completion for the subcommands\n  \
+         kube-proxy-rs help [COMMAND]         this text, or a subcommand's flags and examples\n\n\
+         Flags:\n",
     );
-    for spec in table::UPSTREAM.iter().chain(table::OURS) {
+    for spec in specs() {
         if matches!(spec.role, Role::Deprecated(_)) {
             continue;
         }

@@ -188,16 +188,17 @@ fn the_special_flags() {
     );
     assert_eq!(parse(&["--version=false"]).version, VersionRequest::None);
     assert!(parse(&["-h"]).help);
-    assert_eq!(
-        parse(&["render", "--proxy-mode=nftables", "-"]).command,
-        Some(Command::Render {
-            files: vec![PathBuf::from("-")]
-        })
-    );
-    assert_eq!(
-        parse(&["--dry-run", "print-config"]).command,
-        Some(Command::PrintConfig)
-    );
+    // A subcommand's name stops the reading: what follows is the subcommand's.
+    assert_eq!(parse(&["render", "--to", "-"]).subcommand_at, Some(0));
+    let before = parse(&[
+        "--dry-run",
+        "--hostname-override",
+        "render",
+        "print-config",
+        "--x",
+    ]);
+    assert_eq!(before.subcommand_at, Some(3));
+    assert_eq!(parse(&["--dry-run"]).subcommand_at, None);
     assert_eq!(
         Flags::parse_from(["extra"]),
         Err(FlagError::Arguments(vec!["extra".into()]))
