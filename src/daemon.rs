@@ -15,7 +15,9 @@ use crate::node_setup;
 use crate::proxier::Proxier;
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::dry_run::DryRunProxier;
-use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, localhost_proxy_families};
+use crate::proxier::local::{
+    LOCALHOST_NODE_PORTS_GATE, NodePortSelection, localhost_proxy_families,
+};
 use crate::proxier::modes::{self, SetupError};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
@@ -112,9 +114,10 @@ pub async fn run(
             "The proxy mode was not set: using iptables. The default becomes nftables in Kubernetes 1.40; set mode (or --proxy-mode) to keep iptables"
         );
     }
-    let (min_sync, sync_period) = sync_periods(config, mode);
     let requester = SyncRequester::default();
     let (mode, proxier) = proxier_for(mode, config, options, &requester)?;
+    // The mode that runs (iptables, after IPVS fell back) has its own periods.
+    let (min_sync, sync_period) = sync_periods(config, mode);
     let health = Arc::new(ProxyHealth::new(sync_period));
     let metrics = metrics_for(config, options, mode)?;
     // A dry run opens no ports for services either.
@@ -218,7 +221,7 @@ pub async fn run(
             .then(|| ServiceHealthServers::new(Vec::new(), connections.clone())),
         localhost_node_ports,
         conntrack: (!options.dry_run).then(open_conntrack).flatten(),
-        node_port_addresses: config.node_port_addresses.clone(),
+        node_port_addresses: NodePortSelection::new(&config.node_port_addresses),
         node_name: settings.node_name.clone(),
         // A dry run leaves the node alone, the other mode's state included.
         leftovers_removed: options.dry_run,
@@ -354,7 +357,7 @@ async fn start_servers(
     {
         failed.push(NodeEvent::HealthServerFailed(error));
     }
-    let configz = crate::config::configz_json(config).unwrap_or_else(|error| {
+    let configz = crate::config::configz_json(&in_force(config, mode)).unwrap_or_else(|error| {
         warn!(%error, "Cannot write the configuration for /configz");
         "{}".into()
     });
@@ -373,6 +376,21 @@ async fn start_servers(
         failed.push(NodeEvent::MetricsServerFailed(error));
     }
     Ok(failed)
+}
+
+/// The configuration in force once `mode` runs: after the IPVS fallback, its mode is
+/// iptables, as `/proxyMode` says (upstream has no fallback since 1.26, so /configz always
+/// matched what ran).
+fn in_force(
+    config: &KubeProxyConfiguration,
+    mode: ProxyMode,
+) -> std::borrow::Cow<'_, KubeProxyConfiguration> {
+    if config.proxy_mode() == Some(mode) {
+        return std::borrow::Cow::Borrowed(config);
+    }
+    let mut running = config.clone();
+    running.mode = mode.as_str().to_string();
+    std::borrow::Cow::Owned(running)
 }
 
 /// Counts the API client's requests in the metrics.

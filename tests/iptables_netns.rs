@@ -237,16 +237,15 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
             .ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
             .contains("KUBE-SVC-")
     );
-    // The mode running, and the configuration as read.
+    // The mode running, in /proxyMode and in the configuration in force (the rest as read).
     let metrics = addr("127.0.0.1:10249");
     let (_, mode) = http_get(&cluster.node, metrics, "/proxyMode").unwrap();
     assert_eq!(mode, "iptables");
     let (_, configz) = http_get(&cluster.node, metrics, "/configz").unwrap();
     let configz: serde_json::Value = serde_json::from_str(&configz).expect("JSON");
-    assert_eq!(
-        configz["kubeproxy.config.k8s.io"]["mode"], "ipvs",
-        "{configz}"
-    );
+    let in_force = &configz["kubeproxy.config.k8s.io"];
+    assert_eq!(in_force["mode"], "iptables", "{configz}");
+    assert_eq!(in_force["ipvs"]["scheduler"], "rr", "{configz}");
     daemon.stop().await;
 
     // With fallback off it exits instead, as upstream does since 1.26.

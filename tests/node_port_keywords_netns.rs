@@ -38,16 +38,32 @@ fn served(cluster: &Cluster) -> Served {
     }
 }
 
+/// What nftables mode says when nodePortAddresses names loopback addresses alone.
+const SERVES_NO_NODE_PORT: &str =
+    "nodePortAddresses names nothing else, so this node serves no NodePort";
+
 async fn serves(cluster: &Cluster, mode: &str, addresses: &str, expected: Served) {
     let extra = format!(
         "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\nnodePortAddresses: {addresses}\n"
     );
     let daemon = cluster.daemon(&cluster.config_with_mode(mode, &extra));
     daemon.wait_for("\"Synced proxy rules\"").await;
+    let nothing = Served {
+        primary: false,
+        localhost: false,
+        pod_side: false,
+    };
     assert_eq!(
         served(cluster),
         expected,
         "{mode}, nodePortAddresses {addresses}"
+    );
+    // Said once, where it is true.
+    let said = usize::from(expected == nothing);
+    assert_eq!(
+        daemon.count(SERVES_NO_NODE_PORT),
+        said,
+        "{mode}, {addresses}"
     );
     daemon.stop().await;
 }
@@ -79,6 +95,19 @@ async fn keywords_select_the_node_port_addresses(mode: &str) {
             primary: false,
             localhost: mode == "iptables",
             pod_side: true,
+        },
+    )
+    .await;
+    // Loopback alone: only what iptables mode serves on 127.0.0.1; nftables mode serves no
+    // NodePort, and says so.
+    serves(
+        &cluster,
+        mode,
+        "[localhost]",
+        Served {
+            primary: false,
+            localhost: mode == "iptables",
+            pod_side: false,
         },
     )
     .await;

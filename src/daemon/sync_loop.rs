@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
 use crate::proxier::cleanup::{self, Leftovers};
 use crate::proxier::conntrack::UdpConntrackCleaner;
-use crate::proxier::local::selected_node_port_ips;
+use crate::proxier::local::NodePortSelection;
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::runner::Syncer;
 use crate::servers::{
@@ -46,7 +46,7 @@ pub(super) struct SyncLoop {
     pub(super) localhost_node_ports: Option<LocalhostNodePorts>,
     /// UDP conntrack cleanup; `None` in a dry run (or when ctnetlink cannot be opened).
     pub(super) conntrack: Option<UdpConntrackCleaner>,
-    pub(super) node_port_addresses: Vec<String>,
+    pub(super) node_port_addresses: NodePortSelection,
     pub(super) node_name: String,
     /// Whether the other mode's state has been removed (once, after the first successful sync).
     pub(super) leftovers_removed: bool,
@@ -121,10 +121,10 @@ impl SyncLoop {
         }
         let node_ip = state.node.addresses.first().copied();
         drop(state);
-        let addresses = selected_node_port_ips(&self.node_port_addresses, node_ip, || {
-            SystemAddresses.addresses()
-        })
-        .unwrap_or_default();
+        let addresses = self
+            .node_port_addresses
+            .select(node_ip, || SystemAddresses.addresses())
+            .unwrap_or_default();
         if let Some(servers) = self.service_health.as_mut() {
             servers.set_addresses(addresses);
             servers.sync(wanted);

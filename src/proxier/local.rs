@@ -85,39 +85,86 @@ impl LocalTraffic {
     }
 }
 
-/// The addresses `nodePortAddresses` selects in one family, its keywords read as upstream 1.37
-/// reads them (mixed freely with each other and with CIDRs): `None` means every local address
-/// (an empty list, or `all`); `primary` adds the node's own address (unless it is a loopback
-/// one); `localhost` the loopback addresses (127.0.0.0/8, ::1/128); a CIDR the local addresses
-/// inside it. `local` gives this family's local addresses; it is only asked for CIDRs and
-/// `localhost`.
-pub fn selected_node_port_ips(
-    configured: &[String],
-    node_ip: Option<IpAddr>,
-    local: impl FnOnce() -> Vec<IpAddr>,
-) -> Option<Vec<IpAddr>> {
-    if configured.is_empty() || configured.iter().any(|a| a == "all") {
-        return None;
+/// `nodePortAddresses`, read once (the config layer has checked every entry): upstream 1.37's
+/// keywords and CIDRs, mixed freely.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePortSelection {
+    /// Every local address: an empty list, or `all` among the entries.
+    all: bool,
+    /// `primary`: the node's own address.
+    primary: bool,
+    /// The CIDRs given, and `localhost`'s (127.0.0.0/8, ::1/128).
+    nets: Vec<IpNet>,
+}
+
+impl NodePortSelection {
+    /// Reads the configured entries; an entry that is neither a keyword nor a CIDR (validation
+    /// refused it before) selects nothing.
+    pub fn new(configured: &[String]) -> Self {
+        let mut selection = NodePortSelection {
+            all: configured.is_empty(),
+            ..NodePortSelection::default()
+        };
+        for entry in configured {
+            match entry.as_str() {
+                "all" => selection.all = true,
+                "primary" => selection.primary = true,
+                "localhost" => selection.nets.extend(localhost_nets()),
+                cidr => selection.nets.extend(cidr.parse::<IpNet>().ok()),
+            }
+        }
+        selection
     }
-    let mut ips: Vec<IpAddr> = Vec::new();
-    let mut nets: Vec<IpNet> = Vec::new();
-    for entry in configured {
-        match entry.as_str() {
-            "primary" => ips.extend(node_ip.filter(|ip| !ip.is_loopback())),
-            "localhost" => nets.extend(localhost_nets()),
-            cidr => nets.extend(cidr.parse::<IpNet>().ok()),
+
+    /// As nftables mode reads it: an empty list is `primary` (upstream's default there).
+    pub fn primary_by_default(configured: &[String]) -> Self {
+        if configured.is_empty() {
+            Self::new(&["primary".to_string()])
+        } else {
+            Self::new(configured)
         }
     }
-    if !nets.is_empty() {
-        ips.extend(
-            local()
-                .into_iter()
-                .filter(|ip| nets.iter().any(|n| n.contains(ip))),
-        );
+
+    /// The addresses it selects in one family: `None` means every local address; `primary`
+    /// adds the node's own address (unless it is a loopback one); a CIDR the local addresses
+    /// inside it. `local` gives this family's local addresses; it is only asked for CIDRs.
+    pub fn select(
+        &self,
+        node_ip: Option<IpAddr>,
+        local: impl FnOnce() -> Vec<IpAddr>,
+    ) -> Option<Vec<IpAddr>> {
+        if self.all {
+            return None;
+        }
+        let mut ips: Vec<IpAddr> = Vec::new();
+        if self.primary {
+            ips.extend(node_ip.filter(|ip| !ip.is_loopback()));
+        }
+        if !self.nets.is_empty() {
+            ips.extend(
+                local()
+                    .into_iter()
+                    .filter(|ip| self.nets.iter().any(|n| n.contains(ip))),
+            );
+        }
+        ips.sort();
+        ips.dedup();
+        Some(ips)
     }
-    ips.sort();
-    ips.dedup();
-    Some(ips)
+
+    /// The loopback networks it names: `localhost`'s, and its loopback CIDRs.
+    pub fn loopback_nets(&self) -> impl Iterator<Item = &IpNet> {
+        self.nets.iter().filter(|net| net.addr().is_loopback())
+    }
+
+    /// It names loopback networks and nothing else: a mode that serves no NodePort on a
+    /// loopback address serves none at all.
+    pub fn only_loopback(&self) -> bool {
+        !self.all
+            && !self.primary
+            && !self.nets.is_empty()
+            && self.nets.iter().all(|net| net.addr().is_loopback())
+    }
 }
 
 /// What `localhost` in nodePortAddresses stands for.
@@ -125,6 +172,34 @@ fn localhost_nets() -> impl Iterator<Item = IpNet> {
     ["127.0.0.0/8", "::1/128"]
         .into_iter()
         .filter_map(|net| net.parse().ok())
+}
+
+/// What a mode that programs no NodePort on a loopback address (IPVS, nftables) says, once at
+/// start, of a nodePortAddresses that names loopback networks the localhost NodePort proxy
+/// does not serve (`proxied`: the families it serves): that they are left out, and, when they
+/// are all it names, that the node serves no NodePort.
+pub fn unserved_loopback(
+    selection: &NodePortSelection,
+    proxied: &[IpFamily],
+    mode: &str,
+) -> Option<String> {
+    let unserved = selection.loopback_nets().any(|net| {
+        !proxied
+            .iter()
+            .any(|family| net.contains(&family.loopback()))
+    });
+    if !unserved {
+        return None;
+    }
+    let mut said = format!(
+        "NodePorts on localhost addresses are not served by {mode} (as upstream): nodePortAddresses' loopback addresses are left out; the {LOCALHOST_NODE_PORTS_GATE} feature gate serves them through a userspace proxy"
+    );
+    if selection.only_loopback() && proxied.is_empty() {
+        said.push_str(
+            ". nodePortAddresses names nothing else, so this node serves no NodePort: add primary, or a CIDR of the node's addresses",
+        );
+    }
+    Some(said)
 }
 
 /// The feature gate that hands localhost NodePorts to the userspace proxy (KEP-6032).
@@ -139,42 +214,69 @@ pub fn localhost_proxy_families(config: &KubeProxyConfiguration) -> Vec<IpFamily
     if !feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE) {
         return Vec::new();
     }
-    let named: Vec<IpNet> = loopback_nets(&config.node_port_addresses).collect();
+    let selection = NodePortSelection::new(&config.node_port_addresses);
     [IpFamily::V4, IpFamily::V6]
         .into_iter()
-        .filter(|family| named.iter().any(|net| net.contains(&family.loopback())))
+        .filter(|family| {
+            selection
+                .loopback_nets()
+                .any(|net| net.contains(&family.loopback()))
+        })
         .collect()
-}
-
-/// The loopback networks nodePortAddresses names: `localhost`'s, and its loopback CIDRs.
-pub fn loopback_nets(configured: &[String]) -> impl Iterator<Item = IpNet> + '_ {
-    configured.iter().flat_map(|entry| {
-        let nets: Vec<IpNet> = if entry == "localhost" {
-            localhost_nets().collect()
-        } else {
-            entry
-                .parse::<IpNet>()
-                .into_iter()
-                .filter(|net| net.addr().is_loopback())
-                .collect()
-        };
-        nets
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn selected(configured: &[&str], node_ip: &str) -> Option<Vec<String>> {
+    fn selection(configured: &[&str]) -> NodePortSelection {
         let configured: Vec<String> = configured.iter().map(|c| c.to_string()).collect();
+        NodePortSelection::new(&configured)
+    }
+
+    fn selected(configured: &[&str], node_ip: &str) -> Option<Vec<String>> {
         let local = || {
             ["127.0.0.1", "192.168.0.2", "10.244.1.1"]
                 .map(|a| a.parse().unwrap())
                 .to_vec()
         };
-        selected_node_port_ips(&configured, node_ip.parse().ok(), local)
+        selection(configured)
+            .select(node_ip.parse().ok(), local)
             .map(|ips| ips.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn loopback_is_named_by_keyword_or_loopback_cidr() {
+        let named = |entries: &[&str]| selection(entries).loopback_nets().next().is_some();
+        assert!(named(&["primary", "localhost"]));
+        assert!(named(&["127.0.0.0/8"]) && named(&["::1/128"]));
+        assert!(!named(&["0.0.0.0/0", "all", "primary"]));
+        assert!(!named(&[]));
+    }
+
+    #[test]
+    fn loopback_alone_is_told_apart_and_said_to_serve_no_node_port() {
+        assert!(selection(&["localhost"]).only_loopback());
+        assert!(selection(&["127.0.0.0/8", "::1/128"]).only_loopback());
+        for served in [
+            &["localhost", "primary"][..],
+            &["localhost", "all"],
+            &[],
+            &["10.0.0.0/8"],
+        ] {
+            assert!(!selection(served).only_loopback(), "{served:?}");
+        }
+        let said = |configured: &[&str], proxied: &[IpFamily]| {
+            unserved_loopback(&selection(configured), proxied, "IPVS")
+        };
+        let alone = said(&["localhost"], &[]).expect("said");
+        assert!(alone.contains("this node serves no NodePort"), "{alone}");
+        let mixed = said(&["localhost", "primary"], &[]).expect("said");
+        assert!(!mixed.contains("serves no NodePort"), "{mixed}");
+        assert_eq!(said(&["localhost"], &[IpFamily::V4, IpFamily::V6]), None);
+        let half = said(&["localhost"], &[IpFamily::V4]).expect("::1 is not proxied");
+        assert!(!half.contains("serves no NodePort"), "{half}");
+        assert_eq!(said(&["primary", "10.0.0.0/8"], &[]), None);
     }
 
     #[test]

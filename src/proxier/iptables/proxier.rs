@@ -22,7 +22,6 @@ use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::context::FamilyContext;
 use crate::proxier::driver::{Mode, SyncDriver, Written};
-use crate::proxier::local::selected_node_port_ips;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::xtables::missing_jumps;
 use crate::proxier::{SyncError, SyncReport};
@@ -148,12 +147,14 @@ impl<I: Iptables> IptablesMode<I> {
                 .filter(of_family)
                 .collect()
         };
-        let node_port_addresses =
-            match selected_node_port_ips(&self.settings.node_port_addresses, common.node_ip, local)
-            {
-                None => NodePortAddresses::All,
-                Some(ips) => NodePortAddresses::Only(ips),
-            };
+        let node_port_addresses = match self
+            .settings
+            .node_port_addresses
+            .select(common.node_ip, local)
+        {
+            None => NodePortAddresses::All,
+            Some(ips) => NodePortAddresses::Only(ips),
+        };
         RenderContext {
             common,
             localhost_node_ports: self.settings.localhost_node_ports,

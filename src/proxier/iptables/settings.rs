@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::nfacct::NfacctCounters;
 use crate::config::KubeProxyConfiguration;
 use crate::model::IpFamily;
-use crate::proxier::local::{LocalTraffic, localhost_proxy_families};
+use crate::proxier::local::{LocalTraffic, NodePortSelection, localhost_proxy_families};
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
@@ -19,8 +19,7 @@ pub struct IptablesSettings {
     pub localhost_proxy: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
-    /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured.
-    pub node_port_addresses: Vec<String>,
+    pub node_port_addresses: NodePortSelection,
     pub tcp_be_liberal: bool,
     /// How often the canary chains are checked (syncPeriod).
     pub canary_interval: Duration,
@@ -39,7 +38,7 @@ impl IptablesSettings {
                 && !localhost_proxy,
             localhost_proxy,
             local_traffic: LocalTraffic::from_config(config),
-            node_port_addresses: config.node_port_addresses.clone(),
+            node_port_addresses: NodePortSelection::new(&config.node_port_addresses),
             tcp_be_liberal: config.conntrack.tcp_be_liberal,
             canary_interval: config.iptables.sync_period.0,
             nfacct: NfacctCounters::default(),

@@ -9,7 +9,7 @@ use super::{IptablesProxier, IptablesSettings, NfacctCounters};
 use crate::config::KubeProxyConfiguration;
 use crate::model::IpFamily;
 use crate::proxier::Proxier;
-use crate::proxier::local::selected_node_port_ips;
+use crate::proxier::local::NodePortSelection;
 use crate::sys::host::net::{ProcSysctl, SystemAddresses};
 use crate::sys::nf_tables::events::{NfEvents, Scope};
 use crate::sys::nfacct::NetlinkNfacct;
@@ -56,7 +56,8 @@ pub fn setup(
 /// not when the userspace proxy serves them.
 pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
     let loopback = IpFamily::V4.loopback();
-    let served = selected_node_port_ips(&config.node_port_addresses, None, || vec![loopback])
+    let served = NodePortSelection::new(&config.node_port_addresses)
+        .select(None, || vec![loopback])
         .is_none_or(|ips| ips.contains(&loopback));
     if IptablesSettings::from_config(config).localhost_node_ports && served {
         vec![("net/ipv4/conf/all/route_localnet", "1")]

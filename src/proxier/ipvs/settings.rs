@@ -8,7 +8,7 @@ use super::render::IpvsContext;
 use crate::config::KubeProxyConfiguration;
 use crate::model::{IpFamily, NodeInfo};
 use crate::proxier::context::FamilyContext;
-use crate::proxier::local::{LocalTraffic, selected_node_port_ips};
+use crate::proxier::local::{LocalTraffic, NodePortSelection};
 
 /// The parts of the configuration IPVS mode uses.
 #[derive(Clone, Debug)]
@@ -18,7 +18,7 @@ pub struct IpvsSettings {
     pub masquerade_mark: u32,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
-    pub node_port_addresses: Vec<String>,
+    pub node_port_addresses: NodePortSelection,
     pub exclude_cidrs: Vec<IpNet>,
     pub strict_arp: bool,
     /// tcp, tcpfin, udp timeouts in seconds (0 keeps the kernel's).
@@ -34,7 +34,7 @@ impl IpvsSettings {
             masquerade_all: config.iptables.masquerade_all,
             masquerade_mark: config.masquerade_mark(),
             local_traffic: LocalTraffic::from_config(config),
-            node_port_addresses: config.node_port_addresses.clone(),
+            node_port_addresses: NodePortSelection::new(&config.node_port_addresses),
             exclude_cidrs: config
                 .ipvs
                 .exclude_cidrs
@@ -65,9 +65,10 @@ impl IpvsSettings {
             .filter(|ip| IpFamily::of(ip) == family)
             .copied()
             .collect();
-        let node_port_ips =
-            selected_node_port_ips(&self.node_port_addresses, common.node_ip, || local.clone())
-                .unwrap_or_else(|| local.clone());
+        let node_port_ips = self
+            .node_port_addresses
+            .select(common.node_ip, || local.clone())
+            .unwrap_or_else(|| local.clone());
         IpvsContext {
             common,
             node_port_ips,

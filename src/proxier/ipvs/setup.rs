@@ -7,7 +7,7 @@ use super::support::{IpvsUnsupported, check_support};
 use super::{IpvsProxier, IpvsSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
-use crate::proxier::local::{localhost_proxy_families, loopback_nets};
+use crate::proxier::local::{NodePortSelection, localhost_proxy_families, unserved_loopback};
 use crate::sys::host::net::{ProcSysctl, SystemAddresses};
 use crate::sys::xtables::{Backend, SystemIptables};
 
@@ -26,12 +26,9 @@ pub fn setup(
     .map_err(|err| IpvsUnsupported::Start(err.to_string()))?;
     info!(backend = backend.as_str(), "Using iptables back end");
     info!("Using ipvs Proxier");
-    if loopback_nets(&config.node_port_addresses).next().is_some()
-        && localhost_proxy_families(config).is_empty()
-    {
-        warn!(
-            "NodePorts on localhost addresses are not served by IPVS (as upstream): nodePortAddresses' loopback addresses are left out; the KubeProxyNFTablesLocalhostNodePorts feature gate serves them through a userspace proxy"
-        );
+    let selection = NodePortSelection::new(&config.node_port_addresses);
+    if let Some(said) = unserved_loopback(&selection, &localhost_proxy_families(config), "IPVS") {
+        warn!("{said}");
     }
     Ok(Box::new(proxier))
 }
@@ -39,21 +36,4 @@ pub fn setup(
 /// The sysctls `--init-only` sets for this mode.
 pub fn init_sysctls(config: &KubeProxyConfiguration) -> Vec<(&'static str, &'static str)> {
     super::sysctls(config.ipvs.strict_arp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_is_named_by_keyword_or_loopback_cidr() {
-        let named = |entries: &[&str]| {
-            let entries: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
-            loopback_nets(&entries).next().is_some()
-        };
-        assert!(named(&["primary", "localhost"]));
-        assert!(named(&["127.0.0.0/8"]) && named(&["::1/128"]));
-        assert!(!named(&["0.0.0.0/0", "all", "primary"]));
-        assert!(!named(&[]));
-    }
 }

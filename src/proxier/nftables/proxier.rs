@@ -28,7 +28,7 @@ use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
 use crate::proxier::context::FamilyContext;
 use crate::proxier::driver::{Mode, SyncDriver, Written};
-use crate::proxier::local::{NodePortAddresses, selected_node_port_ips};
+use crate::proxier::local::NodePortAddresses;
 use crate::proxier::naming::ChainSet;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::{SyncError, SyncReport};
@@ -98,8 +98,6 @@ pub struct NftablesMode<N: Nftables> {
     /// The next full sync deletes and recreates the table (a full sync failed for no reason
     /// a line of ours could name).
     recreate: bool,
-    /// Whether the loopback-NodePorts note was logged.
-    logged_localhost: bool,
     /// How long a flushed chain waits before it is deleted ([`STALE_CHAIN_DELAY`]).
     pub stale_chain_delay: Duration,
     /// How long after a restart that trusted the table's digests it is read back
@@ -129,7 +127,6 @@ impl<N: Nftables> NftablesProxier<N> {
             full_sync_wanted: false,
             wake: None,
             recreate: false,
-            logged_localhost: false,
             stale_chain_delay: STALE_CHAIN_DELAY,
             verify_delay: VERIFY_DELAY,
             sync_failures: 0,
@@ -174,21 +171,14 @@ impl<N: Nftables> NftablesMode<N> {
                 .filter(of_family)
                 .collect()
         };
-        let node_port_addresses =
-            match selected_node_port_ips(&self.settings.node_port_addresses, common.node_ip, local)
-            {
-                None => NodePortAddresses::All,
-                Some(ips) => NodePortAddresses::Only(ips),
-            };
-        if let NodePortAddresses::Only(ips) = &node_port_addresses
-            && ips.iter().any(IpAddr::is_loopback)
-            && !self.settings.localhost_proxy.contains(&common.family)
-            && !std::mem::replace(&mut self.logged_localhost, true)
+        let node_port_addresses = match self
+            .settings
+            .node_port_addresses
+            .select(common.node_ip, local)
         {
-            warn!(
-                "NodePorts on localhost addresses are not served by nftables rules (as upstream): nodePortAddresses' loopback addresses are left out; the KubeProxyNFTablesLocalhostNodePorts feature gate serves them through a userspace proxy"
-            );
-        }
+            None => NodePortAddresses::All,
+            Some(ips) => NodePortAddresses::Only(ips),
+        };
         NftContext {
             common,
             node_port_addresses,

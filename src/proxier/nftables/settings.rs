@@ -2,7 +2,9 @@
 
 use crate::config::{KubeProxyConfiguration, feature_gates};
 use crate::model::{IpFamily, Protocol};
-use crate::proxier::local::{LOCALHOST_NODE_PORTS_GATE, LocalTraffic, localhost_proxy_families};
+use crate::proxier::local::{
+    LOCALHOST_NODE_PORTS_GATE, LocalTraffic, NodePortSelection, localhost_proxy_families,
+};
 
 /// The parts of the configuration this proxier uses.
 #[derive(Clone, Debug)]
@@ -11,9 +13,8 @@ pub struct NftablesSettings {
     pub masquerade_all: bool,
     /// How local pod traffic is recognised.
     pub local_traffic: LocalTraffic,
-    /// CIDRs and keywords (`primary`, `localhost`, `all`), as configured; upstream's nftables
-    /// default (empty) is `primary`.
-    pub node_port_addresses: Vec<String>,
+    /// nodePortAddresses; upstream's nftables default (empty) is `primary`.
+    pub node_port_addresses: NodePortSelection,
     /// The families whose localhost NodePorts the userspace proxy serves.
     pub localhost_proxy: Vec<IpFamily>,
     /// The feature gate KubeProxyNFTablesLocalhostNodePorts is on: localhost NodePorts the
@@ -35,17 +36,12 @@ impl NftablesSettings {
 
     /// Takes them from a validated configuration.
     pub fn from_config(config: &KubeProxyConfiguration) -> Self {
-        let node_port_addresses = if config.node_port_addresses.is_empty() {
-            vec!["primary".to_string()]
-        } else {
-            config.node_port_addresses.clone()
-        };
         let bit = config.nftables.masquerade_bit.unwrap_or(14).clamp(0, 31);
         NftablesSettings {
             masquerade_mark: 1u32 << bit,
             masquerade_all: config.nftables.masquerade_all || config.iptables.masquerade_all,
             local_traffic: LocalTraffic::from_config(config),
-            node_port_addresses,
+            node_port_addresses: NodePortSelection::primary_by_default(&config.node_port_addresses),
             localhost_proxy: localhost_proxy_families(config),
             localhost_gate: feature_gates::enabled(
                 &config.feature_gates,

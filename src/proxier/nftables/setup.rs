@@ -10,6 +10,7 @@ use super::support::{self, NftablesUnsupported, SKIP_KERNEL_CHECK_ENV};
 use super::{NftablesProxier, NftablesSettings};
 use crate::config::KubeProxyConfiguration;
 use crate::proxier::Proxier;
+use crate::proxier::local::unserved_loopback;
 use crate::sys::host::net::SystemAddresses;
 use crate::sys::nf_tables::SystemNftables;
 use crate::sys::nf_tables::events::{NfEvents, Scope};
@@ -23,9 +24,18 @@ pub fn setup(
     let skip_kernel_check = std::env::var_os(SKIP_KERNEL_CHECK_ENV).is_some();
     support::check_support(&support::kernel_release(), skip_kernel_check)?;
     info!("Using nftables Proxier");
+    let settings = NftablesSettings::from_config(config);
+    let said = unserved_loopback(
+        &settings.node_port_addresses,
+        &settings.localhost_proxy,
+        "nftables rules",
+    );
+    if let Some(said) = said {
+        warn!("{said}");
+    }
     let proxier = NftablesProxier::new(
         SystemNftables::default(),
-        NftablesSettings::from_config(config),
+        settings,
         Box::new(SystemAddresses),
     )
     .with_wake(wake.clone());

@@ -269,12 +269,11 @@ fn node_ports_flows(case: &NodePortsCase) {
         .map(|a| a.to_string())
         .collect();
     let local = || addresses.iter().map(|a| a.parse().unwrap()).collect();
-    ctx.node_port_addresses =
-        match crate::proxier::local::selected_node_port_ips(&configured, ctx.common.node_ip, local)
-        {
-            None => NodePortAddresses::All,
-            Some(ips) => NodePortAddresses::Only(ips),
-        };
+    let selection = crate::proxier::local::NodePortSelection::new(&configured);
+    ctx.node_port_addresses = match selection.select(ctx.common.node_ip, local) {
+        None => NodePortAddresses::All,
+        Some(ips) => NodePortAddresses::Only(ips),
+    };
     let both = [
         std::net::SocketAddr::new(ep1.parse().unwrap(), 80).to_string(),
         std::net::SocketAddr::new(ep2.parse().unwrap(), 80).to_string(),
