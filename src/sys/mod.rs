@@ -1,7 +1,8 @@
-//! Kernel access, one folder or file per kernel surface, each behind a narrow trait with a
-//! stateful fake for tests: nf_tables (nftables mode's table, and the iptables-nft rules read
-//! back), xtables (the iptables tools), IPVS, ipset, conntrack, nfacct, and the host (links,
-//! sysctls and addresses, the tools' processes). `netlink` is the socket they share.
+//! Kernel access, one folder or file per kernel surface: nf_tables (nftables mode's table, and
+//! the iptables-nft rules read back), xtables (the iptables tools), IPVS, ipset, conntrack,
+//! nfacct, and the host (links, sysctls and addresses, the tools' processes). `netlink` is the
+//! socket they share. nf_tables, xtables, conntrack, nfacct and sysctls sit behind narrow traits
+//! with stateful fakes for tests; IPVS, ipset and links do not yet.
 
 use std::net::IpAddr;
 
