@@ -53,21 +53,28 @@ fn flags(names: &[&str]) -> Vec<String> {
     names.iter().map(|name| format!("--{name}")).collect()
 }
 
-/// The configuration flags `render` and `print-config` take: every flag of the daemon's that
-/// configures it and is not deprecated (those are accepted, unlisted, as in the daemon's help).
+/// The configuration flags `render` and `print-config` take and list: every flag of the
+/// daemon's that configures it and is not deprecated (those are accepted, unlisted, as in the
+/// daemon's help).
 fn configuration_flags() -> Vec<String> {
-    let running = [
-        "write-config-to",
+    let offered: Vec<&str> = kube_proxy_rs::commands::configuration_flags()
+        .map(|spec| spec.name)
+        .collect();
+    for spec in specs() {
+        if matches!(spec.role, Role::Config(_) | Role::Logging(_)) {
+            assert!(offered.contains(&spec.name), "--{} is offered", spec.name);
+        }
+    }
+    for running in [
         "cleanup",
-        "init-only",
         "version",
-        "help",
+        "init-only",
+        "write-config-to",
         "dry-run",
-        "ipvs-fallback",
-        "exit-on-config-change",
-    ];
-    let flags: Vec<String> = specs()
-        .filter(|spec| !running.contains(&spec.name))
+    ] {
+        assert!(!offered.contains(&running), "--{running} runs the daemon");
+    }
+    let flags: Vec<String> = kube_proxy_rs::commands::configuration_flags()
         .filter(|spec| !matches!(spec.role, Role::Deprecated(_) | Role::NoEffect(_)))
         .map(|spec| format!("--{}", spec.name))
         .collect();

@@ -34,7 +34,8 @@ fn names() -> impl Iterator<Item = &'static str> {
         .chain(config::retired_flags().iter().map(|(name, _, _)| *name))
 }
 
-fn offered() -> impl Iterator<Item = &'static Spec> {
+/// The daemon's flags `render` and `print-config` take (retired ones aside).
+pub fn offered() -> impl Iterator<Item = &'static Spec> {
     config::specs().filter(|spec| !NOT_CONFIGURATION.contains(&spec.name))
 }
 

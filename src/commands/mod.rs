@@ -14,6 +14,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{self, NodeNameSources};
 
+pub use config_flags::offered as configuration_flags;
+
 /// Exit status for a configuration or input the program cannot use (sysexits' EX_USAGE).
 pub const EXIT_BAD_CONFIG: u8 = 64;
 /// Exit status for a command line it cannot read (upstream's, for flag errors).

@@ -152,6 +152,18 @@ impl NodePortSelection {
         Some(ips)
     }
 
+    /// [`Self::select`], as the rules take it.
+    pub fn addresses(
+        &self,
+        node_ip: Option<IpAddr>,
+        local: impl FnOnce() -> Vec<IpAddr>,
+    ) -> NodePortAddresses {
+        match self.select(node_ip, local) {
+            None => NodePortAddresses::All,
+            Some(ips) => NodePortAddresses::Only(ips),
+        }
+    }
+
     /// The loopback networks it names: `localhost`'s, and its loopback CIDRs.
     pub fn loopback_nets(&self) -> impl Iterator<Item = &IpNet> {
         self.nets.iter().filter(|net| net.addr().is_loopback())

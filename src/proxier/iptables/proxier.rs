@@ -147,14 +147,10 @@ impl<I: Iptables> IptablesMode<I> {
                 .filter(of_family)
                 .collect()
         };
-        let node_port_addresses = match self
+        let node_port_addresses = self
             .settings
             .node_port_addresses
-            .select(common.node_ip, local)
-        {
-            None => NodePortAddresses::All,
-            Some(ips) => NodePortAddresses::Only(ips),
-        };
+            .addresses(common.node_ip, local);
         RenderContext {
             common,
             localhost_node_ports: self.settings.localhost_node_ports,

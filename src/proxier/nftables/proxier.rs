@@ -28,7 +28,6 @@ use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState, ServicePortMap};
 use crate::proxier::context::FamilyContext;
 use crate::proxier::driver::{Mode, SyncDriver, Written};
-use crate::proxier::local::NodePortAddresses;
 use crate::proxier::naming::ChainSet;
 use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::{SyncError, SyncReport};
@@ -171,14 +170,10 @@ impl<N: Nftables> NftablesMode<N> {
                 .filter(of_family)
                 .collect()
         };
-        let node_port_addresses = match self
+        let node_port_addresses = self
             .settings
             .node_port_addresses
-            .select(common.node_ip, local)
-        {
-            None => NodePortAddresses::All,
-            Some(ips) => NodePortAddresses::Only(ips),
-        };
+            .addresses(common.node_ip, local);
         NftContext {
             common,
             node_port_addresses,

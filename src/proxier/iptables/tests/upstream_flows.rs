@@ -270,10 +270,7 @@ fn node_ports_flows(case: &NodePortsCase) {
         .collect();
     let local = || addresses.iter().map(|a| a.parse().unwrap()).collect();
     let selection = crate::proxier::local::NodePortSelection::new(&configured);
-    ctx.node_port_addresses = match selection.select(ctx.common.node_ip, local) {
-        None => NodePortAddresses::All,
-        Some(ips) => NodePortAddresses::Only(ips),
-    };
+    ctx.node_port_addresses = selection.addresses(ctx.common.node_ip, local);
     let both = [
         std::net::SocketAddr::new(ep1.parse().unwrap(), 80).to_string(),
         std::net::SocketAddr::new(ep2.parse().unwrap(), 80).to_string(),
