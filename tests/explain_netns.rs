@@ -386,11 +386,11 @@ fn bad_input_gets_a_clear_error() {
         ),
         (
             vec!["explain", "--to", "10.96.0.10:80", "-o", "yaml"],
-            "text or json",
+            "possible values: text, json",
         ),
         (
             vec!["explain", "--to", "10.96.0.10:80", "--mode", "ebpf"],
-            "iptables, ipvs or nftables",
+            "possible values: iptables, ipvs, nftables",
         ),
     ] {
         let output = std::process::Command::new(BIN)
