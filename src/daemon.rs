@@ -19,6 +19,7 @@ use crate::proxier::local::{
     LOCALHOST_NODE_PORTS_GATE, NodePortSelection, localhost_proxy_families,
 };
 use crate::proxier::modes::{self, SetupError};
+use crate::proxier::profile::{KernelCounters, Profile, profile};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
 use crate::servers::{
@@ -117,9 +118,16 @@ pub async fn run(
     let requester = SyncRequester::default();
     let (mode, proxier) = proxier_for(mode, config, options, &requester)?;
     // The mode that runs (iptables, after IPVS fell back) has its own periods.
-    let (min_sync, sync_period) = sync_periods(config, mode);
+    let profile = profile(mode);
+    let (min_sync, sync_period) = profile.sync_periods(config);
+    info!(
+        mode = mode.as_str(),
+        min_sync_period = ?min_sync,
+        sync_period = ?sync_period,
+        "Syncing proxy rules at most once per minSyncPeriod, at least once per syncPeriod"
+    );
     let health = Arc::new(ProxyHealth::new(sync_period));
-    let metrics = metrics_for(config, options, mode)?;
+    let metrics = metrics_for(config, options, profile)?;
     // A dry run opens no ports for services either.
     let proxy_families = if options.dry_run {
         Vec::new()
@@ -155,7 +163,7 @@ pub async fn run(
         let hostname = gethostname::gethostname().to_string_lossy().into_owned();
         k8s::NodeEvents::new(client.clone(), &settings.node_name, &hostname)
     });
-    if mode == ProxyMode::Ipvs {
+    if profile.deprecated {
         error!("{}", k8s::IPVS_DEPRECATION);
         if let Some(events) = &events {
             events.post(NodeEvent::IpvsDeprecation);
@@ -191,9 +199,7 @@ pub async fn run(
         },
         synced: synced_tx,
     };
-    // Only nftables mode uses the ServiceCIDRs (the drop rule for unallocated ClusterIPs).
-    let watch_service_cidrs = mode == ProxyMode::Nftables;
-    let _watches = k8s::spawn_watches(client, &settings.node_name, watch_service_cidrs, sink);
+    let _watches = k8s::spawn_watches(client, &settings.node_name, profile.service_cidrs, sink);
 
     info!("Waiting for caches to sync");
     tokio::select! {
@@ -248,21 +254,6 @@ fn log_start(settings: &Settings) {
     }
 }
 
-/// The mode's (minSyncPeriod, syncPeriod).
-fn sync_periods(config: &KubeProxyConfiguration, mode: ProxyMode) -> (Duration, Duration) {
-    match mode {
-        ProxyMode::Nftables => (
-            config.nftables.min_sync_period.0,
-            config.nftables.sync_period.0,
-        ),
-        ProxyMode::Iptables => (
-            config.iptables.min_sync_period.0,
-            config.iptables.sync_period.0,
-        ),
-        ProxyMode::Ipvs => (config.ipvs.min_sync_period.0, config.ipvs.sync_period.0),
-    }
-}
-
 /// The proxier of `mode` (of the mode it fell back to), or a dry run's; then, as upstream
 /// before the first sync, the process's OOM priority and the conntrack settings.
 fn proxier_for(
@@ -297,30 +288,36 @@ fn proxier_for(
 fn metrics_for(
     config: &KubeProxyConfiguration,
     options: RunOptions,
-    mode: ProxyMode,
+    profile: &Profile,
 ) -> Result<Arc<Metrics>, DaemonError> {
     let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
     if let Err(err) = metrics.feature_gates(&config.feature_gates) {
         warn!(error = %err, "Cannot export the feature gates");
     }
-    if !options.dry_run && mode == ProxyMode::Iptables {
-        let exported = NetlinkNfacct::open()
-            .map_err(|err| err.to_string())
-            .and_then(|reader| {
-                metrics
-                    .count_nfacct(Box::new(reader))
-                    .map_err(|err| err.to_string())
-            });
-        if let Err(err) = exported {
-            warn!(error = %err, "Cannot export the nfacct counters");
-        }
+    if options.dry_run {
+        return Ok(metrics);
     }
-    if !options.dry_run
-        && mode == ProxyMode::Nftables
-        && feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE)
-        && let Err(err) = metrics.count_localhost_rejects()
-    {
-        warn!(error = %err, "Cannot export the localhost NodePort counters");
+    match profile.counters {
+        KernelCounters::None => {}
+        KernelCounters::Nfacct => {
+            let exported = NetlinkNfacct::open()
+                .map_err(|err| err.to_string())
+                .and_then(|reader| {
+                    metrics
+                        .count_nfacct(Box::new(reader))
+                        .map_err(|err| err.to_string())
+                });
+            if let Err(err) = exported {
+                warn!(error = %err, "Cannot export the nfacct counters");
+            }
+        }
+        KernelCounters::LocalhostRejects => {
+            if feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE)
+                && let Err(err) = metrics.count_localhost_rejects()
+            {
+                warn!(error = %err, "Cannot export the localhost NodePort counters");
+            }
+        }
     }
     Ok(metrics)
 }

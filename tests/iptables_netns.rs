@@ -197,7 +197,10 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
     require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
-    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", "ipvs:\n  scheduler: rr\n"));
+    // IPVS's own sync periods differ from iptables' (2s, and 0s, which defaults to 1s): the
+    // mode that runs uses its own.
+    let ipvs_section = "ipvs:\n  scheduler: rr\n  syncPeriod: 70s\n  minSyncPeriod: 7s\n";
+    let daemon = cluster.daemon(&cluster.config_with_mode("ipvs", ipvs_section));
     daemon
         .wait_for("\"Can't use the IPVS proxier\" reason=\"the kernel has no IPVS")
         .await;
@@ -205,6 +208,9 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
         .wait_for("\"Can't use ipvs proxier, trying iptables proxier\"")
         .await;
     daemon.wait_for("\"Using iptables Proxier\"").await;
+    daemon
+        .wait_for("mode=\"iptables\" min_sync_period=\"1s\" sync_period=\"2s\"")
+        .await;
     daemon.wait_for("\"Synced proxy rules\"").await;
     // Upstream's start event regarding the Node; no IPVS deprecation, as no ipvs proxier runs.
     let started = |event: &serde_json::Value| {

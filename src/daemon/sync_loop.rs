@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::model::{ChangeSummary, ChangeTracker, ProxyState};
-use crate::proxier::cleanup::{self, Leftovers};
+use crate::proxier::cleanup;
 use crate::proxier::conntrack::UdpConntrackCleaner;
 use crate::proxier::local::NodePortSelection;
+use crate::proxier::profile::profile;
 use crate::proxier::{Proxier, SyncError, SyncReport};
 use crate::runner::Syncer;
 use crate::servers::{
@@ -68,7 +69,7 @@ impl SyncLoop {
             "Removing the other proxy mode's leftovers"
         );
         let local = SystemAddresses.addresses();
-        for other in Leftovers::of_modes_other_than(mode) {
+        for other in profile(mode).leftovers {
             for family in cleanup::cleanup(*other, &local) {
                 self.metrics.nftables_cleanup_failures(family);
             }
@@ -189,7 +190,7 @@ impl SyncLoop {
         let partial = self.failures.is_clear();
         self.metrics.failed(
             &read(&self.state).node.families(),
-            self.proxier.mode(),
+            profile(self.proxier.mode()).failures,
             partial,
         );
         // Nothing is applied until a sync succeeds: past the health timeout the node reports

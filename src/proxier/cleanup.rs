@@ -12,7 +12,6 @@ use tracing::{info, warn};
 
 use super::xtables::SHARED_CHAINS;
 use super::{iptables, ipvs, nftables};
-use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::sys::nf_tables::SystemNftables;
 use crate::sys::xtables::{
@@ -35,15 +34,6 @@ pub enum Leftovers {
 }
 
 impl Leftovers {
-    /// What the modes other than `mode` leave behind.
-    pub fn of_modes_other_than(mode: ProxyMode) -> &'static [Leftovers] {
-        match mode {
-            ProxyMode::Iptables => &[Leftovers::IpvsMode, Leftovers::NftablesMode],
-            ProxyMode::Ipvs => &[Leftovers::IptablesMode, Leftovers::NftablesMode],
-            ProxyMode::Nftables => &[Leftovers::XtablesModes],
-        }
-    }
-
     /// The chains this removes when they are a fixed few (IPVS mode's), so they are looked up
     /// by name instead of listing a table of perhaps 100,000 chains.
     fn fixed_chains(self) -> Option<&'static [&'static str]> {

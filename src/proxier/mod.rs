@@ -16,6 +16,7 @@ pub mod modes;
 pub mod naming;
 pub mod nftables;
 pub mod policy;
+pub mod profile;
 pub mod quarantine;
 pub mod xtables;
 

@@ -11,10 +11,10 @@ use prometheus::{
 use self::register::*;
 use super::http::ConnectionMetrics;
 use super::localhost_node_ports::{self, ListenerMetrics};
-use crate::config::ProxyMode;
 use crate::k8s::Refusal;
 use crate::model::IpFamily;
 use crate::proxier::SyncReport;
+use crate::proxier::profile::FailureCounter;
 
 /// Every metric the daemon exports. Upstream runs one proxier per IP family and labels its sync
 /// metrics `ip_family`; one sync of ours programs every family the node has, so a sync's
@@ -500,17 +500,19 @@ impl Metrics {
             .inc_by(deleted as u64);
     }
 
-    /// A sync in `mode` failed to program the kernel; `partial` when the failed sync was one
-    /// of changes only.
-    pub fn failed(&self, families: &[IpFamily], mode: ProxyMode, partial: bool) {
+    /// A sync failed to program the kernel, counted as its mode counts it; `partial` when
+    /// the failed sync was one of changes only.
+    pub fn failed(&self, families: &[IpFamily], counter: FailureCounter, partial: bool) {
         self.serve(families);
         for family in families {
             let label = [family.name()];
-            match mode {
-                ProxyMode::Nftables => self.nftables_sync_failures.with_label_values(&label).inc(),
-                ProxyMode::Iptables | ProxyMode::Ipvs => {
+            match counter {
+                FailureCounter::NftablesSync => {
+                    self.nftables_sync_failures.with_label_values(&label).inc()
+                }
+                FailureCounter::IptablesRestore { partial: counted } => {
                     self.restore_failures.with_label_values(&label).inc();
-                    if partial && mode == ProxyMode::Iptables {
+                    if partial && counted {
                         self.partial_restore_failures
                             .with_label_values(&label)
                             .inc();

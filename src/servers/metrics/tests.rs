@@ -1,4 +1,6 @@
 use super::*;
+use crate::config::ProxyMode;
+use crate::proxier::profile::profile;
 
 /// A GET to the API server answered 200 in 3 ms.
 fn one_api_request(metrics: &Metrics) {
@@ -35,8 +37,8 @@ fn syncs_move_the_counters() {
         (1, 3),
         &[trigger],
     );
-    metrics.failed(&both[..1], ProxyMode::Iptables, true);
-    metrics.failed(&both[..1], ProxyMode::Nftables, false);
+    metrics.failed(&both[..1], profile(ProxyMode::Iptables).failures, true);
+    metrics.failed(&both[..1], profile(ProxyMode::Nftables).failures, false);
     metrics.nftables_cleanup_failures(IpFamily::V6);
     metrics.health_answered(false, 200);
     metrics.health_answered(true, 503);
