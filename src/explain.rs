@@ -163,7 +163,7 @@ const TRACKED_SHOWN: usize = 5;
 pub fn text(explanation: &Explanation) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "flow:     {}", explanation.flow);
-    let _ = writeln!(out, "mode:     {}", explanation.mode);
+    let _ = writeln!(out, "mode:     {}", explanation.mode.as_str());
     // Entries to gone endpoints first, all of them; of the rest, a few.
     let mut tracked: Vec<&Tracked> = explanation.conntrack.iter().collect();
     tracked.sort_by_key(|entry| !entry.gone);

@@ -209,7 +209,7 @@ mod tests {
     /// An explanation of a TCP flow to 127.0.0.1:30080 that a listener there takes.
     fn taken_by_a_listener() -> Explanation {
         let flow = Flow::parse("127.0.0.1:30080/tcp", None).unwrap();
-        let mut explanation = Explanation::new("iptables", &flow);
+        let mut explanation = Explanation::new(crate::config::ProxyMode::Iptables, &flow);
         explanation.outcome = Outcome::Untouched {
             reason: "no rule of ours matches; a TCP listener on 127.0.0.1:30080 takes it".into(),
         };
@@ -281,7 +281,9 @@ mod tests {
     #[test]
     fn a_flow_without_a_listener_leaves_the_field_out() {
         let flow = Flow::parse("127.0.0.1:30080/tcp", None).unwrap();
-        let json = serde_json::to_string(&Explanation::new("iptables", &flow)).unwrap();
+        let json =
+            serde_json::to_string(&Explanation::new(crate::config::ProxyMode::Iptables, &flow))
+                .unwrap();
         assert!(!json.contains("listener_on_destination"), "{json}");
     }
 }

@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
+use crate::config::ProxyMode;
 use crate::model::Protocol;
 use crate::sys::host::sockets::tcp_listener;
 
@@ -116,7 +117,8 @@ pub struct Tracked {
 /// One packet's path as a mode programmed it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Explanation {
-    pub mode: &'static str,
+    #[serde(serialize_with = "mode_name")]
+    pub mode: ProxyMode,
     pub flow: Flow,
     /// Connections conntrack already tracks for this flow (of `flow.source`, when given).
     pub conntrack: Vec<Tracked>,
@@ -141,7 +143,7 @@ pub struct Explanation {
 
 impl Explanation {
     /// An explanation of `flow` in `mode` that has found nothing yet.
-    pub fn new(mode: &'static str, flow: &Flow) -> Explanation {
+    pub fn new(mode: ProxyMode, flow: &Flow) -> Explanation {
         Explanation {
             mode,
             flow: flow.clone(),
@@ -176,9 +178,11 @@ pub enum ExplainError {
     /// Reading the kernel failed.
     #[error("reading {what}: {reason}")]
     Read { what: String, reason: String },
-    /// The mode is not explained yet.
-    #[error("{0}")]
-    Unsupported(String),
+}
+
+/// The mode as the configuration spells it, in the JSON answer.
+fn mode_name<S: serde::Serializer>(mode: &ProxyMode, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(mode.as_str())
 }
 
 /// The connections conntrack tracks for `flow`, each marked when its endpoint is no longer

@@ -193,7 +193,7 @@ pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     // A loopback NodePort the daemon's proxy does not relay: nothing may relay it, and in
     // nftables mode (which programs none) it is refused or rejected, as the daemon wants.
     let relayed = matches!(explanation.outcome, Outcome::Relayed { .. });
-    let unserved_loopback = (explanation.mode == "nftables" || relayed)
+    let unserved_loopback = (explanation.mode == crate::config::ProxyMode::Nftables || relayed)
         && explanation.flow.destination.ip().is_loopback()
         && !port.localhost_proxy;
     let want: &[SocketAddr] = if unserved_loopback {
@@ -227,7 +227,7 @@ mod tests {
 
     fn explained(endpoints: &[&str], policy: &'static str) -> Explanation {
         Explanation {
-            mode: "nftables",
+            mode: crate::config::ProxyMode::Nftables,
             flow: Flow::parse("10.96.0.10:80/tcp", None).unwrap(),
             conntrack: Vec::new(),
             service: Some("default/web:http".into()),
@@ -325,13 +325,13 @@ mod tests {
             Comparison::Differs { .. }
         ));
         // iptables mode DNATs loopback NodePorts itself (route_localnet): compared as any.
-        rejected.mode = "iptables";
+        rejected.mode = crate::config::ProxyMode::Iptables;
         assert!(matches!(
             compare(&rejected, &unserved),
             Comparison::Differs { .. }
         ));
         // ... but nothing may relay one its daemon's proxy does not serve, in any mode.
-        relayed.mode = "iptables";
+        relayed.mode = crate::config::ProxyMode::Iptables;
         assert!(matches!(
             compare(&relayed, &unserved),
             Comparison::Differs { .. }

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use super::render::{
     KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
+use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
@@ -86,7 +87,7 @@ impl Session {
             family,
             flow,
             near: None,
-            explanation: Explanation::new("iptables", flow),
+            explanation: Explanation::new(ProxyMode::Iptables, flow),
         };
         reader.explanation.outcome = reader.dispatch()?;
         let mut explanation = reader.explanation;

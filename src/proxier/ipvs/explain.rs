@@ -10,6 +10,7 @@ mod masquerade;
 use std::net::IpAddr;
 
 use super::render::set_name;
+use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
@@ -71,7 +72,7 @@ impl Session {
 
     /// Explains `flow` from the virtual server on its destination.
     pub fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
-        let mut explanation = Explanation::new("ipvs", flow);
+        let mut explanation = Explanation::new(ProxyMode::Ipvs, flow);
         let (ip, port) = (flow.destination.ip(), flow.destination.port());
         let found = self
             .ipvs

@@ -11,6 +11,7 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use super::render::{
     CLUSTER_IPS, FIREWALL_IPS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, TABLE,
 };
+use crate::config::ProxyMode;
 use crate::model::IpFamily;
 use crate::model::address::octets;
 use crate::proxier::explanation::{
@@ -90,7 +91,7 @@ impl Session {
             session: self,
             family,
             flow,
-            explanation: Explanation::new("nftables", flow),
+            explanation: Explanation::new(ProxyMode::Nftables, flow),
             cluster_ip: false,
         };
         reader.explanation.outcome = reader.dispatch()?;
