@@ -131,7 +131,7 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
             Box::new(FixedAddresses(vec![])),
             Box::new(FakeSysctl::default()),
         );
-        p.record_restores = true;
+        p.record_transactions = true;
         p
     };
     let timed = |f: &mut dyn FnMut()| {
@@ -145,7 +145,7 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
             p.sync(&state, &ChangeSummary::default())
                 .expect("full sync");
         });
-        let full_text = p.last_restore[0].1.clone();
+        let full_text = p.last_transactions[0].1.clone();
         let key = NamespacedName::new("bench", "svc-7");
         let ports = state.endpoints.get_mut(&key).unwrap();
         ports.values_mut().next().unwrap().pop();
@@ -156,7 +156,7 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
         let change = timed(&mut || {
             assert!(!p.sync(&state, &changes).expect("partial sync").full);
         });
-        let change_text = p.last_restore[0].1.clone();
+        let change_text = p.last_transactions[0].1.clone();
         p.force_full_sync();
         let forced = timed(&mut || {
             assert!(
@@ -173,7 +173,7 @@ fn measure(state: &ProxyState, backend: Backend, one_transaction: Option<&str>) 
                 .sync(&state, &ChangeSummary::default())
                 .expect("first sync after a restart");
             restart_lines = restarted
-                .last_restore
+                .last_transactions
                 .iter()
                 .map(|(_, t)| t.lines().count())
                 .sum();

@@ -11,7 +11,7 @@ use support::netns::{http_get, require_netns};
 use support::{WAIT, eventually};
 
 /// The restore failures the metrics report.
-fn restore_failures(metrics: &str) -> u64 {
+fn sync_failures(metrics: &str) -> u64 {
     metrics
         .lines()
         .find_map(|l| {
@@ -79,8 +79,8 @@ async fn a_sync_that_keeps_failing_is_visible_without_flooding() {
             .map(|r| r.1)
             .unwrap_or_default()
     };
-    assert!(eventually(WAIT, || restore_failures(&metrics()) >= 8).await);
-    let failures = restore_failures(&metrics());
+    assert!(eventually(WAIT, || sync_failures(&metrics()) >= 8).await);
+    let failures = sync_failures(&metrics());
     let logged = daemon.count("Failed to sync proxy rules");
     assert!(
         logged <= 1 + (failures as f64).log2().ceil() as usize,

@@ -93,7 +93,7 @@ fn proxier(backend: Backend) -> IptablesProxier<SystemIptables> {
         Box::new(FixedAddresses(vec![])),
         Box::new(FakeSysctl::default()),
     );
-    p.record_restores = true;
+    p.record_transactions = true;
     p
 }
 
@@ -108,13 +108,13 @@ fn restart(ns: &Netns, backend: Backend, state: &ProxyState) -> Vec<(IpFamily, S
                 .expect("sync")
                 .full
         );
-        let mut inputs = p.last_restore.clone();
+        let mut inputs = p.last_transactions.clone();
         assert!(
             !p.sync(&state, &ChangeSummary::default())
                 .expect("the sync after")
                 .full
         );
-        inputs.extend(p.last_restore.clone());
+        inputs.extend(p.last_transactions.clone());
         inputs
     })
 }

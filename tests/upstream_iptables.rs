@@ -85,7 +85,7 @@ fn proxier(dir: &Path, case: &Case) -> (IptablesProxier<FakeIptables>, String) {
         Box::new(FixedAddresses(case.local_addresses.clone())),
         Box::new(FakeSysctl::default()),
     );
-    proxier.record_restores = true;
+    proxier.record_transactions = true;
     (proxier, settings.node_name)
 }
 
@@ -118,7 +118,7 @@ fn family(case: &Case) -> IpFamily {
 /// The restore input of the proxier's last sync in the case's family.
 fn last_payload(proxier: &IptablesProxier<FakeIptables>, case: &Case) -> String {
     proxier
-        .last_restore
+        .last_transactions
         .iter()
         .filter(|(f, _)| *f == family(case))
         .map(|(_, text)| text.as_str())

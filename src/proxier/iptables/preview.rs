@@ -18,10 +18,10 @@ pub fn preview(config: &KubeProxyConfiguration, state: &ProxyState) -> Result<St
         Box::new(FixedAddresses(state.node.addresses.clone())),
         Box::new(FakeSysctl::default()),
     );
-    proxier.record_restores = true;
+    proxier.record_transactions = true;
     proxier.sync(state, &Default::default())?;
     let mut text = String::new();
-    for (family, restore) in &proxier.last_restore {
+    for (family, restore) in &proxier.last_transactions {
         let tool = match family {
             IpFamily::V4 => "iptables-restore",
             IpFamily::V6 => "ip6tables-restore",

@@ -57,7 +57,7 @@ pub struct IptablesMode<I: Iptables> {
     sysctl: Box<dyn Sysctl>,
     programmed: BTreeMap<IpFamily, FamilyState>,
     /// Families whose service chains in the kernel are exactly those `programmed` holds.
-    chains_known: BTreeSet<IpFamily>,
+    known: BTreeSet<IpFamily>,
     /// What other programs change in the kernel, when it can tell (the nft back end).
     events: Option<Box<dyn ChangeEvents>>,
     /// Chains (table, chain) someone else changed since the last sync, per family.
@@ -68,11 +68,12 @@ pub struct IptablesMode<I: Iptables> {
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
     last_canary_check: Option<Instant>,
     /// Failed restores so far (the metric's value).
-    pub restore_failures: u64,
-    /// When set, the restore input of the last sync is kept in `last_restore` (tests, benchmarks).
-    pub record_restores: bool,
-    /// The restore input of the last sync, when `record_restores` is set.
-    pub last_restore: Vec<(IpFamily, String)>,
+    pub sync_failures: u64,
+    /// When set, the restore input of the last sync is kept in `last_transactions` (tests,
+    /// benchmarks).
+    pub record_transactions: bool,
+    /// The restore input of the last sync, when `record_transactions` is set.
+    pub last_transactions: Vec<(IpFamily, String)>,
 }
 
 impl<I: Iptables> IptablesProxier<I> {
@@ -89,15 +90,15 @@ impl<I: Iptables> IptablesProxier<I> {
             addresses,
             sysctl,
             programmed: BTreeMap::new(),
-            chains_known: BTreeSet::new(),
+            known: BTreeSet::new(),
             events: None,
             drifted: BTreeMap::new(),
             unverified: BTreeMap::new(),
             wake: None,
             last_canary_check: None,
-            restore_failures: 0,
-            record_restores: false,
-            last_restore: Vec::new(),
+            sync_failures: 0,
+            record_transactions: false,
+            last_transactions: Vec::new(),
         })
     }
 
@@ -221,7 +222,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
         _changes: &ChangeSummary,
         full: bool,
     ) -> Result<bool, Failure> {
-        self.last_restore.clear();
+        self.last_transactions.clear();
         // What the back end read in the last sync may have changed since.
         self.iptables.forget_reads();
         let now = Instant::now();
@@ -238,7 +239,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
                         "iptables canary chain missing (tables were flushed?); doing a full sync"
                     );
                     // Whatever else was removed with it, memory no longer says what exists.
-                    self.chains_known.remove(&family);
+                    self.known.remove(&family);
                     wants_full = true;
                 } else if self.events.is_none()
                     && let Err(err) = self.verify(family)

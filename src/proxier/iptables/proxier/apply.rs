@@ -5,13 +5,13 @@ use super::*;
 
 impl<I: Iptables> IptablesMode<I> {
     pub(super) fn restore(&mut self, family: IpFamily, text: &str) -> Result<(), IptablesError> {
-        if self.record_restores {
-            self.last_restore.push((family, text.to_string()));
+        if self.record_transactions {
+            self.last_transactions.push((family, text.to_string()));
         }
         self.iptables.restore(family, text).inspect_err(|_| {
             // Some of its transactions may be in: the kernel's chains are read again next time.
-            self.chains_known.remove(&family);
-            self.restore_failures += 1;
+            self.known.remove(&family);
+            self.sync_failures += 1;
         })
     }
 }

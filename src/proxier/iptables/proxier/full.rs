@@ -88,7 +88,7 @@ impl<I: Iptables> IptablesMode<I> {
             },
         );
         self.drifted.remove(&family);
-        self.chains_known.insert(family);
+        self.known.insert(family);
         if trusted.is_empty() {
             self.unverified.remove(&family);
         } else {
@@ -101,7 +101,7 @@ impl<I: Iptables> IptablesMode<I> {
     /// Our nat chains, when memory can tell them.
     fn known_chains(&self, family: IpFamily) -> Option<BTreeSet<String>> {
         let programmed = self.programmed.get(&family)?;
-        if !self.chains_known.contains(&family) {
+        if !self.known.contains(&family) {
             return None;
         }
         Some(

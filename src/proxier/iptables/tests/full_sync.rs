@@ -92,7 +92,7 @@ fn large_restores_go_in_transactions_that_each_hold_whole_services() {
             .is_none()
     );
 
-    let text = &p.last_restore[0].1;
+    let text = &p.last_transactions[0].1;
     let sections: Vec<&str> = text.split("COMMIT\n").filter(|s| !s.is_empty()).collect();
     let nat: Vec<&str> = sections
         .iter()

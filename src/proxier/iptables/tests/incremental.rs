@@ -33,7 +33,7 @@ pub(super) fn proxier(ipt: FakeIptables) -> IptablesProxier<FakeIptables> {
         Box::new(FixedAddresses(vec![])),
         Box::new(FakeSysctl::default()),
     );
-    p.record_restores = true;
+    p.record_transactions = true;
     p
 }
 
@@ -150,7 +150,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     let report = p.sync(&state, &changed(&[&key])).unwrap();
     assert!(!report.full);
     assert_eq!(report.rules, kube_rules(p.iptables()));
-    let (_, input) = p.last_restore.last().unwrap().clone();
+    let (_, input) = p.last_transactions.last().unwrap().clone();
     assert!(!input.contains("*filter"), "filter untouched:\n{input}");
     for line in input
         .lines()
@@ -175,7 +175,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     // Endpoints gone: REJECT, chains deleted.
     state.endpoints.remove(&key);
     p.sync(&state, &changed(&[&key])).unwrap();
-    let (_, input) = p.last_restore.last().unwrap().clone();
+    let (_, input) = p.last_transactions.last().unwrap().clone();
     assert!(
         input.contains("-j REJECT") && input.contains("-X KUBE-SVC-"),
         "{input}"
@@ -192,7 +192,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
     state.endpoints.insert(added.key.clone(), added.endpoints);
     let report = p.sync(&state, &changed(&[&key, &added.key])).unwrap();
     assert_eq!(report.rules, kube_rules(p.iptables()));
-    let (_, input) = p.last_restore.last().unwrap().clone();
+    let (_, input) = p.last_transactions.last().unwrap().clone();
     assert!(input.contains("-I KUBE-SERVICES 1 "), "{input}");
     assert_eq!(canonical(p.iptables()), fresh(&state));
     let nat = p.iptables().table(V4, "nat");
@@ -204,7 +204,7 @@ fn changes_touch_only_the_changed_service_and_match_a_full_sync() {
 
     // Nothing changed: nothing written.
     p.sync(&state, &ChangeSummary::default()).unwrap();
-    assert!(p.last_restore.is_empty());
+    assert!(p.last_transactions.is_empty());
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn one_endpoint_change_costs_the_same_at_any_size() {
             .unwrap()
             .pop();
         p.sync(&state, &changed(&[&key])).unwrap();
-        let (_, input) = p.last_restore.last().unwrap().clone();
+        let (_, input) = p.last_transactions.last().unwrap().clone();
         sizes.push(input.lines().count());
     }
     assert_eq!(
@@ -242,7 +242,7 @@ fn failures_force_a_full_sync_and_are_counted() {
     state.endpoints.remove(&key);
     p.iptables().fail_next_restore = Some("injected".into());
     assert!(p.sync(&state, &changed(&[&key])).is_err());
-    assert_eq!(p.restore_failures, 1);
+    assert_eq!(p.sync_failures, 1);
     // The retry carries no change set (it was consumed) but must converge: it is a full sync.
     let report = p.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
