@@ -298,7 +298,7 @@ fn metrics_for(
         return Ok(metrics);
     }
     match profile.counters {
-        KernelCounters::None => {}
+        KernelCounters::Absent => {}
         KernelCounters::Nfacct => {
             let exported = NetlinkNfacct::open()
                 .map_err(|err| err.to_string())
@@ -375,14 +375,14 @@ async fn start_servers(
     Ok(failed)
 }
 
-/// The configuration in force once `mode` runs: after the IPVS fallback, its mode is
-/// iptables, as `/proxyMode` says (upstream has no fallback since 1.26, so /configz always
-/// matched what ran).
+/// The configuration in force once `mode` runs: its mode is the one that runs, which upstream's
+/// defaulting also writes for an empty mode (iptables), and which after the IPVS fallback is
+/// iptables, as `/proxyMode` says.
 fn in_force(
     config: &KubeProxyConfiguration,
     mode: ProxyMode,
 ) -> std::borrow::Cow<'_, KubeProxyConfiguration> {
-    if config.proxy_mode() == Some(mode) {
+    if config.mode == mode.as_str() {
         return std::borrow::Cow::Borrowed(config);
     }
     let mut running = config.clone();

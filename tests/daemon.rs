@@ -307,7 +307,8 @@ async fn a_refused_resource_is_logged_once_shown_in_a_metric_and_taken_when_serv
             "--proxy-mode=nftables",
         ]);
         d.wait_for("service_port=\"default/web:p80\"").await;
-        // Several tries in this time (the first delays are 0.5, 1, 2, 4 s at most).
+        // Said once the refusal has lasted 10 s, then not again for minutes.
+        d.wait_for(said).await;
         tokio::time::sleep(std::time::Duration::from_secs(8)).await;
         assert_eq!(d.count(said), 1, "{code}: said once:\n{}", d.log());
         let refused =

@@ -274,3 +274,38 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
         lines.lock().unwrap().join("\n")
     );
 }
+
+/// An API server that answers Events with 503 for a while: the Starting event is posted once
+/// it recovers, as the daemon tries again (as client-go's event broadcaster does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_refused_for_a_moment_is_posted_again() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    cluster.api.refuse(Resource::EventsV1, Some(503));
+    let daemon = cluster.daemon(&cluster.config_with_mode("iptables", ""));
+    let posted = |api: &test_apiserver::ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|line| line.starts_with("POST /apis/events.k8s.io/v1/"))
+            .count()
+    };
+    assert!(
+        eventually(WAIT, || posted(&cluster.api) >= 1).await,
+        "tried"
+    );
+    cluster.api.refuse(Resource::EventsV1, None);
+    let started = |event: &serde_json::Value| event["reason"] == "Starting";
+    assert!(
+        eventually(WAIT, || cluster
+            .api
+            .list(Resource::EventsV1)
+            .iter()
+            .any(started))
+        .await,
+        "posted once the server took it: {:?}",
+        cluster.api.requests()
+    );
+    assert_eq!(daemon.count("Cannot post an event"), 0);
+    daemon.stop().await;
+}

@@ -42,24 +42,19 @@ fn served(cluster: &Cluster) -> Served {
 const SERVES_NO_NODE_PORT: &str =
     "nodePortAddresses names nothing else, so this node serves no NodePort";
 
-async fn serves(cluster: &Cluster, mode: &str, addresses: &str, expected: Served) {
+/// The daemon in `mode` with `addresses` serves the NodePort where `expected` says, and says
+/// `said` times that it serves none.
+async fn serves(cluster: &Cluster, mode: &str, addresses: &str, expected: Served, said: usize) {
     let extra = format!(
         "nftables:\n  syncPeriod: 2s\n  minSyncPeriod: 0s\nnodePortAddresses: {addresses}\n"
     );
     let daemon = cluster.daemon(&cluster.config_with_mode(mode, &extra));
     daemon.wait_for("\"Synced proxy rules\"").await;
-    let nothing = Served {
-        primary: false,
-        localhost: false,
-        pod_side: false,
-    };
     assert_eq!(
         served(cluster),
         expected,
         "{mode}, nodePortAddresses {addresses}"
     );
-    // Said once, where it is true.
-    let said = usize::from(expected == nothing);
     assert_eq!(
         daemon.count(SERVES_NO_NODE_PORT),
         said,
@@ -84,6 +79,7 @@ async fn keywords_select_the_node_port_addresses(mode: &str) {
             localhost: mode == "iptables",
             pod_side: false,
         },
+        0,
     )
     .await;
     // A CIDR beside a keyword.
@@ -96,6 +92,7 @@ async fn keywords_select_the_node_port_addresses(mode: &str) {
             localhost: mode == "iptables",
             pod_side: true,
         },
+        0,
     )
     .await;
     // Loopback alone: only what iptables mode serves on 127.0.0.1; nftables mode serves no
@@ -109,6 +106,7 @@ async fn keywords_select_the_node_port_addresses(mode: &str) {
             localhost: mode == "iptables",
             pod_side: false,
         },
+        usize::from(mode == "nftables"),
     )
     .await;
     // Every address, whatever else is listed.
@@ -121,6 +119,7 @@ async fn keywords_select_the_node_port_addresses(mode: &str) {
             localhost: mode == "iptables",
             pod_side: true,
         },
+        0,
     )
     .await;
 }

@@ -227,6 +227,19 @@ fn configuration_flags_keep_the_daemons_rules_and_exit_codes() {
         "{}",
         stderr(&invalid)
     );
+    // Names with `_` for `-`, as pflag reads them.
+    let underscores = run(&[
+        "print-config",
+        "--hostname_override=n",
+        "--proxy_mode",
+        "ipvs",
+    ]);
+    assert_eq!(
+        stdout(&underscores),
+        stdout(&after),
+        "{}",
+        stderr(&underscores)
+    );
     // A retired flag a distribution still passes is accepted, as by the daemon.
     let retired = run(&[
         "print-config",

@@ -34,7 +34,7 @@ pub struct ExplainArgs {
     #[arg(long)]
     all: bool,
     /// The mode to read [default: the config's, else the one whose objects the kernel holds].
-    #[arg(long, value_name = "MODE", value_parser = ["iptables", "ipvs", "nftables"])]
+    #[arg(long, value_name = "MODE", value_parser = mode_names())]
     mode: Option<String>,
     /// The daemon's configuration file, for its mode and metrics address.
     #[arg(long, value_name = "FILE")]
@@ -75,7 +75,15 @@ pub fn run(args: ExplainArgs) -> ExitCode {
     }
 }
 
+fn mode_names() -> clap::builder::PossibleValuesParser {
+    ProxyMode::ALL.map(ProxyMode::as_str).into()
+}
+
 fn request(args: ExplainArgs) -> Result<Request, String> {
+    let mode = match args.mode.as_deref() {
+        Some(word) => Some(ProxyMode::parse(word).ok_or_else(|| format!("--mode {word:?}"))?),
+        None => None,
+    };
     let target = match (args.to, args.all) {
         (Some(to), _) => Target::Flow {
             to,
@@ -88,11 +96,5 @@ fn request(args: ExplainArgs) -> Result<Request, String> {
     } else {
         Output::Text
     };
-    Request::new(
-        target,
-        args.mode.as_deref().and_then(ProxyMode::parse),
-        args.config.as_deref(),
-        args.metrics,
-        output,
-    )
+    Request::new(target, mode, args.config.as_deref(), args.metrics, output)
 }

@@ -63,9 +63,17 @@ fn command() -> clap::Command {
 /// Runs the subcommand `args` names (without the program's name; the subcommand's name first,
 /// or among flags before it, which are then the subcommand's) and answers the exit status.
 pub fn run(args: Vec<String>, at: usize) -> ExitCode {
-    let mut line: Vec<OsString> = vec![PROGRAM.into(), args[at].clone().into()];
-    line.extend(args[..at].iter().map(OsString::from));
-    line.extend(args[at + 1..].iter().map(OsString::from));
+    let (before, from_name) = args.split_at(at.min(args.len()));
+    let Some((name, after)) = from_name.split_first() else {
+        return ExitCode::from(EXIT_BAD_FLAGS);
+    };
+    let mut line: Vec<OsString> = vec![PROGRAM.into(), name.into()];
+    line.extend(
+        before
+            .iter()
+            .chain(after)
+            .map(|word| OsString::from(dashed(word))),
+    );
     let matches = match command().try_get_matches_from(line) {
         Ok(matches) => matches,
         Err(err) => return clap_exit(&err),
@@ -85,6 +93,23 @@ pub fn run(args: Vec<String>, at: usize) -> ExitCode {
             clap_complete::generate(shell, &mut command(), PROGRAM, &mut std::io::stdout());
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// A long flag's name with `-` for `_`, as pflag (and so the daemon) reads names.
+fn dashed(word: &str) -> String {
+    match word.strip_prefix("--") {
+        Some(flag) => {
+            let (name, value) = flag
+                .split_once('=')
+                .map_or((flag, None), |(n, v)| (n, Some(v)));
+            let name = name.replace('_', "-");
+            match value {
+                Some(value) => format!("--{name}={value}"),
+                None => format!("--{name}"),
+            }
+        }
+        None => word.to_string(),
     }
 }
 

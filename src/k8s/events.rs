@@ -3,10 +3,17 @@
 //! `kube-proxy-<hostname>`, through kube-rs's recorder. Each is posted in the background: an API
 //! server that refuses or is slow never holds the daemon up, and a failure is a warning.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::warn;
+
+use super::retry::retry_after;
+
+/// How many times an Event is tried.
+const POST_ATTEMPTS: u32 = 3;
 
 /// The action upstream names its start events with.
 const START: &str = "StartKubeProxy";
@@ -80,13 +87,33 @@ impl NodeEvents {
         }
     }
 
-    /// Posts `event` in the background.
+    /// Posts `event` in the background, trying again a few times when the API server says it
+    /// is overloaded or unavailable (after what it asks, or 1, then 2 s).
     pub fn post(&self, event: NodeEvent) {
         let (recorder, node) = (self.recorder.clone(), self.node.clone());
         tokio::spawn(async move {
             let reason = format!("{event:?}");
-            if let Err(error) = recorder.publish(&event.event(), &node).await {
-                warn!(event = %reason, %error, "Cannot post an event");
+            let event = event.event();
+            let mut wait = Duration::from_secs(1);
+            for attempt in 1..=POST_ATTEMPTS {
+                let error = match recorder.publish(&event, &node).await {
+                    Ok(()) => return,
+                    Err(error) => error,
+                };
+                let passing = match &error {
+                    kube::Error::Api(status) if [429, 500, 503, 504].contains(&status.code) => {
+                        Some(retry_after(status).max(wait))
+                    }
+                    _ => None,
+                };
+                match passing {
+                    Some(delay) if attempt < POST_ATTEMPTS => tokio::time::sleep(delay).await,
+                    _ => {
+                        warn!(event = %reason, %error, "Cannot post an event");
+                        return;
+                    }
+                }
+                wait *= 2;
             }
         });
     }

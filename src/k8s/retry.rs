@@ -2,13 +2,16 @@
 //! logs, and what it reports.
 //!
 //! kube-runtime's own backoff wrapper starts over at its first delay on every item the watcher
-//! yields, and a watcher whose list fails yields `Init` before each new try: a list the API
-//! server keeps refusing was retried about 2.5 times a second for ever. Here only progress (an
-//! object listed or changed, a list completed) resets the delay.
+//! yields, and a watcher whose list fails yields `Init` before each new try, so it would retry a
+//! list the API server keeps refusing about 2.5 times a second. Here only progress (a list
+//! completed, an object changed) starts the delays over.
 //!
 //! A refusal that retrying soon will not change (404: the resource is not served; 403: RBAC
-//! forbids it) is logged once with what to do, then at most every [`REFUSAL_LOG_INTERVAL`], and
-//! reported until the watch works again. Other errors are logged as they come.
+//! forbids it) is retried as an outage is for [`REFUSAL_GRACE`] (an API server that is starting
+//! may refuse for a few seconds before its RBAC cache is ready), then less often, up to once a
+//! minute; it is then logged once with what to do, again at most every
+//! [`REFUSAL_LOG_INTERVAL`], and reported until the watch makes progress. Other errors are
+//! logged as they come, and a server's Retry-After is honoured.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,9 @@ use kube::runtime::watcher;
 use tracing::{info, warn};
 
 use super::backoff::{MAX_DELAY, MAX_REFUSED_DELAY, WatchBackoff};
+
+/// How long a refusal is retried as an outage is, before it counts as lasting.
+pub const REFUSAL_GRACE: Duration = Duration::from_secs(10);
 
 /// How often a refusal that lasts is logged again.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(300);
@@ -43,21 +49,34 @@ impl Refusal {
 
     /// The refusal an error is, if it is one.
     pub fn of(error: &watcher::Error) -> Option<Refusal> {
-        let status: &Status = match error {
-            watcher::Error::InitialListFailed(kube::Error::Api(status))
-            | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-            | watcher::Error::WatchFailed(kube::Error::Api(status))
-            | watcher::Error::WatchError(status) => status,
-            _ => return None,
-        };
         // By code: a body that is not a Status (a path the server has no route for answers
         // "404 page not found") keeps only the code.
-        match status.code {
+        match status_of(error)?.code {
             404 => Some(Refusal::NotServed),
             403 => Some(Refusal::Forbidden),
             _ => None,
         }
     }
+}
+
+/// The API server's answer an error carries, if it does.
+fn status_of(error: &watcher::Error) -> Option<&Status> {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => Some(status),
+        _ => None,
+    }
+}
+
+/// How long the API server asked the client to wait (API Priority and Fairness' 429s carry it).
+pub fn retry_after(status: &Status) -> Duration {
+    let seconds = status
+        .details
+        .as_ref()
+        .map_or(0, |details| details.retry_after_seconds);
+    Duration::from_secs(u64::from(seconds))
 }
 
 /// What a watch of one kind says of a refusal.
@@ -82,9 +101,12 @@ pub struct Retry {
 
 struct Refused {
     refusal: Refusal,
+    /// When the API server began refusing (this or another refusal).
+    since: Instant,
+    /// When it was last logged; `None` until it has lasted [`REFUSAL_GRACE`].
+    logged_at: Option<Instant>,
     /// Tries refused since it was last logged.
     tries: u64,
-    logged_at: Instant,
 }
 
 /// What a failure changed of the watch's reported state.
@@ -92,8 +114,8 @@ struct Refused {
 pub enum Reported {
     /// As it was.
     Unchanged,
-    /// Now refused for this reason, or (`None`) no longer refused.
-    Refusal(Option<Refusal>),
+    /// Now refused for this reason.
+    Refused(Refusal),
 }
 
 impl Retry {
@@ -105,46 +127,68 @@ impl Retry {
         }
     }
 
-    /// A try failed: logs it (a refusal once, then at most every [`REFUSAL_LOG_INTERVAL`]) and
-    /// answers how long to wait before the next one, and whether the refusal reported changed.
+    /// A try failed: logs it and answers how long to wait before the next one, and whether
+    /// the refusal reported changed.
     pub fn failed(&mut self, error: &watcher::Error) -> (Duration, Reported) {
+        self.failed_at(error, Instant::now())
+    }
+
+    fn failed_at(&mut self, error: &watcher::Error, now: Instant) -> (Duration, Reported) {
+        let asked = status_of(error).map_or(Duration::ZERO, retry_after);
         let Some(refusal) = Refusal::of(error) else {
+            // An outage between refusals leaves the refusal standing: only progress ends it.
             log_error(self.subject.kind, error);
-            let reported = match self.refused.take() {
-                Some(_) => Reported::Refusal(None),
-                None => Reported::Unchanged,
-            };
-            return (self.backoff.next_delay(MAX_DELAY), reported);
+            return (
+                self.backoff.next_delay(MAX_DELAY).max(asked),
+                Reported::Unchanged,
+            );
         };
-        let delay = self.backoff.next_delay(MAX_REFUSED_DELAY);
-        let now = Instant::now();
-        match &mut self.refused {
-            Some(refused) if refused.refusal == refusal => {
-                refused.tries += 1;
-                if now.duration_since(refused.logged_at) >= REFUSAL_LOG_INTERVAL {
-                    log_refusal(&self.subject, refusal, error, Some(refused.tries));
-                    refused.tries = 0;
-                    refused.logged_at = now;
-                }
-                (delay, Reported::Unchanged)
+        let since = self.refused.as_ref().map_or(now, |refused| refused.since);
+        let refused = match self.refused.take() {
+            Some(refused) if refused.refusal == refusal => refused,
+            _ => Refused {
+                refusal,
+                since,
+                logged_at: None,
+                tries: 0,
+            },
+        };
+        let refused = self.refused.insert(refused);
+        refused.tries += 1;
+        let lasting = now.duration_since(refused.since) >= REFUSAL_GRACE;
+        let cap = if lasting {
+            MAX_REFUSED_DELAY
+        } else {
+            MAX_DELAY
+        };
+        let delay = self.backoff.next_delay(cap).max(asked);
+        let reported = match refused.logged_at {
+            None if !lasting => {
+                log_error(self.subject.kind, error);
+                return (delay, Reported::Unchanged);
             }
-            _ => {
+            None => {
                 log_refusal(&self.subject, refusal, error, None);
-                self.refused = Some(Refused {
-                    refusal,
-                    tries: 0,
-                    logged_at: now,
-                });
-                (delay, Reported::Refusal(Some(refusal)))
+                Reported::Refused(refusal)
             }
-        }
+            Some(at) if now.duration_since(at) >= REFUSAL_LOG_INTERVAL => {
+                log_refusal(&self.subject, refusal, error, Some(refused.tries));
+                Reported::Unchanged
+            }
+            Some(_) => return (delay, Reported::Unchanged),
+        };
+        refused.logged_at = Some(now);
+        refused.tries = 0;
+        (delay, reported)
     }
 
     /// The watch made progress: the next failure starts at the first delay. Answers whether a
-    /// refusal ended.
+    /// refusal that was reported ended.
     pub fn progressed(&mut self) -> bool {
         self.backoff.reset();
-        self.refused.take().is_some()
+        self.refused
+            .take()
+            .is_some_and(|refused| refused.logged_at.is_some())
     }
 }
 
@@ -237,26 +281,73 @@ mod tests {
         assert_eq!(Refusal::of(&watcher::Error::NoResourceVersion), None);
     }
 
-    #[test]
-    fn a_refusal_is_reported_once_and_waits_longer_than_an_outage() {
-        let mut retry = Retry::new(subject());
-        let (_, first) = retry.failed(&api_error(404));
-        assert_eq!(first, Reported::Refusal(Some(Refusal::NotServed)));
-        let mut longest = Duration::ZERO;
-        for _ in 0..10 {
-            let (delay, reported) = retry.failed(&api_error(404));
-            assert_eq!(reported, Reported::Unchanged);
+    /// Tries of `error` every `step` from `start` for `span`: the longest delay, and what
+    /// was reported.
+    fn tries(
+        retry: &mut Retry,
+        code: u16,
+        start: Instant,
+        span: Duration,
+    ) -> (Duration, Vec<Reported>) {
+        let (mut at, mut longest, mut reported) = (start, Duration::ZERO, Vec::new());
+        while at < start + span {
+            let (delay, said) = retry.failed_at(&api_error(code), at);
             longest = longest.max(delay);
+            reported.extend((said != Reported::Unchanged).then_some(said));
+            at += Duration::from_secs(1);
         }
-        assert!(longest > MAX_DELAY, "{longest:?}");
-        assert!(longest <= MAX_REFUSED_DELAY, "{longest:?}");
-        let (_, changed) = retry.failed(&api_error(403));
-        assert_eq!(changed, Reported::Refusal(Some(Refusal::Forbidden)));
-        let (delay, outage) = retry.failed(&api_error(503));
-        assert_eq!(outage, Reported::Refusal(None));
-        assert!(delay <= MAX_DELAY, "{delay:?}");
+        (longest, reported)
+    }
+
+    #[test]
+    fn a_refusal_is_retried_as_an_outage_at_first_then_reported_once_and_slower() {
+        let mut retry = Retry::new(subject());
+        let start = Instant::now();
+        let (longest, reported) = tries(&mut retry, 404, start, REFUSAL_GRACE);
+        assert!(longest <= MAX_DELAY, "{longest:?} in the grace");
+        assert!(
+            reported.is_empty(),
+            "not reported in the grace: {reported:?}"
+        );
+        let later = start + REFUSAL_GRACE;
+        let (longest, reported) = tries(&mut retry, 404, later, Duration::from_secs(60));
+        assert!(
+            longest > MAX_DELAY && longest <= MAX_REFUSED_DELAY,
+            "{longest:?}"
+        );
+        assert_eq!(reported, [Reported::Refused(Refusal::NotServed)]);
+        // An outage between refusals does not end the refusal; a 403 after it is reported.
+        let (_, outage) = retry.failed_at(&api_error(503), later + Duration::from_secs(61));
+        assert_eq!(outage, Reported::Unchanged);
+        let (_, again) = retry.failed_at(&api_error(404), later + Duration::from_secs(62));
+        assert_eq!(
+            again,
+            Reported::Unchanged,
+            "the same refusal, still standing"
+        );
+        let (_, changed) = retry.failed_at(&api_error(403), later + Duration::from_secs(63));
+        assert_eq!(changed, Reported::Refused(Refusal::Forbidden));
+        assert!(retry.progressed(), "progress ends a reported refusal");
         assert!(!retry.progressed());
-        retry.failed(&api_error(403));
-        assert!(retry.progressed(), "a refusal ends with progress");
+    }
+
+    #[test]
+    fn a_refusal_that_ends_within_the_grace_is_never_reported() {
+        let mut retry = Retry::new(subject());
+        let (_, reported) = tries(&mut retry, 403, Instant::now(), Duration::from_secs(5));
+        assert!(reported.is_empty());
+        assert!(!retry.progressed(), "nothing was reported, so nothing ends");
+    }
+
+    #[test]
+    fn the_servers_retry_after_is_honoured() {
+        // As API Priority and Fairness answers.
+        let status: Status = serde_json::from_str(
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"slow down","reason":"TooManyRequests","details":{"retryAfterSeconds":7},"code":429}"#,
+        )
+        .expect("a Status");
+        let error = watcher::Error::InitialListFailed(kube::Error::Api(status.boxed()));
+        let (delay, _) = Retry::new(subject()).failed(&error);
+        assert!(delay >= Duration::from_secs(7), "{delay:?}");
     }
 }

@@ -234,16 +234,17 @@ where
             Ok(event) => event,
             Err(err) => {
                 let (delay, reported) = retry.failed(&err);
-                if let Reported::Refusal(refusal) = reported {
-                    (sink.on_refused)(K::NAME, refusal);
+                if let Reported::Refused(refusal) = reported {
+                    (sink.on_refused)(K::NAME, Some(refusal));
                 }
                 failing = true;
                 tokio::time::sleep(delay).await;
                 continue;
             }
         };
-        // The start of a relist is no proof: only a completed list or a delivered event is.
-        if !matches!(event, Event::Init) {
+        // Only a completed list or a delivered change is proof: a relist's start is not, nor
+        // its first page when a later one may fail.
+        if matches!(event, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
             if retry.progressed() {
                 (sink.on_refused)(K::NAME, None);
             }

@@ -195,10 +195,13 @@ pub fn unserved_loopback(
     proxied: &[IpFamily],
     mode: &str,
 ) -> Option<String> {
-    let unserved = selection.loopback_nets().any(|net| {
-        !proxied
-            .iter()
-            .any(|family| net.contains(&family.loopback()))
+    // A wide CIDR (0.0.0.0/0) selects the loopback address too, and so loses it as well.
+    let unserved = [IpFamily::V4, IpFamily::V6].into_iter().any(|family| {
+        !proxied.contains(&family)
+            && selection
+                .nets
+                .iter()
+                .any(|net| net.contains(&family.loopback()))
     });
     if !unserved {
         return None;
@@ -289,6 +292,8 @@ mod tests {
         let half = said(&["localhost"], &[IpFamily::V4]).expect("::1 is not proxied");
         assert!(!half.contains("serves no NodePort"), "{half}");
         assert_eq!(said(&["primary", "10.0.0.0/8"], &[]), None);
+        let wide = said(&["0.0.0.0/0"], &[]).expect("0.0.0.0/0 holds 127.0.0.1");
+        assert!(!wide.contains("serves no NodePort"), "{wide}");
     }
 
     #[test]

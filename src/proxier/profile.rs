@@ -11,8 +11,8 @@ use crate::config::{KubeProxyConfiguration, ProxyMode};
 /// The kernel counters a mode's metrics read at each scrape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelCounters {
-    /// None.
-    None,
+    /// It exports none.
+    Absent,
     /// nfacct's, for the localhost NodePort packets iptables mode accepts.
     Nfacct,
     /// nftables' named counters of rejected localhost NodePort packets (with the localhost
@@ -23,9 +23,9 @@ pub enum KernelCounters {
 /// Where a failed sync is counted (upstream's metric for the mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailureCounter {
-    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`, and for a partial sync
-    /// `..._iptables_partial_restore_failures_total` when `partial` is counted.
-    IptablesRestore { partial: bool },
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`, and, when
+    /// `counts_partial`, `..._iptables_partial_restore_failures_total` for a partial sync.
+    IptablesRestore { counts_partial: bool },
     /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`.
     NftablesSync,
 }
@@ -50,7 +50,9 @@ const IPTABLES: Profile = Profile {
     deprecated: false,
     service_cidrs: false,
     counters: KernelCounters::Nfacct,
-    failures: FailureCounter::IptablesRestore { partial: true },
+    failures: FailureCounter::IptablesRestore {
+        counts_partial: true,
+    },
     leftovers: &[Leftovers::IpvsMode, Leftovers::NftablesMode],
 };
 
@@ -58,8 +60,10 @@ const IPVS: Profile = Profile {
     mode: ProxyMode::Ipvs,
     deprecated: true,
     service_cidrs: false,
-    counters: KernelCounters::None,
-    failures: FailureCounter::IptablesRestore { partial: false },
+    counters: KernelCounters::Absent,
+    failures: FailureCounter::IptablesRestore {
+        counts_partial: false,
+    },
     leftovers: &[Leftovers::IptablesMode, Leftovers::NftablesMode],
 };
 

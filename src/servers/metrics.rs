@@ -510,9 +510,9 @@ impl Metrics {
                 FailureCounter::NftablesSync => {
                     self.nftables_sync_failures.with_label_values(&label).inc()
                 }
-                FailureCounter::IptablesRestore { partial: counted } => {
+                FailureCounter::IptablesRestore { counts_partial } => {
                     self.restore_failures.with_label_values(&label).inc();
-                    if partial && counted {
+                    if partial && counts_partial {
                         self.partial_restore_failures
                             .with_label_values(&label)
                             .inc();

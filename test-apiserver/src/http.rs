@@ -76,7 +76,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             &format!("the server could not find the requested resource ({path})"),
         );
     };
-    if let Some(response) = refusal(&shared, &target, request.method()) {
+    if let Some(response) = refusal(&shared, &target, request.method(), &query) {
         return response;
     }
     let method = request.method().clone();
@@ -230,18 +230,29 @@ fn injected_failure(shared: &Shared, request: &Request<Incoming>) -> Option<Resp
 }
 
 /// The answer for a resource the tests told the server to refuse.
-fn refusal(shared: &Shared, target: &Target, method: &Method) -> Option<Response<Body>> {
+fn refusal(
+    shared: &Shared,
+    target: &Target,
+    method: &Method,
+    query: &HashMap<String, String>,
+) -> Option<Response<Body>> {
     let resource = match target {
         Target::Collection { resource, .. } | Target::Object { resource, .. } => *resource,
         _ => return None,
     };
-    let code = shared
-        .refused
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .find(|(refused, _)| *refused == resource)
-        .map(|(_, code)| *code)?;
+    let refused = |list: &std::sync::Mutex<Vec<(Resource, u16)>>| {
+        list.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(refused, _)| *refused == resource)
+            .map(|(_, code)| *code)
+    };
+    let later_page = query.get("continue").is_some_and(|token| !token.is_empty());
+    let code = refused(&shared.refused).or_else(|| {
+        later_page
+            .then(|| refused(&shared.refused_later_pages))
+            .flatten()
+    })?;
     Some(match code {
         404 => {
             let mut response = bytes_response(404, b"404 page not found\n".to_vec());

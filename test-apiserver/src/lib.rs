@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub requests: Mutex<Vec<String>>,
     /// Resources answered with an error status instead of being served.
     pub refused: Mutex<Vec<(Resource, u16)>>,
+    /// Resources whose list pages after the first are answered with an error status.
+    pub refused_later_pages: Mutex<Vec<(Resource, u16)>>,
     pub bookmark_interval: Duration,
 }
 
@@ -133,6 +135,7 @@ impl ApiServer {
             watch_epoch: watch::channel(0).0,
             requests: Mutex::new(Vec::new()),
             refused: Mutex::new(Vec::new()),
+            refused_later_pages: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
         });
         let addr = listener.local_addr()?;
@@ -254,6 +257,19 @@ impl ApiServer {
         let mut refused = self
             .shared
             .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        refused.retain(|(r, _)| *r != resource);
+        refused.extend(code.map(|code| (resource, code)));
+    }
+
+    /// Answers every list request for `resource` that continues a paginated list (one with a
+    /// `continue` token) with `code` from now on, or (`None`) serves them again: a list of
+    /// more than one page then never completes.
+    pub fn refuse_later_pages(&self, resource: Resource, code: Option<u16>) {
+        let mut refused = self
+            .shared
+            .refused_later_pages
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         refused.retain(|(r, _)| *r != resource);
