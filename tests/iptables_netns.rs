@@ -222,12 +222,7 @@ async fn ipvs_mode_falls_back_to_iptables_here() {
             && event["regarding"]["name"] == "node-a"
     };
     assert!(
-        eventually(WAIT, || cluster
-            .api
-            .list(Resource::EventsV1)
-            .iter()
-            .any(started))
-        .await,
+        posted_event(&cluster, started).await,
         "{:?}",
         cluster.api.list(Resource::EventsV1)
     );
@@ -297,15 +292,18 @@ async fn an_event_refused_for_a_moment_is_posted_again() {
     cluster.api.refuse(Resource::EventsV1, None);
     let started = |event: &serde_json::Value| event["reason"] == "Starting";
     assert!(
-        eventually(WAIT, || cluster
-            .api
-            .list(Resource::EventsV1)
-            .iter()
-            .any(started))
-        .await,
+        posted_event(&cluster, started).await,
         "posted once the server took it: {:?}",
         cluster.api.requests()
     );
     assert_eq!(daemon.count("Cannot post an event"), 0);
     daemon.stop().await;
+}
+
+/// Whether the API server holds, or comes to hold within the wait, an Event `wanted` picks.
+async fn posted_event(cluster: &Cluster, wanted: impl Fn(&serde_json::Value) -> bool) -> bool {
+    eventually(WAIT, || {
+        cluster.api.list(Resource::EventsV1).iter().any(&wanted)
+    })
+    .await
 }
