@@ -28,23 +28,31 @@ pub trait Mode: Send {
     /// change of it makes that family's next sync a full one.
     type Context: Clone + PartialEq;
     type Written: Written;
+    /// What one sync carries from `begin` through every family's stages to `end` (the kernel
+    /// as the sync read it, the drift it found): handed to each stage, gone when it ends.
+    type Sync;
 
     /// Which mode this is.
     const MODE: ProxyMode;
 
-    /// Starts a sync of `families` for `changes`: whether the mode wants a full one besides
-    /// the driver's reasons (drift only a full sync repairs, say). `full` says whether the
-    /// driver already does one.
+    /// Starts a sync of `families` for `changes`: its state, and whether the mode wants a full
+    /// one besides the driver's reasons (drift only a full sync repairs, say). `full` says
+    /// whether the driver already does one.
     fn begin(
         &mut self,
         families: &[IpFamily],
         changes: &ChangeSummary,
         full: bool,
-    ) -> Result<bool, Failure>;
+    ) -> Result<(Self::Sync, bool), Failure>;
 
     /// Prepares `family`'s sync (a sysctl it needs, chains due for deletion) and returns its
     /// context for `state`.
-    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> Self::Context;
+    fn prepare(
+        &mut self,
+        sync: &mut Self::Sync,
+        family: IpFamily,
+        state: &ProxyState,
+    ) -> Self::Context;
 
     /// The context `family` was last programmed with, if it was.
     fn programmed_context(&self, family: IpFamily) -> Option<&Self::Context>;
@@ -52,6 +60,7 @@ pub trait Mode: Send {
     /// Programs every service of `family`, those in `quarantine` as the kernel last took them.
     fn full_sync(
         &mut self,
+        sync: &mut Self::Sync,
         family: IpFamily,
         ctx: Self::Context,
         state: &ProxyState,
@@ -61,6 +70,7 @@ pub trait Mode: Send {
     /// Programs the services of `family` that `changes` names, as a full sync would leave them.
     fn partial_sync(
         &mut self,
+        sync: &mut Self::Sync,
         family: IpFamily,
         state: &ProxyState,
         changes: &ChangeSummary,
@@ -72,14 +82,16 @@ pub trait Mode: Send {
     /// a full one.
     fn settle(
         &mut self,
+        sync: &mut Self::Sync,
         family: IpFamily,
         state: &ProxyState,
         full: bool,
         quarantine: &Quarantine,
     ) -> Result<usize, Failure>;
 
-    /// Every family synced: the mode's own counts for the report.
-    fn end(&mut self, full: bool, report: &mut SyncReport);
+    /// Every family synced: what the sync leaves for the next one, and the mode's own counts
+    /// for the report. No kernel access: the sync's writes are done.
+    fn end(&mut self, sync: Self::Sync, full: bool, report: &mut SyncReport);
 }
 
 /// A mode and the sync state every mode keeps alike. It reads as its mode (`Deref`), so that a
@@ -126,13 +138,16 @@ impl<M: Mode> SyncDriver<M> {
             .last_full_sync
             .is_some_and(|t| now.duration_since(t) >= FULL_SYNC_PERIOD);
         let mut full = self.needs_full_sync || self.last_full_sync.is_none() || hourly;
-        match self.mode.begin(&self.families, changes, full) {
-            Ok(wanted) => full |= wanted,
+        let mut sync = match self.mode.begin(&self.families, changes, full) {
+            Ok((sync, wanted)) => {
+                full |= wanted;
+                sync
+            }
             Err(failure) => {
                 self.needs_full_sync = true;
                 return Err(failure.error);
             }
-        }
+        };
         self.quarantine.release_changed(changes);
         if hourly {
             self.quarantine.release_all();
@@ -142,7 +157,7 @@ impl<M: Mode> SyncDriver<M> {
             ..SyncReport::default()
         };
         for family in self.families.clone() {
-            match self.sync_family(family, full, state, changes, &mut report) {
+            match self.sync_family(&mut sync, family, full, state, changes, &mut report) {
                 Ok(written) => {
                     written.log(family, report.full);
                     report.restore_lines += written.lines();
@@ -165,7 +180,7 @@ impl<M: Mode> SyncDriver<M> {
         } else {
             changes.changed_services.len()
         };
-        self.mode.end(report.full, &mut report);
+        self.mode.end(sync, report.full, &mut report);
         Ok(report)
     }
 
@@ -174,21 +189,22 @@ impl<M: Mode> SyncDriver<M> {
     /// at most; then the mode settles what is left.
     fn sync_family(
         &mut self,
+        sync: &mut M::Sync,
         family: IpFamily,
         full: bool,
         state: &ProxyState,
         changes: &ChangeSummary,
         report: &mut SyncReport,
     ) -> Result<M::Written, Failure> {
-        let ctx = self.mode.prepare(family, state);
+        let ctx = self.mode.prepare(sync, family, state);
         let mut family_full = full || self.mode.programmed_context(family) != Some(&ctx);
         let mut result = if family_full {
             report.full = true;
             self.mode
-                .full_sync(family, ctx.clone(), state, &self.quarantine)
+                .full_sync(sync, family, ctx.clone(), state, &self.quarantine)
         } else {
             self.mode
-                .partial_sync(family, state, changes, &self.quarantine)
+                .partial_sync(sync, family, state, changes, &self.quarantine)
         };
         let mut skipped = 0;
         while let Err(Failure {
@@ -206,12 +222,12 @@ impl<M: Mode> SyncDriver<M> {
             family_full = true;
             result = self
                 .mode
-                .full_sync(family, ctx.clone(), state, &self.quarantine);
+                .full_sync(sync, family, ctx.clone(), state, &self.quarantine);
         }
         let written = result?;
-        report.repaired_chains += self
-            .mode
-            .settle(family, state, family_full, &self.quarantine)?;
+        report.repaired_chains +=
+            self.mode
+                .settle(sync, family, state, family_full, &self.quarantine)?;
         Ok(written)
     }
 }

@@ -63,9 +63,6 @@ pub enum SyncError {
     /// A thread of the sync stopped.
     #[error("{0}")]
     Thread(&'static str),
-    /// A family's sync was asked for before the sync began (a driver's mistake).
-    #[error("a family's sync outside a sync")]
-    NotBegun,
     /// The sync needs what only a full sync leaves in memory.
     #[error("no full sync yet")]
     NotSynced,

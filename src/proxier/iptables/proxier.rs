@@ -212,6 +212,9 @@ impl Written for RestoreStats {
 impl<I: Iptables> Mode for IptablesMode<I> {
     type Context = RenderContext;
     type Written = RestoreStats;
+    /// Nothing beyond the proxier's own memory: drift found while verifying or adopting is
+    /// kept there, as a full sync also records it.
+    type Sync = ();
     const MODE: ProxyMode = ProxyMode::Iptables;
 
     /// A full sync is also wanted when a canary chain is gone (someone flushed the tables; they
@@ -221,7 +224,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
         families: &[IpFamily],
         _changes: &ChangeSummary,
         full: bool,
-    ) -> Result<bool, Failure> {
+    ) -> Result<((), bool), Failure> {
         self.last_transactions.clear();
         // What the back end read in the last sync may have changed since.
         self.iptables.forget_reads();
@@ -248,11 +251,11 @@ impl<I: Iptables> Mode for IptablesMode<I> {
                 }
             }
         }
-        Ok(self.take_drift() || wants_full)
+        Ok(((), self.take_drift() || wants_full))
     }
 
     /// IPv4 localhost NodePorts need route_localnet, set here when the context asks for them.
-    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> RenderContext {
+    fn prepare(&mut self, _sync: &mut (), family: IpFamily, state: &ProxyState) -> RenderContext {
         let ctx = self.context(family, &state.node);
         self.ensure_route_localnet(&ctx);
         ctx
@@ -264,6 +267,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
 
     fn full_sync(
         &mut self,
+        _sync: &mut (),
         family: IpFamily,
         ctx: RenderContext,
         state: &ProxyState,
@@ -274,6 +278,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
 
     fn partial_sync(
         &mut self,
+        _sync: &mut (),
         family: IpFamily,
         state: &ProxyState,
         changes: &ChangeSummary,
@@ -286,6 +291,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
     /// a time (a sync is asked for while some are left), and chains others changed repaired.
     fn settle(
         &mut self,
+        _sync: &mut (),
         family: IpFamily,
         state: &ProxyState,
         full: bool,
@@ -301,7 +307,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
     }
 
     /// Rule counts per family and table, from what each service programmed: no kernel read.
-    fn end(&mut self, full: bool, report: &mut SyncReport) {
+    fn end(&mut self, _sync: (), full: bool, report: &mut SyncReport) {
         if full {
             self.last_canary_check = Some(Instant::now());
         }

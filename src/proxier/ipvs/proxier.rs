@@ -114,8 +114,6 @@ pub struct IpvsMode {
     /// Virtual servers, addresses and set entries the kernel refused, with why (applied one by
     /// one, a refused object costs only itself: no quarantine).
     refused: Refusals,
-    /// The sync under way, from `begin` to `end`.
-    current: Option<Current>,
 }
 
 /// The kernel state as the last successful sync left it, so a sync of a few changed services
@@ -127,7 +125,7 @@ struct Applied {
 }
 
 /// One sync's view of the kernel, shared by its families.
-struct Current {
+pub struct KernelView {
     depth: Depth,
     /// The families this node serves.
     families: Vec<IpFamily>,
@@ -208,7 +206,6 @@ impl IpvsProxier {
             applied: None,
             aggregates: BTreeMap::new(),
             refused: Refusals::default(),
-            current: None,
         }))
     }
 }
@@ -228,13 +225,6 @@ impl IpvsMode {
             warn!(error = %err, "Failed to configure IPVS timeouts");
         }
         self.initialized = true;
-    }
-
-    /// The sync under way (begun, not ended).
-    fn current(&mut self) -> Result<Current, Failure> {
-        self.current
-            .take()
-            .ok_or_else(|| Failure::unattributed(SyncError::NotBegun))
     }
 }
 
@@ -262,17 +252,20 @@ impl Written for Changed {
 impl Mode for IpvsMode {
     type Context = IpvsContext;
     type Written = Changed;
+    /// The kernel as this sync read it, shared by its families.
+    type Sync = KernelView;
     const MODE: ProxyMode = ProxyMode::Ipvs;
 
     /// Reads the kernel as deep as the sync needs: all of it for a full sync (and when the
     /// Node changed), a check of what memory holds when nothing changed, memory alone
-    /// otherwise. A full sync is wanted whenever all of it was read.
+    /// otherwise. A full sync is wanted whenever all of it was read. Addresses of a family the
+    /// node does not serve (left by a dual-stack setup) go from kube-ipvs0 first.
     fn begin(
         &mut self,
         families: &[IpFamily],
         changes: &ChangeSummary,
         full: bool,
-    ) -> Result<bool, Failure> {
+    ) -> Result<(KernelView, bool), Failure> {
         if !self.initialized {
             self.initialize();
         }
@@ -285,25 +278,37 @@ impl Mode for IpvsMode {
         } else {
             Depth::Changes
         };
-        if let Err(err) = self.start(depth, families) {
-            // Part of the kernel may be unread: read everything next time.
-            self.applied = None;
-            return Err(Failure::from(err));
+        let mut current = match self.start(depth, families) {
+            Ok(current) => current,
+            Err(err) => {
+                // Part of the kernel may be unread: read everything next time.
+                self.applied = None;
+                return Err(Failure::from(err));
+            }
+        };
+        let stray: Vec<Operation> = current
+            .observed
+            .bound
+            .iter()
+            .filter(|ip| !current.families.contains(&IpFamily::of(ip)))
+            .map(|ip| Operation::Unbind(*ip))
+            .collect();
+        if !stray.is_empty() {
+            let applied = self.apply(current.link, &stray);
+            current.observed.apply(&applied);
         }
         // A check that found the kernel changed behind our back read all of it: a full sync.
-        Ok(self
-            .current
-            .as_ref()
-            .is_some_and(|current| current.read_all))
+        let wants_full = current.read_all;
+        Ok((current, wants_full))
     }
 
-    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> IpvsContext {
-        let local = self
-            .current
-            .as_ref()
-            .map(|current| current.local.as_slice())
-            .unwrap_or_default();
-        self.settings.context(family, &state.node, local)
+    fn prepare(
+        &mut self,
+        current: &mut KernelView,
+        family: IpFamily,
+        state: &ProxyState,
+    ) -> IpvsContext {
+        self.settings.context(family, &state.node, &current.local)
     }
 
     fn programmed_context(&self, family: IpFamily) -> Option<&IpvsContext> {
@@ -314,12 +319,12 @@ impl Mode for IpvsMode {
     /// now, when the sync began from memory: the node's addresses moved, say).
     fn full_sync(
         &mut self,
+        current: &mut KernelView,
         family: IpFamily,
         ctx: IpvsContext,
         state: &ProxyState,
         _quarantine: &Quarantine,
     ) -> Result<Changed, Failure> {
-        let mut current = self.current()?;
         if !current.read_all {
             current.observed = self.observe(current.link)?;
             current.read_all = true;
@@ -327,40 +332,37 @@ impl Mode for IpvsMode {
         let aggregate = Aggregate::build(state, &ctx);
         let desired = aggregate.desired(&ctx);
         self.aggregates.insert(family, (ctx, aggregate));
-        let changed = self.program(family, &mut current, desired, None);
-        self.current = Some(current);
-        Ok(changed?)
+        Ok(self.program(family, current, desired, None)?)
     }
 
     /// The changed services of `family` diffed against memory; with no change, every service
     /// checked against the kernel (the check `begin` read).
     fn partial_sync(
         &mut self,
+        current: &mut KernelView,
         family: IpFamily,
         state: &ProxyState,
         changes: &ChangeSummary,
         _quarantine: &Quarantine,
     ) -> Result<Changed, Failure> {
-        let mut current = self.current()?;
         let work = match current.depth {
             Depth::Changes => self
-                .changed_part(family, &current, state, changes)
+                .changed_part(family, current, state, changes)
                 .map(|(part, scope)| (part, Some(scope))),
             Depth::Check | Depth::Full => self
                 .aggregates
                 .get(&family)
                 .map(|(ctx, aggregate)| (aggregate.desired(ctx), None)),
         };
-        let changed = match work {
-            Some((desired, scope)) => self.program(family, &mut current, desired, scope),
-            None => Err(SyncError::NotSynced),
-        };
-        self.current = Some(current);
-        Ok(changed?)
+        match work {
+            Some((desired, scope)) => Ok(self.program(family, current, desired, scope)?),
+            None => Err(Failure::from(SyncError::NotSynced)),
+        }
     }
 
     fn settle(
         &mut self,
+        _current: &mut KernelView,
         _family: IpFamily,
         _state: &ProxyState,
         _full: bool,
@@ -370,26 +372,12 @@ impl Mode for IpvsMode {
     }
 
     /// Memory of what the kernel now holds, for the next sync; the kernel's refusals counted.
-    fn end(&mut self, _full: bool, report: &mut SyncReport) {
-        if let Some(mut current) = self.current.take() {
-            // Addresses of a family the node does not serve (left by a dual-stack setup) go.
-            let stray: Vec<Operation> = current
-                .observed
-                .bound
-                .iter()
-                .filter(|ip| !current.families.contains(&IpFamily::of(ip)))
-                .map(|ip| Operation::Unbind(*ip))
-                .collect();
-            if !stray.is_empty() {
-                let applied = self.apply(current.link, &stray);
-                current.observed.apply(&applied);
-            }
-            self.applied = Some(Applied {
-                kernel: current.observed,
-                sets: current.sets,
-                iptables: current.iptables,
-            });
-        }
+    fn end(&mut self, current: KernelView, _full: bool, report: &mut SyncReport) {
+        self.applied = Some(Applied {
+            kernel: current.observed,
+            sets: current.sets,
+            iptables: current.iptables,
+        });
         report.skipped_services += self.refused.len();
     }
 }

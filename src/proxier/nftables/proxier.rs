@@ -86,9 +86,6 @@ pub struct NftablesMode<N: Nftables> {
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
     /// What other programs change in our table, when the kernel can tell.
     events: Option<Box<dyn ChangeEvents>>,
-    /// The objects of ours other programs changed since the last sync, per family (from the
-    /// events); rewritten after the family's sync unless it read the table back.
-    drifted: BTreeMap<IpFamily, BTreeSet<String>>,
     /// The next sync is to be a full one (another program added to our table).
     full_sync_wanted: bool,
     /// Asks for a sync; called a moment after chains were flushed, so that they are deleted
@@ -122,7 +119,6 @@ impl<N: Nftables> NftablesProxier<N> {
             last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
             events: None,
-            drifted: BTreeMap::new(),
             full_sync_wanted: false,
             wake: None,
             recreate: false,
@@ -207,6 +203,9 @@ impl Written for Stats {
 impl<N: Nftables> Mode for NftablesMode<N> {
     type Context = NftContext;
     type Written = Stats;
+    /// The objects of ours other programs changed since the last sync, per family (from the
+    /// events); rewritten after the family's sync unless it read the table back.
+    type Sync = BTreeMap<IpFamily, BTreeSet<String>>;
     const MODE: ProxyMode = ProxyMode::Nftables;
 
     /// A full sync is also wanted when a restart that trusted the table's digests is due to
@@ -217,7 +216,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
         _families: &[IpFamily],
         _changes: &ChangeSummary,
         _full: bool,
-    ) -> Result<bool, Failure> {
+    ) -> Result<(Self::Sync, bool), Failure> {
         self.last_transactions.clear();
         let now = Instant::now();
         let mut full = std::mem::take(&mut self.full_sync_wanted);
@@ -225,7 +224,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
         if self.unverified.values().any(|due| now >= *due) {
             full = true;
         }
-        self.drifted.clear();
+        let mut drifted = Self::Sync::new();
         let drift = self.events.as_mut().map(|e| e.take()).unwrap_or_default();
         for (family, _, name) in drift.chains {
             if name.is_empty() {
@@ -237,7 +236,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
                 // Memory no longer says what the table holds: read it and rewrite everything.
                 self.known.remove(&family);
             } else {
-                self.drifted.entry(family).or_default().insert(name);
+                drifted.entry(family).or_default().insert(name);
             }
         }
         if drift.lost {
@@ -245,11 +244,16 @@ impl<N: Nftables> Mode for NftablesMode<N> {
             full = true;
             self.known.clear();
         }
-        Ok(full)
+        Ok((drifted, full))
     }
 
     /// Chains flushed a moment ago are deleted first.
-    fn prepare(&mut self, family: IpFamily, state: &ProxyState) -> NftContext {
+    fn prepare(
+        &mut self,
+        _drifted: &mut Self::Sync,
+        family: IpFamily,
+        state: &ProxyState,
+    ) -> NftContext {
         self.delete_stale_chains(family);
         self.context(family, &state.node, &state.service_cidrs)
     }
@@ -260,6 +264,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
 
     fn full_sync(
         &mut self,
+        _drifted: &mut Self::Sync,
         family: IpFamily,
         ctx: NftContext,
         state: &ProxyState,
@@ -270,6 +275,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
 
     fn partial_sync(
         &mut self,
+        _drifted: &mut Self::Sync,
         family: IpFamily,
         state: &ProxyState,
         changes: &ChangeSummary,
@@ -281,19 +287,19 @@ impl<N: Nftables> Mode for NftablesMode<N> {
     /// What other programs changed is rewritten, unless the sync read the table back.
     fn settle(
         &mut self,
+        drifted: &mut Self::Sync,
         family: IpFamily,
         _state: &ProxyState,
         full: bool,
         _quarantine: &Quarantine,
     ) -> Result<usize, Failure> {
-        let drifted = self.drifted.remove(&family);
-        match drifted {
+        match drifted.remove(&family) {
             Some(names) if !full || self.last_full_sync_from_memory => self.repair(family, &names),
             _ => Ok(0),
         }
     }
 
-    fn end(&mut self, _full: bool, report: &mut SyncReport) {
+    fn end(&mut self, _drifted: Self::Sync, _full: bool, report: &mut SyncReport) {
         for (family, programmed) in &self.programmed {
             let mut no_local = (0, 0);
             for service in programmed.services.values() {

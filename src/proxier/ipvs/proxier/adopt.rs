@@ -69,7 +69,11 @@ impl IpvsMode {
 
     /// Starts a sync at `depth`: kube-ipvs0 made sure of and the kernel read as deep as
     /// asked. Memory of the last sync is taken: only a sync that ends gives it back.
-    pub(super) fn start(&mut self, depth: Depth, families: &[IpFamily]) -> Result<(), SyncError> {
+    pub(super) fn start(
+        &mut self,
+        depth: Depth,
+        families: &[IpFamily],
+    ) -> Result<KernelView, SyncError> {
         let link = self
             .links
             .ensure_dummy(DUMMY_LINK)
@@ -88,7 +92,7 @@ impl IpvsMode {
             Some(applied) => (SetEntries::new(), applied.iptables),
             None => (SetEntries::new(), Vec::new()),
         };
-        self.current = Some(Current {
+        Ok(KernelView {
             depth,
             families: families.to_vec(),
             link,
@@ -98,8 +102,7 @@ impl IpvsMode {
             sets,
             previous_iptables,
             iptables: Vec::new(),
-        });
-        Ok(())
+        })
     }
 }
 

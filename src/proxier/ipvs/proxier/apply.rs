@@ -129,7 +129,7 @@ impl IpvsMode {
     pub(super) fn program(
         &mut self,
         family: IpFamily,
-        current: &mut Current,
+        current: &mut KernelView,
         desired: DesiredIpvs,
         scope: Option<Scope>,
     ) -> Result<Changed, SyncError> {

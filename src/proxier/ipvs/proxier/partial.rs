@@ -9,7 +9,7 @@ impl IpvsMode {
     pub(super) fn changed_part(
         &mut self,
         family: IpFamily,
-        current: &Current,
+        current: &KernelView,
         state: &ProxyState,
         changes: &ChangeSummary,
     ) -> Option<(DesiredIpvs, Scope)> {
