@@ -240,17 +240,10 @@ fn refusal(
         Target::Collection { resource, .. } | Target::Object { resource, .. } => *resource,
         _ => return None,
     };
-    let refused = |list: &std::sync::Mutex<Vec<(Resource, u16)>>| {
-        list.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|(refused, _)| *refused == resource)
-            .map(|(_, code)| *code)
-    };
     let later_page = query.get("continue").is_some_and(|token| !token.is_empty());
-    let code = refused(&shared.refused).or_else(|| {
+    let code = shared.refused.code(resource).or_else(|| {
         later_page
-            .then(|| refused(&shared.refused_later_pages))
+            .then(|| shared.refused_later_pages.code(resource))
             .flatten()
     })?;
     Some(match code {

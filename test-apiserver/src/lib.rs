@@ -41,10 +41,32 @@ pub(crate) struct Shared {
     pub watch_epoch: watch::Sender<u64>,
     pub requests: Mutex<Vec<String>>,
     /// Resources answered with an error status instead of being served.
-    pub refused: Mutex<Vec<(Resource, u16)>>,
+    pub refused: Refusals,
     /// Resources whose list pages after the first are answered with an error status.
-    pub refused_later_pages: Mutex<Vec<(Resource, u16)>>,
+    pub refused_later_pages: Refusals,
     pub bookmark_interval: Duration,
+}
+
+/// The status codes some resources are answered with instead of being served.
+#[derive(Default)]
+pub(crate) struct Refusals(Mutex<Vec<(Resource, u16)>>);
+
+impl Refusals {
+    /// `resource` is answered with `code` from now on, or (`None`) served again.
+    fn set(&self, resource: Resource, code: Option<u16>) {
+        let mut refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        refused.retain(|(r, _)| *r != resource);
+        refused.extend(code.map(|code| (resource, code)));
+    }
+
+    /// The code `resource` is answered with, if it is refused.
+    pub(crate) fn code(&self, resource: Resource) -> Option<u16> {
+        let refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        refused
+            .iter()
+            .find(|(r, _)| *r == resource)
+            .map(|(_, code)| *code)
+    }
 }
 
 impl Shared {
@@ -134,8 +156,8 @@ impl ApiServer {
             stalled: watch::channel(false).0,
             watch_epoch: watch::channel(0).0,
             requests: Mutex::new(Vec::new()),
-            refused: Mutex::new(Vec::new()),
-            refused_later_pages: Mutex::new(Vec::new()),
+            refused: Refusals::default(),
+            refused_later_pages: Refusals::default(),
             bookmark_interval: options.bookmark_interval,
         });
         let addr = listener.local_addr()?;
@@ -254,26 +276,14 @@ impl ApiServer {
     /// for (a resource of a later release, a disabled API group); 403 with RBAC's Status for a
     /// ServiceAccount without the rule; any other code with an InternalError Status.
     pub fn refuse(&self, resource: Resource, code: Option<u16>) {
-        let mut refused = self
-            .shared
-            .refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        refused.retain(|(r, _)| *r != resource);
-        refused.extend(code.map(|code| (resource, code)));
+        self.shared.refused.set(resource, code);
     }
 
     /// Answers every list request for `resource` that continues a paginated list (one with a
     /// `continue` token) with `code` from now on, or (`None`) serves them again: a list of
     /// more than one page then never completes.
     pub fn refuse_later_pages(&self, resource: Resource, code: Option<u16>) {
-        let mut refused = self
-            .shared
-            .refused_later_pages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        refused.retain(|(r, _)| *r != resource);
-        refused.extend(code.map(|code| (resource, code)));
+        self.shared.refused_later_pages.set(resource, code);
     }
 
     /// While stalled, requests hang without an answer.
