@@ -9,6 +9,8 @@ pub mod dry_run;
 pub mod explanation;
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+pub(crate) mod flows;
 pub mod iptables;
 pub mod ipvs;
 pub mod local;

@@ -6,8 +6,6 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use netlink_sys::protocols::NETLINK_NETFILTER;
-
 use super::render::{
     CLUSTER_IPS, FIREWALL_IPS, NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_IPS, TABLE,
 };
@@ -18,13 +16,10 @@ use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
 };
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
-use crate::sys::netlink::Connection;
-use crate::sys::nf_tables::elements::{
-    KeyLayout, address_intervals, address_number, element, set_elements,
-};
+use crate::sys::nf_tables::elements::{KeyLayout, address_number};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::family_keyword;
-use crate::sys::nf_tables::read::{chain_rules, table_exists};
+use crate::sys::nf_tables::lookups::{KernelLookups, Lookups};
 use crate::sys::nf_tables::wire::NFT_GOTO;
 use crate::sys::nf_tables::write::KeyType;
 
@@ -33,6 +28,7 @@ use crate::sys::nf_tables::write::KeyType;
 const MAX_CHAINS: usize = 6;
 
 mod evaluate;
+mod filters;
 mod hairpin;
 mod node_ports;
 mod rules;
@@ -50,25 +46,31 @@ type Share = (u64, u64, SocketAddr);
 
 /// Reads for several flows (`explain --all`): one socket, and each endpoint map read once.
 pub struct Session {
-    connection: Connection,
+    lookups: Box<dyn Lookups + Send>,
     tables: BTreeMap<IpFamily, bool>,
     /// Endpoint maps read: each share's first and last draw and its endpoint, by first draw.
     maps: BTreeMap<(IpFamily, String), Vec<Share>>,
-    /// The rules of `services` that mark ClusterIP traffic, by family.
-    cluster_ip_marks: BTreeMap<IpFamily, Vec<Vec<Expr>>>,
+    /// The rules of chain `services`, by family (read once).
+    services: BTreeMap<IpFamily, Vec<Vec<Expr>>>,
     /// The node's addresses (NodePorts, `fib ... type local`).
     local: Vec<IpAddr>,
 }
 
 impl Session {
     pub fn open() -> Result<Session, ExplainError> {
-        Ok(Session {
-            connection: Connection::open(NETLINK_NETFILTER).map_err(read_error("netlink"))?,
+        let kernel = KernelLookups::open().map_err(read_error("netlink"))?;
+        Ok(Session::with(Box::new(kernel), SystemAddresses.addresses()))
+    }
+
+    /// A session reading through `lookups`, on a node whose addresses are `local`.
+    pub fn with(lookups: Box<dyn Lookups + Send>, local: Vec<IpAddr>) -> Session {
+        Session {
+            lookups,
             tables: BTreeMap::new(),
             maps: BTreeMap::new(),
-            cluster_ip_marks: BTreeMap::new(),
-            local: SystemAddresses.addresses(),
-        })
+            services: BTreeMap::new(),
+            local,
+        }
     }
 
     /// Explains `flow` from what the kernel holds in our table of its family.
@@ -77,7 +79,10 @@ impl Session {
         let present = match self.tables.get(&family) {
             Some(present) => *present,
             None => {
-                let present = table_exists(family, TABLE).map_err(read_error("our table"))?;
+                let present = self
+                    .lookups
+                    .table_exists(family, TABLE)
+                    .map_err(read_error("our table"))?;
                 *self.tables.entry(family).or_insert(present)
             }
         };
@@ -117,15 +122,11 @@ impl Reader<'_> {
         key: &[u8],
     ) -> Result<Option<String>, ExplainError> {
         let layout = KeyLayout::Keys(layout.to_vec());
-        let found = element(
-            &mut self.session.connection,
-            self.family,
-            TABLE,
-            set,
-            &layout,
-            key,
-        )
-        .map_err(read_error(set))?;
+        let found = self
+            .session
+            .lookups
+            .element(self.family, TABLE, set, &layout, key)
+            .map_err(read_error(set))?;
         self.explanation
             .reads
             .push(format!("one element of @{set}"));
@@ -169,7 +170,8 @@ impl Reader<'_> {
             if self.cluster_ip {
                 self.cluster_ip_marks()?;
             }
-            return self.follow_verdict(&rest);
+            let outcome = self.follow_verdict(&rest)?;
+            return self.filtered(outcome, NO_ENDPOINT_SERVICES);
         }
         if let Some(rest) = self.element(NO_ENDPOINT_SERVICES, &[address, proto, port], &key)? {
             self.step(format!(
@@ -192,27 +194,31 @@ impl Reader<'_> {
                 ),
             });
         }
+        if let Some(dropped) = self.unallocated_cluster_ip()? {
+            return Ok(dropped);
+        }
         self.node_port()
     }
 
     /// The rules of `services` that mark traffic to any ClusterIP for masquerading, before the
     /// service maps (upstream 1.36's place for them); read once a session.
     fn cluster_ip_marks(&mut self) -> Result<(), ExplainError> {
-        let rules = match self.session.cluster_ip_marks.get(&self.family) {
-            Some(rules) => rules.clone(),
-            None => {
-                let mut rules = self.rules_of("services")?;
-                rules.retain(|rule| rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })));
-                self.session
-                    .cluster_ip_marks
-                    .insert(self.family, rules.clone());
-                rules
-            }
-        };
+        let mut rules = self.services_rules()?;
+        rules.retain(|rule| rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })));
         for rule in rules {
             self.rule("services", &rule, 0)?;
         }
         Ok(())
+    }
+
+    /// The rules of chain `services`, read once a session.
+    fn services_rules(&mut self) -> Result<Vec<Vec<Expr>>, ExplainError> {
+        if let Some(rules) = self.session.services.get(&self.family) {
+            return Ok(rules.clone());
+        }
+        let rules = self.rules_of("services")?;
+        self.session.services.insert(self.family, rules.clone());
+        Ok(rules)
     }
 
     fn key_text(&self) -> String {
@@ -238,11 +244,11 @@ impl Reader<'_> {
 
     /// The rules of `chain`, as expressions: one dump of that chain.
     fn rules_of(&mut self, chain: &str) -> Result<Vec<Vec<Expr>>, ExplainError> {
-        let rules = chain_rules(self.family, TABLE, &[chain])
-            .map_err(read_error(chain))?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let rules = self
+            .session
+            .lookups
+            .chain_rules(self.family, TABLE, chain)
+            .map_err(read_error(chain))?;
         self.explanation
             .reads
             .push(format!("the {} rules of chain {chain}", rules.len()));
@@ -252,21 +258,29 @@ impl Reader<'_> {
     /// Whether `rule`'s match holds for the flow (see `evaluate`), the anonymous sets of
     /// addresses it looks up read when the flow's source is known.
     fn applies(&mut self, rule: &[Expr]) -> Result<Option<bool>, ExplainError> {
+        self.applies_reading(rule, self.flow.source.is_some())
+    }
+
+    /// As [`Self::applies`], the anonymous sets read when `read_sets` (a match on the
+    /// destination needs them whether the source is known or not).
+    fn applies_reading(
+        &mut self,
+        rule: &[Expr],
+        read_sets: bool,
+    ) -> Result<Option<bool>, ExplainError> {
         let mut sets: BTreeMap<String, Vec<(u128, u128)>> = BTreeMap::new();
-        if self.flow.source.is_some() {
+        if read_sets {
             for expr in rule {
                 if let Expr::Lookup {
                     set, dreg: None, ..
                 } = expr
                     && set.name.starts_with("__")
                 {
-                    let read = address_intervals(
-                        &mut self.session.connection,
-                        self.family,
-                        TABLE,
-                        &set.name,
-                    )
-                    .map_err(read_error(&set.name))?;
+                    let read = self
+                        .session
+                        .lookups
+                        .address_intervals(self.family, TABLE, &set.name)
+                        .map_err(read_error(&set.name))?;
                     self.explanation
                         .reads
                         .push(format!("the elements of {}", set.name));
@@ -455,14 +469,11 @@ impl Reader<'_> {
 
     /// The data of an anonymous map indexed by a numgen draw, in index order.
     fn indexed(&mut self, set: &str) -> Result<Vec<String>, ExplainError> {
-        let elements = set_elements(
-            &mut self.session.connection,
-            self.family,
-            TABLE,
-            set,
-            &KeyLayout::Indices,
-        )
-        .map_err(read_error(set))?;
+        let elements = self
+            .session
+            .lookups
+            .set_elements(self.family, TABLE, set, &KeyLayout::Indices)
+            .map_err(read_error(set))?;
         self.explanation
             .reads
             .push(format!("the elements of {set}"));
@@ -501,14 +512,11 @@ impl Reader<'_> {
     fn draws(&mut self, chain: &str, map: RandomPick) -> Result<Outcome, ExplainError> {
         let key = (self.family, map.set.clone());
         if !self.session.maps.contains_key(&key) {
-            let read = set_elements(
-                &mut self.session.connection,
-                self.family,
-                TABLE,
-                &map.set,
-                &KeyLayout::Draws,
-            )
-            .map_err(read_error(&map.set))?;
+            let read = self
+                .session
+                .lookups
+                .set_elements(self.family, TABLE, &map.set, &KeyLayout::Draws)
+                .map_err(read_error(&map.set))?;
             let mut shares: Vec<Share> = read
                 .iter()
                 .filter_map(|(range, data)| {

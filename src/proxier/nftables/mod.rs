@@ -11,6 +11,8 @@ pub mod cleanup;
 mod digests;
 mod elements;
 pub mod explain;
+#[cfg(test)]
+mod flows;
 mod holders;
 pub mod names;
 pub mod plan;

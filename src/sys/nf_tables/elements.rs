@@ -348,7 +348,13 @@ pub fn address_intervals(
             bounds.extend(key.map(|key| (key, !end)));
         }
     }
-    // Each start runs to the next end (an end at 0 closes the gap below the first).
+    Ok(bounded_intervals(bounds))
+}
+
+/// Intervals from their bounds, each `(key, true)` for a start and `(key, false)` for the end
+/// after its last: each start runs to the next end (an end at 0 closes the gap below the
+/// first).
+pub fn bounded_intervals(mut bounds: Vec<(u128, bool)>) -> Vec<(u128, u128)> {
     bounds.sort_unstable();
     let mut intervals = Vec::new();
     let mut open = None;
@@ -359,10 +365,8 @@ pub fn address_intervals(
             (false, None) => {}
         }
     }
-    if let Some(first) = open {
-        intervals.push((first, u128::MAX));
-    }
-    Ok(intervals)
+    intervals.extend(open.map(|first| (first, u128::MAX)));
+    intervals
 }
 
 /// An address's bytes (4 or 16) as a number.

@@ -10,8 +10,6 @@ mod quarantine;
 mod tracer;
 mod tracer_cases;
 mod upstream_flows;
-mod upstream_policy_flows;
-mod upstream_service_flows;
 
 use std::collections::BTreeMap;
 

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::model::{IpFamily, Protocol};
+pub use crate::proxier::flows::Verdict;
 use crate::sys::xtables::fake::{FakeIptables, Table};
 use crate::sys::xtables::tokenize;
 
@@ -20,18 +21,6 @@ pub struct Packet {
     pub protocol: Protocol,
     /// Sent by a process on the node (OUTPUT) rather than arriving (PREROUTING).
     pub from_node: bool,
-}
-
-/// What happens to it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Delivered: to these endpoints (none: delivered unchanged), masqueraded or not.
-    Accept {
-        endpoints: BTreeSet<String>,
-        masquerade: bool,
-    },
-    Drop,
-    Reject,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -1,39 +1,40 @@
 //! Tables of packets through the rules of upstream's overall scenario (and a few more).
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::tracer::{Packet, Verdict, trace};
 use super::*;
-use crate::proxier::explanation::{Explanation, Flow, Outcome};
+use crate::proxier::explanation::Flow;
+use crate::proxier::flows::Scenario;
+pub(super) use crate::proxier::flows::{Case, POD, accept, explained};
 use crate::proxier::iptables::explain::Session;
+use crate::proxier::local::NodePortSelection;
 use crate::sys::xtables::fake::FakeIptables;
 use crate::sys::xtables::{Backend, Iptables};
-
-pub(super) struct Case {
-    pub name: &'static str,
-    pub src: &'static str,
-    pub dst: &'static str,
-    pub port: u16,
-    pub protocol: Protocol,
-    pub from_node: bool,
-    pub want: Verdict,
-}
-
-pub(super) fn accept(endpoints: &[&str], masquerade: bool) -> Verdict {
-    Verdict::Accept {
-        endpoints: endpoints
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<BTreeSet<_>>(),
-        masquerade,
-    }
-}
 
 /// Traces each case, and checks that `explain` (reading the same fake) says what the trace
 /// finds: the endpoints, masquerading, the drop or the rejection.
 pub(super) fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
     run_on(services, ctx, &[NODE_IP, "127.0.0.1"], cases);
+}
+
+/// A scenario of upstream's flow tables, through this mode's rules.
+pub(super) fn run_scenario(scenario: &Scenario) {
+    let mut ctx = context();
+    ctx.common = scenario.common.clone();
+    ctx.localhost_node_ports = scenario.localhost_node_ports;
+    if let Some(configured) = &scenario.node_port_addresses {
+        let selection = NodePortSelection::new(configured);
+        ctx.node_port_addresses = selection.addresses(ctx.common.node_ip, || scenario.addresses());
+    }
+    // Printed with a failure's output: which scenario it is.
+    eprintln!("{}", scenario.name);
+    run_on(
+        &scenario.services,
+        &ctx,
+        &scenario.addresses,
+        &scenario.cases,
+    );
 }
 
 /// As [`run`], on a node with these addresses.
@@ -49,7 +50,7 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
         let flow = Flow::parse(&to, Some(case.src)).unwrap();
         let explanation = explaining.explain(&flow).unwrap();
         assert_eq!(
-            explained_as_trace(&explanation),
+            explained(&explanation),
             case.want,
             "explain, {}: {explanation:#?}",
             case.name
@@ -70,30 +71,6 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
     }
 }
 
-/// What an explanation says, as the tracer says it.
-fn explained_as_trace(explanation: &Explanation) -> Verdict {
-    let masquerade = explanation
-        .steps
-        .iter()
-        .any(|step| step.contains(": marked for masquerade"));
-    match &explanation.outcome {
-        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => Verdict::Accept {
-            endpoints: candidates.iter().map(|c| c.endpoint.to_string()).collect(),
-            masquerade,
-        },
-        Outcome::Untouched { .. } => Verdict::Accept {
-            endpoints: BTreeSet::new(),
-            masquerade,
-        },
-        Outcome::Drop { .. } => Verdict::Drop,
-        Outcome::Reject { .. } => Verdict::Reject,
-    }
-}
-
-pub(super) const POD: &str = "10.0.0.2";
-
-/// Upstream's fake network's IPv4 addresses (lo and eth0): its external IP is the node's too.
-pub(super) const NODE_ADDRESSES: &[&str] = &["127.0.0.1", NODE_IP, "192.168.1.2", "192.168.99.11"];
 const OUTSIDE: &str = "203.0.113.200";
 
 #[test]

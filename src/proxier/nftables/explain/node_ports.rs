@@ -9,6 +9,7 @@ use crate::proxier::nftables::render::{
     LOCALHOST_REJECT_PORTS, NO_ENDPOINT_NODEPORTS, NODEPORT_IPS, SERVICE_NODEPORTS, TABLE,
     localhost_rejected_counter,
 };
+use crate::sys::nf_tables::expr::Expr;
 use crate::sys::nf_tables::read::counters;
 use crate::sys::nf_tables::write::KeyType;
 
@@ -19,10 +20,10 @@ impl Reader<'_> {
         let listed = self
             .element(NODEPORT_IPS, &[self.address_type()], &octets(destination))?
             .is_some();
-        let local = self.session.local.contains(&destination);
         if destination.is_loopback() && !listed {
             return self.localhost_node_port();
         }
+        let local = self.session.local.contains(&destination) && self.node_ports_by_type()?;
         if !(listed || local) {
             return Ok(Outcome::Untouched {
                 reason: format!(
@@ -31,7 +32,8 @@ impl Reader<'_> {
             });
         }
         if let Some(rest) = self.port_element(SERVICE_NODEPORTS)? {
-            return self.follow_verdict(&rest);
+            let outcome = self.follow_verdict(&rest)?;
+            return self.filtered(outcome, NO_ENDPOINT_NODEPORTS);
         }
         if let Some(rest) = self.port_element(NO_ENDPOINT_NODEPORTS)? {
             return Ok(self.refusal(&rest));
@@ -39,6 +41,19 @@ impl Reader<'_> {
         Ok(Outcome::Untouched {
             reason: format!("no Service has NodePort {}", self.node_port_text()),
         })
+    }
+
+    /// NodePorts are served on every address of the node (`fib daddr type local` in chain
+    /// `services`, for nodePortAddresses that hold them all) rather than on `@nodeport-ips`.
+    fn node_ports_by_type(&mut self) -> Result<bool, ExplainError> {
+        let by_type = |rule: &Vec<Expr>| {
+            rule.iter()
+                .any(|e| matches!(e, Expr::FibAddressType { .. }))
+                && rule
+                    .iter()
+                    .any(|e| matches!(e, Expr::Lookup { set, .. } if set.name == SERVICE_NODEPORTS))
+        };
+        Ok(self.services_rules()?.iter().any(by_type))
     }
 
     /// A loopback NodePort: never DNATed in nftables mode; with the localhost NodePorts gate on,
@@ -70,7 +85,7 @@ impl Reader<'_> {
     }
 
     /// The element of the `protocol . port` map `map` for the flow, a step naming it when found.
-    fn port_element(&mut self, map: &str) -> Result<Option<String>, ExplainError> {
+    pub(super) fn port_element(&mut self, map: &str) -> Result<Option<String>, ExplainError> {
         let key = self.protocol_and_port();
         let found = self.element(map, &[KeyType::Protocol, KeyType::Port], &key)?;
         if let Some(rest) = &found {

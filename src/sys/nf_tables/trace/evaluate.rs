@@ -1,0 +1,588 @@
+//! Rules and chains evaluated on one packet's state, as nft_do_chain does: each rule's
+//! expressions in order until one breaks (no match) or sets a verdict; a chain's rules in order
+//! until a verdict ends it. A lookup of a random draw forks the state, one fork per share.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use super::ruleset::{Element, Set, Table};
+use super::{Packet, TraceError};
+use crate::sys::nf_tables::expr::{Data, Expr, Verdict};
+use crate::sys::nf_tables::wire::{
+    BASE_NETWORK, BASE_TRANSPORT, CT_STATE, CT_STATUS, META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP,
+    NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT, SET_INTERVAL,
+};
+
+/// NFT_CONTINUE; NFT_BREAK never reaches a register (a failed match stops the rule).
+const NFT_CONTINUE: i32 = -1;
+/// Comparison operators past the two the wire module names.
+const CMP_LT: u32 = 2;
+const CMP_LTE: u32 = 3;
+const CMP_GT: u32 = 4;
+const CMP_GTE: u32 = 5;
+/// meta nfproto; ct state new; ct status dnat; fib's RTN_UNICAST and RTN_LOCAL.
+const META_NFPROTO: u32 = 15;
+const CT_STATE_NEW: u32 = 8;
+const CT_STATUS_DST_NAT: u32 = 0x20;
+const RTN_UNICAST: u32 = 1;
+const RTN_LOCAL: u32 = 2;
+/// How deep jumps may nest (the kernel allows 16 levels; ours use three).
+pub const MAX_DEPTH: usize = 16;
+
+/// A random draw's value: every number from `first` to `last`, in host or network order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Draw {
+    first: u32,
+    last: u32,
+    network_order: bool,
+}
+
+impl Draw {
+    fn count(&self) -> f64 {
+        f64::from(self.last - self.first) + 1.0
+    }
+}
+
+/// One packet's state on one path.
+#[derive(Clone, Debug)]
+pub struct State {
+    pub packet: Packet,
+    pub mark: u32,
+    pub weight: f64,
+    pub dnat: Option<SocketAddr>,
+    pub masquerade: bool,
+    pub chains: Vec<String>,
+    /// The data registers, bytes 0..64 (NFT_REG_1..4 and NFT_REG32_00..15 alias them).
+    registers: [u8; 64],
+    /// A register (by 32-bit index) that holds a draw rather than bytes.
+    draws: [Option<Draw>; 16],
+}
+
+impl State {
+    pub fn new(packet: Packet) -> Self {
+        State {
+            packet,
+            mark: 0,
+            weight: 1.0,
+            dnat: None,
+            masquerade: false,
+            chains: Vec::new(),
+            registers: [0; 64],
+            draws: [None; 16],
+        }
+    }
+}
+
+/// How a chain was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Fell off its end or returned: the caller goes on (a base chain's policy applies).
+    Fallthrough,
+    Accept,
+    Drop,
+    Reject,
+}
+
+/// How a rule ended.
+enum RuleEnd {
+    /// A match failed.
+    Break,
+    /// Every expression ran, no verdict.
+    Next,
+    Verdict(Verdict),
+    Reject,
+}
+
+/// Bytes `register` starts at.
+fn offset(register: u32) -> Result<usize, TraceError> {
+    match register {
+        1..=4 => Ok((register as usize - 1) * 16),
+        8..=23 => Ok((register as usize - 8) * 4),
+        other => Err(TraceError::Unsupported(format!("register {other}"))),
+    }
+}
+
+fn bytes(state: &State, register: u32, len: usize) -> Result<&[u8], TraceError> {
+    let start = offset(register)?;
+    if state.draws[start / 4..(start + len).div_ceil(4)]
+        .iter()
+        .any(Option::is_some)
+    {
+        return Err(TraceError::Unsupported(
+            "a random draw used other than as a lookup's key".into(),
+        ));
+    }
+    state
+        .registers
+        .get(start..start + len)
+        .ok_or_else(|| TraceError::Unsupported(format!("{len} bytes from register {register}")))
+}
+
+/// Stores `value` at `register`, zeroing the rest of its last 32-bit word, as the kernel does.
+fn store(state: &mut State, register: u32, value: &[u8]) -> Result<(), TraceError> {
+    let start = offset(register)?;
+    let end = start + value.len().div_ceil(4) * 4;
+    let slot = state
+        .registers
+        .get_mut(start..end)
+        .ok_or_else(|| TraceError::Unsupported(format!("storing at register {register}")))?;
+    slot.fill(0);
+    slot[..value.len()].copy_from_slice(value);
+    state.draws[start / 4..end / 4].fill(None);
+    Ok(())
+}
+
+/// The packet's network header and the start of its transport header.
+fn headers(packet: &Packet) -> (Vec<u8>, [u8; 8]) {
+    let protocol = packet.protocol.number();
+    let network = match (packet.src, packet.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let mut header = vec![0u8; 20];
+            header[0] = 0x45;
+            header[9] = protocol;
+            header[12..16].copy_from_slice(&src.octets());
+            header[16..20].copy_from_slice(&dst.octets());
+            header
+        }
+        (src, dst) => {
+            let mut header = vec![0u8; 40];
+            header[0] = 0x60;
+            header[6] = protocol;
+            header[8..24].copy_from_slice(&v6(src).octets());
+            header[24..40].copy_from_slice(&v6(dst).octets());
+            header
+        }
+    };
+    let mut transport = [0u8; 8];
+    transport[..2].copy_from_slice(&packet.sport.to_be_bytes());
+    transport[2..4].copy_from_slice(&packet.dport.to_be_bytes());
+    (network, transport)
+}
+
+fn v6(address: IpAddr) -> Ipv6Addr {
+    match address {
+        IpAddr::V6(a) => a,
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+    }
+}
+
+/// What a rule needs besides the packet.
+pub struct Host<'a> {
+    pub local: &'a dyn Fn(IpAddr) -> bool,
+}
+
+/// Runs `chain` of `table` on `state`: every way out of it.
+pub fn chain(
+    table: &Table,
+    name: &str,
+    state: State,
+    host: &Host<'_>,
+    depth: usize,
+) -> Result<Vec<(State, Exit)>, TraceError> {
+    if depth > MAX_DEPTH {
+        return Err(TraceError::TooDeep(MAX_DEPTH));
+    }
+    let rules = &table
+        .chains
+        .get(name)
+        .ok_or_else(|| TraceError::Missing {
+            kind: "chain",
+            name: name.to_string(),
+        })?
+        .rules;
+    let mut live = vec![state];
+    let mut out = Vec::new();
+    for (index, rule) in rules.iter().enumerate() {
+        let mut next = Vec::new();
+        for mut current in live {
+            current.chains.push(format!("{name}#{index}"));
+            for (state, end) in expressions(table, rule, current, host)? {
+                match end {
+                    RuleEnd::Break | RuleEnd::Next => next.push(state),
+                    RuleEnd::Reject => out.push((state, Exit::Reject)),
+                    RuleEnd::Verdict(verdict) => {
+                        verdict_of(table, &verdict, state, host, depth, &mut next, &mut out)?
+                    }
+                }
+            }
+        }
+        live = next;
+    }
+    out.extend(live.into_iter().map(|s| (s, Exit::Fallthrough)));
+    Ok(out)
+}
+
+fn verdict_of(
+    table: &Table,
+    verdict: &Verdict,
+    state: State,
+    host: &Host<'_>,
+    depth: usize,
+    next: &mut Vec<State>,
+    out: &mut Vec<(State, Exit)>,
+) -> Result<(), TraceError> {
+    match (verdict.code, verdict.chain.as_deref()) {
+        (NF_ACCEPT, _) => out.push((state, Exit::Accept)),
+        (NF_DROP, _) => out.push((state, Exit::Drop)),
+        (NFT_CONTINUE, _) => next.push(state),
+        (NFT_RETURN, _) => out.push((state, Exit::Fallthrough)),
+        (NFT_JUMP, Some(target)) => {
+            for (state, exit) in chain(table, target, state, host, depth + 1)? {
+                match exit {
+                    Exit::Fallthrough => next.push(state),
+                    other => out.push((state, other)),
+                }
+            }
+        }
+        (NFT_GOTO, Some(target)) => out.extend(chain(table, target, state, host, depth + 1)?),
+        (code, chain) => {
+            return Err(TraceError::Unsupported(format!(
+                "verdict {code} to {chain:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one rule's expressions from `state`: each fork and how its rule ended.
+fn expressions(
+    table: &Table,
+    rule: &[Expr],
+    state: State,
+    host: &Host<'_>,
+) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    let mut live = vec![state];
+    let mut out = Vec::new();
+    for expr in rule {
+        let mut next = Vec::new();
+        for current in live {
+            for (state, end) in expression(table, expr, current, host)? {
+                match end {
+                    RuleEnd::Next => next.push(state),
+                    other => out.push((state, other)),
+                }
+            }
+        }
+        live = next;
+    }
+    out.extend(live.into_iter().map(|s| (s, RuleEnd::Next)));
+    Ok(out)
+}
+
+fn one(state: State, end: RuleEnd) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    Ok(vec![(state, end)])
+}
+
+fn matched(state: State, holds: bool) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    one(state, if holds { RuleEnd::Next } else { RuleEnd::Break })
+}
+
+fn expression(
+    table: &Table,
+    expr: &Expr,
+    mut state: State,
+    host: &Host<'_>,
+) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    let unsupported = |what: &str| Err(TraceError::Unsupported(what.to_string()));
+    match expr {
+        Expr::Payload {
+            dreg,
+            base,
+            offset,
+            len,
+        } => {
+            let (network, transport) = headers(&state.packet);
+            let header: &[u8] = match *base {
+                BASE_NETWORK => &network,
+                BASE_TRANSPORT => &transport,
+                other => return unsupported(&format!("payload base {other}")),
+            };
+            let (start, len) = (*offset as usize, *len as usize);
+            let Some(value) = header.get(start..start + len).map(<[u8]>::to_vec) else {
+                return unsupported(&format!("payload {start}+{len}"));
+            };
+            store(&mut state, *dreg, &value)?;
+        }
+        Expr::MetaLoad { key, dreg } => {
+            let value = match *key {
+                META_L4PROTO => vec![state.packet.protocol.number()],
+                META_NFPROTO => vec![if state.packet.dst.is_ipv4() { 2 } else { 10 }],
+                META_MARK => state.mark.to_ne_bytes().to_vec(),
+                other => return unsupported(&format!("meta key {other}")),
+            };
+            store(&mut state, *dreg, &value)?;
+        }
+        Expr::MetaSet { key, sreg } => {
+            if *key != META_MARK {
+                return unsupported(&format!("setting meta key {key}"));
+            }
+            let value = bytes(&state, *sreg, 4)?;
+            state.mark = u32::from_ne_bytes([value[0], value[1], value[2], value[3]]);
+        }
+        Expr::Ct { key, dreg } => {
+            let value = match *key {
+                CT_STATE => CT_STATE_NEW,
+                CT_STATUS if state.dnat.is_some() => CT_STATUS_DST_NAT,
+                CT_STATUS => 0,
+                other => return unsupported(&format!("ct key {other}")),
+            };
+            store(&mut state, *dreg, &value.to_ne_bytes())?;
+        }
+        Expr::FibAddressType { dreg, source } => fib_type(&mut state, *dreg, *source, host)?,
+        Expr::Cmp { sreg, op, data } => {
+            let order = bytes(&state, *sreg, data.len())?.cmp(data.as_slice());
+            let holds = match *op {
+                0 => order.is_eq(),
+                1 => order.is_ne(),
+                CMP_LT => order.is_lt(),
+                CMP_LTE => order.is_le(),
+                CMP_GT => order.is_gt(),
+                CMP_GTE => order.is_ge(),
+                other => return unsupported(&format!("cmp op {other}")),
+            };
+            return matched(state, holds);
+        }
+        Expr::Bitwise {
+            sreg,
+            dreg,
+            mask,
+            xor,
+            ..
+        } => {
+            let source = bytes(&state, *sreg, mask.len())?;
+            let value: Vec<u8> = source
+                .iter()
+                .zip(mask.iter().zip(xor.iter()))
+                .map(|(b, (m, x))| (b & m) ^ x)
+                .collect();
+            store(&mut state, *dreg, &value)?;
+        }
+        Expr::Range { sreg, op, from, to } => {
+            let value = bytes(&state, *sreg, from.len())?;
+            let inside = value >= from.as_slice() && value <= to.as_slice();
+            return matched(state, inside == (*op == 0));
+        }
+        Expr::Immediate { dreg, data } => match data {
+            Data::Verdict(verdict) if *dreg == REG_VERDICT => {
+                return one(state, RuleEnd::Verdict(verdict.clone()));
+            }
+            Data::Value(value) => store(&mut state, *dreg, value)?,
+            Data::Verdict(_) => return unsupported("a verdict in a data register"),
+        },
+        Expr::Numgen {
+            dreg,
+            modulus,
+            offset: first,
+        } => {
+            if *modulus == 0 {
+                return unsupported("numgen mod 0");
+            }
+            store(&mut state, *dreg, &first.to_ne_bytes())?;
+            let index = self::offset(*dreg)? / 4;
+            state.draws[index] = Some(Draw {
+                first: *first,
+                last: first.wrapping_add(modulus - 1),
+                network_order: false,
+            });
+        }
+        Expr::HostToNetwork32 { reg } => {
+            let index = offset(*reg)? / 4;
+            if let Some(draw) = state.draws[index].as_mut() {
+                draw.network_order = true;
+            } else {
+                let value = bytes(&state, *reg, 4)?.to_vec();
+                let swapped = u32::from_ne_bytes([value[0], value[1], value[2], value[3]]);
+                store(&mut state, *reg, &swapped.to_be_bytes())?;
+            }
+        }
+        Expr::Lookup {
+            sreg,
+            dreg,
+            set,
+            inverted,
+        } => {
+            let found = table
+                .sets
+                .get(&set.name)
+                .ok_or_else(|| TraceError::Missing {
+                    kind: "set",
+                    name: set.name.clone(),
+                })?;
+            return lookup(found, *sreg, *dreg, *inverted, state);
+        }
+        Expr::Dnat { addr, port, .. } | Expr::DnatRange { addr, port, .. } => {
+            let len = if state.packet.dst.is_ipv4() { 4 } else { 16 };
+            let address = address(bytes(&state, *addr, len)?);
+            let port_bytes = bytes(&state, *port, 2)?;
+            let port = u16::from_be_bytes([port_bytes[0], port_bytes[1]]);
+            let target = SocketAddr::new(address, port);
+            state.dnat = Some(target);
+            state.packet.dst = target.ip();
+            state.packet.dport = port;
+            return one(state, RuleEnd::Verdict(accept()));
+        }
+        Expr::Masq { .. } => {
+            state.masquerade = true;
+            return one(state, RuleEnd::Verdict(accept()));
+        }
+        Expr::Reject { .. } => return one(state, RuleEnd::Reject),
+        Expr::DynsetUpdate { .. } | Expr::Counter | Expr::ObjRef { .. } => {}
+        Expr::Match { name, .. } | Expr::Target { name, .. } => {
+            return unsupported(&format!("xtables extension {name}"));
+        }
+        Expr::Other { name, .. } => {
+            return unsupported(&format!("expression {}", String::from_utf8_lossy(name)));
+        }
+    }
+    one(state, RuleEnd::Next)
+}
+
+fn accept() -> Verdict {
+    Verdict {
+        code: NF_ACCEPT,
+        chain: None,
+    }
+}
+
+fn address(bytes: &[u8]) -> IpAddr {
+    match <[u8; 4]>::try_from(bytes) {
+        Ok(v4) => Ipv4Addr::from(v4).into(),
+        Err(_) => {
+            let mut v6 = [0u8; 16];
+            v6.copy_from_slice(&bytes[..16]);
+            Ipv6Addr::from(v6).into()
+        }
+    }
+}
+
+/// `fib saddr/daddr type`, which needs the host's addresses.
+fn fib_type(state: &mut State, dreg: u32, source: bool, host: &Host<'_>) -> Result<(), TraceError> {
+    let address = if source {
+        state.packet.src
+    } else {
+        state.packet.dst
+    };
+    let kind = if (host.local)(address) {
+        RTN_LOCAL
+    } else {
+        RTN_UNICAST
+    };
+    store(state, dreg, &kind.to_ne_bytes())
+}
+
+/// The element of `set` a key matches, as the kernel's set backends find it: exact for a
+/// hash, the range holding it for a concatenation of ranges, and for an interval set the
+/// greatest bound at or below it, when that bound starts an interval.
+fn find<'a>(set: &'a Set, key: &[u8]) -> Option<&'a Element> {
+    if set.flags & SET_INTERVAL == 0 {
+        return set.elements.iter().find(|e| e.key == key);
+    }
+    if set.elements.iter().any(|e| e.key_end.is_some()) {
+        return set.elements.iter().find(|e| {
+            e.key.as_slice() <= key && e.key_end.as_deref().is_some_and(|end| key <= end)
+        });
+    }
+    set.elements
+        .iter()
+        .filter(|e| e.key.as_slice() <= key)
+        // The greatest bound; at equal keys a start beats the end of the interval before.
+        .max_by(|a, b| (&a.key, !a.interval_end).cmp(&(&b.key, !b.interval_end)))
+        .filter(|e| !e.interval_end)
+}
+
+fn lookup(
+    set: &Set,
+    sreg: u32,
+    dreg: Option<u32>,
+    inverted: bool,
+    state: State,
+) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    let index = offset(sreg)? / 4;
+    let Some(draw) = state.draws[index] else {
+        let key = bytes(&state, sreg, set.key_len)?.to_vec();
+        let found = find(set, &key);
+        return found_or_not(found, dreg, inverted, state);
+    };
+    if set.key_len != 4 {
+        return Err(TraceError::Unsupported(
+            "a random draw in a concatenated key".into(),
+        ));
+    }
+    if set.flags & SET_INTERVAL != 0 && !draw.network_order {
+        return Err(TraceError::Unsupported(
+            "an interval lookup of a host-order draw".into(),
+        ));
+    }
+    let number = |key: &[u8]| -> Option<u32> {
+        let four: [u8; 4] = key.try_into().ok()?;
+        Some(if draw.network_order {
+            u32::from_be_bytes(four)
+        } else {
+            u32::from_ne_bytes(four)
+        })
+    };
+    // The draw's values are cut at each bound of an interval (after the last key of a range,
+    // around an exact key), so that every piece finds the same element throughout.
+    let interval = set.flags & SET_INTERVAL != 0;
+    let mut cuts: Vec<u32> = set
+        .elements
+        .iter()
+        .flat_map(|e| {
+            let first = number(&e.key);
+            let last = match &e.key_end {
+                Some(end) => number(end),
+                None if interval => None,
+                None => first,
+            };
+            [first, last.and_then(|k| k.checked_add(1))]
+        })
+        .flatten()
+        .filter(|cut| *cut > draw.first && *cut <= draw.last)
+        .collect();
+    cuts.push(draw.first);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::new();
+    for (i, first) in cuts.iter().enumerate() {
+        let last = cuts.get(i + 1).map_or(draw.last, |next| next - 1);
+        let piece = Draw {
+            first: *first,
+            last,
+            network_order: draw.network_order,
+        };
+        let key = if draw.network_order {
+            first.to_be_bytes()
+        } else {
+            first.to_ne_bytes()
+        };
+        let mut forked = state.clone();
+        forked.weight *= piece.count() / draw.count();
+        forked.draws[index] = Some(piece);
+        let found = find(set, &key);
+        out.extend(found_or_not(found, dreg, inverted, forked)?);
+    }
+    Ok(out)
+}
+
+fn found_or_not(
+    found: Option<&Element>,
+    dreg: Option<u32>,
+    inverted: bool,
+    mut state: State,
+) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+    if found.is_some() == inverted {
+        return one(state, RuleEnd::Break);
+    }
+    match (dreg, found.and_then(|e| e.data.as_ref())) {
+        (None, _) => one(state, RuleEnd::Next),
+        (Some(REG_VERDICT), Some(Data::Verdict(verdict))) => {
+            one(state, RuleEnd::Verdict(verdict.clone()))
+        }
+        (Some(register), Some(Data::Value(value))) => {
+            store(&mut state, register, value)?;
+            one(state, RuleEnd::Next)
+        }
+        _ => Err(TraceError::Unsupported(
+            "a map lookup whose element has no data of its kind".into(),
+        )),
+    }
+}
