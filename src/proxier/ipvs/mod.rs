@@ -17,6 +17,6 @@ pub mod settings;
 pub mod setup;
 mod support;
 
-pub use proxier::{DUMMY_LINK, IPVS_JUMP_RULES, IpvsMode, IpvsProxier, sysctls};
+pub use proxier::{DUMMY_LINK, IPVS_JUMP_RULES, IpvsKernel, IpvsMode, IpvsProxier, sysctls};
 pub use settings::IpvsSettings;
 pub use support::{IpvsUnsupported, check_support};

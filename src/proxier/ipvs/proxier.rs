@@ -19,11 +19,11 @@ use crate::proxier::driver::{Mode, SyncDriver, Written};
 use crate::proxier::quarantine::{self, Failure, Quarantine, Refusals};
 use crate::proxier::xtables::{JumpRule, missing_jumps};
 use crate::proxier::{SyncError, SyncReport};
-use crate::sys::host::link::Links;
+use crate::sys::host::link::{DummyLinks, Links};
 use crate::sys::host::net::{LocalAddresses, Sysctl, ensure_sysctl};
-use crate::sys::ipset::{SetEntries, SystemIpset, parse_save, sync_input};
-use crate::sys::ipvs::IpvsClient;
+use crate::sys::ipset::{Ipsets, SetEntries, SystemIpset, parse_save, sync_input};
 use crate::sys::ipvs::codec::{CMD_DEL_DEST, CMD_NEW_DEST, CMD_SET_DEST};
+use crate::sys::ipvs::{Ipvs, IpvsClient};
 use crate::sys::xtables::{Iptables, table_section};
 
 mod adopt;
@@ -92,13 +92,13 @@ pub const IPVS_JUMP_RULES: [JumpRule; 9] = [
 ];
 
 /// The IPVS proxier.
-pub type IpvsProxier = SyncDriver<IpvsMode>;
+pub type IpvsProxier<V = IpvsClient, L = Links, S = SystemIpset> = SyncDriver<IpvsMode<V, L, S>>;
 
 /// IPVS mode's stages, which [`SyncDriver`] runs.
-pub struct IpvsMode {
-    ipvs: IpvsClient,
-    links: Links,
-    ipset: SystemIpset,
+pub struct IpvsMode<V: Ipvs = IpvsClient, L: DummyLinks = Links, S: Ipsets = SystemIpset> {
+    pub(crate) ipvs: V,
+    pub(crate) links: L,
+    pub(crate) ipset: S,
     iptables: Box<dyn Iptables>,
     sysctl: Box<dyn Sysctl>,
     addresses: Box<dyn LocalAddresses>,
@@ -193,24 +193,49 @@ impl IpvsProxier {
         sysctl: Box<dyn Sysctl>,
         addresses: Box<dyn LocalAddresses>,
     ) -> Result<Self, SyncError> {
-        Ok(SyncDriver::drive(IpvsMode {
+        let kernel = IpvsKernel {
             ipvs: IpvsClient::connect().map_err(SyncError::from)?,
             links: Links::open().map_err(SyncError::from)?,
             ipset: SystemIpset,
             iptables,
             sysctl,
             addresses,
+        };
+        Ok(IpvsProxier::on(kernel, settings))
+    }
+}
+
+/// The kernel surfaces IPVS mode programs.
+pub struct IpvsKernel<V, L, S> {
+    pub ipvs: V,
+    pub links: L,
+    pub ipset: S,
+    pub iptables: Box<dyn Iptables>,
+    pub sysctl: Box<dyn Sysctl>,
+    pub addresses: Box<dyn LocalAddresses>,
+}
+
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> IpvsProxier<V, L, S> {
+    /// The proxier on these kernel surfaces (the system's, or fakes).
+    pub fn on(kernel: IpvsKernel<V, L, S>, settings: IpvsSettings) -> Self {
+        SyncDriver::drive(IpvsMode {
+            ipvs: kernel.ipvs,
+            links: kernel.links,
+            ipset: kernel.ipset,
+            iptables: kernel.iptables,
+            sysctl: kernel.sysctl,
+            addresses: kernel.addresses,
             settings,
             programmed: BTreeMap::new(),
             initialized: false,
             applied: None,
             aggregates: BTreeMap::new(),
             refused: Refusals::default(),
-        }))
+        })
     }
 }
 
-impl IpvsMode {
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> IpvsMode<V, L, S> {
     /// The sysctls and timeouts upstream sets once, at start.
     fn initialize(&mut self) {
         for (name, value) in sysctls(self.settings.strict_arp) {
@@ -249,7 +274,7 @@ impl Written for Changed {
     }
 }
 
-impl Mode for IpvsMode {
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> Mode for IpvsMode<V, L, S> {
     type Context = IpvsContext;
     type Written = Changed;
     /// The kernel as this sync read it, shared by its families.
@@ -381,3 +406,6 @@ impl Mode for IpvsMode {
         report.skipped_services += self.refused.len();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,7 @@
 //! made nodes with thousands of services time out); reads of our sets only, never `ipset save` of
 //! every set.
 
+pub mod fake;
 pub mod netlink;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -117,6 +118,30 @@ pub fn sync_input(
         }
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// The ipset operations IPVS mode makes, on its own sets only.
+pub trait Ipsets: Send {
+    /// `ipset save` of these sets only (the ones that exist).
+    fn save_sets(&self, names: &[String]) -> Result<String, IpsetError>;
+    /// `ipset restore -exist` of `input`: its lines in order, up to the first one refused.
+    fn restore(&mut self, input: &str) -> Result<(), IpsetError>;
+    /// Destroys sets by name; missing ones are fine. Returns how many there were.
+    fn destroy(&mut self, names: &[String]) -> Result<usize, IpsetError>;
+}
+
+impl Ipsets for SystemIpset {
+    fn save_sets(&self, names: &[String]) -> Result<String, IpsetError> {
+        SystemIpset::save_sets(self, names)
+    }
+
+    fn restore(&mut self, input: &str) -> Result<(), IpsetError> {
+        SystemIpset::restore(self, input)
+    }
+
+    fn destroy(&mut self, names: &[String]) -> Result<usize, IpsetError> {
+        SystemIpset::destroy(self, names)
+    }
 }
 
 /// The real tool, in this thread's network namespace.

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl IpvsMode {
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> IpvsMode<V, L, S> {
     pub(super) fn bound(&mut self, link: u32) -> Result<BTreeSet<IpAddr>, SyncError> {
         Ok(self
             .links

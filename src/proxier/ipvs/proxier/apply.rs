@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use super::*;
 
-impl IpvsMode {
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> IpvsMode<V, L, S> {
     /// Our sets of `family`: the only sets its sync reads.
     pub(super) fn set_names(family: IpFamily) -> Vec<String> {
         SETS.iter()

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl IpvsMode {
+impl<V: Ipvs, L: DummyLinks, S: Ipsets> IpvsMode<V, L, S> {
     /// The changed services of `family`, rendered again, with the draining virtual servers:
     /// what a sync of a few services diffs.
     pub(super) fn changed_part(

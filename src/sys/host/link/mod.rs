@@ -10,6 +10,8 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 
 use crate::sys::netlink::{Connection, NetlinkError};
 
+pub mod fake;
+
 const EEXIST: i32 = 17;
 const ENODEV: i32 = 19;
 const EADDRNOTAVAIL: i32 = 99;
@@ -23,6 +25,36 @@ pub struct LinkError {
 }
 
 /// Links and addresses in this thread's network namespace.
+/// The link operations IPVS mode makes: a dummy link and the addresses bound to it.
+pub trait DummyLinks: Send {
+    /// The index of dummy link `name`, created if missing.
+    fn ensure_dummy(&mut self, name: &str) -> Result<u32, LinkError>;
+    /// The addresses bound to link `index`.
+    fn addresses(&mut self, index: u32) -> Result<Vec<IpAddr>, LinkError>;
+    /// Binds an address (/32 or /128); already bound is fine.
+    fn add_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError>;
+    /// Unbinds an address; not bound is fine.
+    fn delete_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError>;
+}
+
+impl DummyLinks for Links {
+    fn ensure_dummy(&mut self, name: &str) -> Result<u32, LinkError> {
+        Links::ensure_dummy(self, name)
+    }
+
+    fn addresses(&mut self, index: u32) -> Result<Vec<IpAddr>, LinkError> {
+        Links::addresses(self, index)
+    }
+
+    fn add_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError> {
+        Links::add_address(self, index, ip)
+    }
+
+    fn delete_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError> {
+        Links::delete_address(self, index, ip)
+    }
+}
+
 pub struct Links {
     connection: Connection,
 }

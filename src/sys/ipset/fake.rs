@@ -1,0 +1,160 @@
+//! A stateful fake of ipset for tests: sets with their type, family and entries, changed by the
+//! restore language this program writes (`create`, `add`, `del`, `flush`, `destroy`) with
+//! `-exist`, as the kernel takes it: lines in order, up to the first refused one (a set that
+//! does not exist, an entry of the wrong form or family, a set created again with another
+//! type), which ipset names by its line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{IpsetError, Ipsets};
+use crate::sys::host::process::{Ended, ToolError};
+
+/// One set: its `create` line's type and options, and its entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeSet {
+    pub create: String,
+    pub entries: BTreeSet<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FakeIpset {
+    pub sets: BTreeMap<String, FakeSet>,
+    /// Lines of restores applied (entries added or deleted, sets created or destroyed).
+    pub writes: usize,
+    /// Entries holding one of these are refused, as a kernel refuses what it cannot take.
+    pub refuse_containing: Vec<String>,
+}
+
+fn refused(line: usize, reason: &str) -> IpsetError {
+    IpsetError::Tool(ToolError::Failed {
+        command: "ipset restore -exist".into(),
+        ended: Ended::Exited(1),
+        stderr: format!("ipset v7.17: Error in line {line}: {reason}"),
+    })
+}
+
+/// Whether `entry` has the form the set's type takes, in its family.
+fn well_formed(create: &str, entry: &str) -> bool {
+    let v6 = create.contains("family inet6");
+    let address = |text: &str| text.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv6() == v6);
+    let net = |text: &str| {
+        text.parse::<IpNet>()
+            .is_ok_and(|n| n.addr().is_ipv6() == v6)
+    };
+    let port = |text: &str| {
+        text.split_once(':').is_some_and(|(proto, port)| {
+            matches!(proto, "tcp" | "udp" | "sctp") && port.parse::<u16>().is_ok()
+        })
+    };
+    let parts: Vec<&str> = entry.split(',').collect();
+    match (create.split_whitespace().next(), parts.as_slice()) {
+        (Some("hash:ip"), [ip]) => address(ip),
+        (Some("hash:ip,port"), [ip, p]) => address(ip) && port(p),
+        (Some("hash:ip,port,ip"), [ip, p, other]) => address(ip) && port(p) && address(other),
+        (Some("hash:ip,port,net"), [ip, p, n]) => address(ip) && port(p) && net(n),
+        (Some("bitmap:port"), [p]) => p.parse::<u16>().is_ok(),
+        _ => false,
+    }
+}
+
+impl FakeIpset {
+    /// The entries of set `name`.
+    pub fn entries(&self, name: &str) -> BTreeSet<String> {
+        self.sets
+            .get(name)
+            .map(|s| s.entries.clone())
+            .unwrap_or_default()
+    }
+
+    fn line(&mut self, line: &str) -> Result<(), &'static str> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let missing = "The set with the given name does not exist";
+        match words.as_slice() {
+            ["create", name, rest @ ..] => {
+                let create = rest.join(" ");
+                match self.sets.get(*name) {
+                    Some(set) if set.create != create => {
+                        return Err("Set cannot be created: set with the same name already exists");
+                    }
+                    Some(_) => return Ok(()),
+                    None => {
+                        self.sets.insert(
+                            name.to_string(),
+                            FakeSet {
+                                create,
+                                entries: BTreeSet::new(),
+                            },
+                        );
+                    }
+                }
+            }
+            [verb @ ("add" | "del"), name, entry] => {
+                if self
+                    .refuse_containing
+                    .iter()
+                    .any(|r| entry.contains(r.as_str()))
+                {
+                    return Err("Kernel error received: Invalid argument");
+                }
+                let set = self.sets.get_mut(*name).ok_or(missing)?;
+                if !well_formed(&set.create, entry) {
+                    return Err("Syntax error: cannot parse the entry");
+                }
+                let changed = if *verb == "add" {
+                    set.entries.insert(entry.to_string())
+                } else {
+                    set.entries.remove(*entry)
+                };
+                if !changed {
+                    // -exist: adding a present entry or deleting a missing one is no error.
+                    return Ok(());
+                }
+            }
+            ["flush", name] => self.sets.get_mut(*name).ok_or(missing)?.entries.clear(),
+            ["destroy", name] => {
+                self.sets.remove(*name).ok_or(missing)?;
+            }
+            _ => return Err("Syntax error: unknown command"),
+        }
+        self.writes += 1;
+        Ok(())
+    }
+}
+
+impl Ipsets for FakeIpset {
+    fn save_sets(&self, names: &[String]) -> Result<String, IpsetError> {
+        let mut out = String::new();
+        for name in names {
+            if let Some(set) = self.sets.get(name) {
+                out.push_str(&format!("create {name} {}\n", set.create));
+                for entry in &set.entries {
+                    out.push_str(&format!("add {name} {entry}\n"));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, input: &str) -> Result<(), IpsetError> {
+        for (index, line) in input.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            self.line(line.trim())
+                .map_err(|reason| refused(index + 1, reason))?;
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self, names: &[String]) -> Result<usize, IpsetError> {
+        let present = names
+            .iter()
+            .filter(|n| self.sets.remove(*n).is_some())
+            .count();
+        self.writes += present;
+        Ok(present)
+    }
+}
