@@ -62,15 +62,20 @@ async fn explain_names_where_packets_go_in_ipvs_mode() {
         tcp_request(&cluster.node, addr("10.96.0.13:80")),
         Err(std::io::ErrorKind::ConnectionRefused)
     );
-    // A port the Service does not have: no virtual server; the address is the node's own.
+    // A port the Service does not have: no virtual server, and the access filter rejects a
+    // connection that arrives; refused for real.
     let other_port = explain(&cluster, "10.96.0.10:81/tcp");
-    assert_eq!(other_port["verdict"], "untouched", "{other_port:#}");
+    assert_eq!(other_port["verdict"], "reject", "{other_port:#}");
     assert!(
         other_port["reason"]
             .as_str()
             .unwrap()
-            .contains("kube-ipvs0"),
+            .contains("KUBE-IPVS-FILTER"),
         "{other_port:#}"
+    );
+    assert_eq!(
+        tcp_request(&cluster.client, addr("10.96.0.10:81")),
+        Err(std::io::ErrorKind::ConnectionRefused)
     );
 
     assert_gone_endpoint_named(&cluster).await;

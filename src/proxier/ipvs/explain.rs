@@ -16,15 +16,26 @@ use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
 };
 use crate::sys::host::net::{LocalAddresses, SystemAddresses};
+use crate::sys::ipset::IpsetLookups;
 use crate::sys::ipset::netlink::{Entry, IpsetNetlink};
 use crate::sys::ipvs::codec::FLAG_PERSISTENT;
-use crate::sys::ipvs::{IpvsClient, IpvsError, RealServer, VirtualServer};
-use crate::sys::xtables::{Backend, SystemIptables};
+use crate::sys::ipvs::{Ipvs, IpvsClient, IpvsError, RealServer, VirtualServer};
+use crate::sys::xtables::{Backend, Iptables, SystemIptables};
 
 /// The sets that say which load-balancer IPs have source ranges, and which sources they let in.
 const FIREWALLED: &str = "KUBE-LOAD-BALANCER-FW";
 const ALLOWED_SOURCES: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
 const ALLOWED_NODE: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
+/// The set of every Service IP bound to kube-ipvs0, and the sets of the destinations the
+/// access filter lets through before it rejects the rest of those IPs (the health check
+/// NodePorts, a set of ports, are on node addresses, never on a Service IP).
+const SERVICE_IPS: &str = "KUBE-IPVS-IPS";
+const ACCESS_ALLOWED: [&str; 4] = [
+    "KUBE-LOAD-BALANCER",
+    "KUBE-CLUSTER-IP",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+];
 /// The set of endpoints whose connections to their own Service are masqueraded.
 const LOOP_BACK: &str = "KUBE-LOOP-BACK";
 
@@ -32,26 +43,15 @@ const LOOP_BACK: &str = "KUBE-LOOP-BACK";
 /// whether iptables marks it for masquerade.
 pub fn explain(flow: &Flow) -> Result<Explanation, ExplainError> {
     let session = &mut Session::open()?;
-    let mut explanation = session.explain(flow)?;
-    if matches!(explanation.outcome, Outcome::Dnat { .. }) {
-        let backend = Backend::holding(masquerade::NAT, masquerade::SERVICES);
-        let iptables = &mut SystemIptables::new(backend);
-        masquerade::masquerade(
-            iptables,
-            &mut session.ipset,
-            &session.local,
-            flow,
-            &mut explanation,
-        )?;
-    }
-    Ok(explanation)
+    let backend = Backend::holding(masquerade::NAT, masquerade::SERVICES);
+    session.explain_with_masquerade(flow, &mut SystemIptables::new(backend))
 }
 
 /// Reads for several flows (`explain --all`): one IPVS socket and one ipset socket.
 /// Masquerade is left to [`explain`]: `--all` compares endpoints.
 pub struct Session {
-    ipvs: IpvsClient,
-    ipset: IpsetNetlink,
+    ipvs: Box<dyn Ipvs>,
+    ipset: Box<dyn IpsetLookups>,
     local: Vec<IpAddr>,
 }
 
@@ -63,11 +63,38 @@ impl Session {
             )),
             other => read_error("IPVS")(other),
         })?;
-        Ok(Session {
-            ipvs,
-            ipset: IpsetNetlink::open().map_err(read_error("ipset"))?,
-            local: SystemAddresses.addresses(),
-        })
+        let ipset = IpsetNetlink::open().map_err(read_error("ipset"))?;
+        Ok(Session::with(
+            Box::new(ipvs),
+            Box::new(ipset),
+            SystemAddresses.addresses(),
+        ))
+    }
+
+    /// A session reading through these (the kernel's, or fakes), on a node whose addresses
+    /// are `local`.
+    pub fn with(ipvs: Box<dyn Ipvs>, ipset: Box<dyn IpsetLookups>, local: Vec<IpAddr>) -> Self {
+        Session { ipvs, ipset, local }
+    }
+
+    /// Explains `flow`, and, when it is sent to a real server, whether iptables (`iptables`,
+    /// nat's rules) marks it for masquerade.
+    pub fn explain_with_masquerade(
+        &mut self,
+        flow: &Flow,
+        iptables: &mut dyn Iptables,
+    ) -> Result<Explanation, ExplainError> {
+        let mut explanation = self.explain(flow)?;
+        if matches!(explanation.outcome, Outcome::Dnat { .. }) {
+            masquerade::masquerade(
+                iptables,
+                self.ipset.as_mut(),
+                &self.local,
+                flow,
+                &mut explanation,
+            )?;
+        }
+        Ok(explanation)
     }
 
     /// Explains `flow` from the virtual server on its destination.
@@ -76,13 +103,24 @@ impl Session {
         let (ip, port) = (flow.destination.ip(), flow.destination.port());
         let found = self
             .ipvs
-            .service(ip, flow.protocol, port)
+            .service(&VirtualServer {
+                address: ip,
+                protocol: flow.protocol,
+                port,
+                scheduler: String::new(),
+                flags: 0,
+                timeout: 0,
+            })
             .map_err(read_error("IPVS"))?;
         let destination = format!("{}/{}", flow.destination, flow.protocol.lower());
         explanation
             .reads
             .push(format!("the virtual server {destination}"));
         let Some(vs) = found else {
+            if let Some(rejected) = self.access_filter(flow, &mut explanation)? {
+                explanation.outcome = rejected;
+                return Ok(explanation);
+            }
             explanation.outcome = Outcome::Untouched {
                 reason: if self.local.contains(&ip) {
                     format!(
@@ -124,6 +162,67 @@ impl Session {
         explanation.outcome = shares(&vs, &reals, &mut explanation.steps);
         self.hairpin(flow, &reals, &mut explanation)?;
         Ok(explanation)
+    }
+
+    /// A Service IP without a virtual server on this port and protocol: the access filter
+    /// (filter's KUBE-IPVS-FILTER, on traffic the node receives) rejects a new connection to an
+    /// address of KUBE-IPVS-IPS (one entry asked over netlink). Connections the node opens
+    /// itself do not pass it.
+    fn access_filter(
+        &mut self,
+        flow: &Flow,
+        explanation: &mut Explanation,
+    ) -> Result<Option<Outcome>, ExplainError> {
+        if flow
+            .source
+            .is_some_and(|source| self.local.contains(&source) || source.is_loopback())
+        {
+            return Ok(None);
+        }
+        let ip = flow.destination.ip();
+        let family = IpFamily::of(&ip);
+        let set = set_name(SERVICE_IPS, family);
+        let address = Entry {
+            address: Some(ip),
+            ..Entry::default()
+        };
+        let served = Entry {
+            protocol: Some(flow.protocol.number()),
+            port: Some(flow.destination.port()),
+            ..address.clone()
+        };
+        // The filter's order: a destination its sets serve returns first.
+        let mut asked: Vec<(String, Entry)> = ACCESS_ALLOWED
+            .iter()
+            .map(|base| (set_name(base, family), served.clone()))
+            .collect();
+        asked.push((set.clone(), address));
+        let tests: Vec<(&str, Entry)> = asked
+            .iter()
+            .map(|(name, entry)| (name.as_str(), entry.clone()))
+            .collect();
+        explanation.reads.push(format!(
+            "{} ipset entries of the access filter (one netlink send)",
+            tests.len()
+        ));
+        let members = self.ipset.test(&tests).map_err(read_error("ipset"))?;
+        let (allowed, service_ip) = members.split_at(members.len() - 1);
+        if allowed.contains(&Some(true)) || service_ip != [Some(true)] {
+            return Ok(None);
+        }
+        explanation.steps.push(format!(
+            "{set}: {ip} is a Service IP, and no Service serves port {}/{} on it",
+            flow.destination.port(),
+            flow.protocol.lower()
+        ));
+        let reason = if flow.source.is_none() {
+            "KUBE-IPVS-FILTER rejects new connections to a Service IP on a port no Service serves there (the node's own connections, which it does not filter, reach the node's sockets: give --from to say which)"
+        } else {
+            "KUBE-IPVS-FILTER rejects new connections to a Service IP on a port no Service serves there"
+        };
+        Ok(Some(Outcome::Reject {
+            reason: reason.into(),
+        }))
     }
 
     /// With `--from` one of the real servers: whether a connection the scheduler sends back to

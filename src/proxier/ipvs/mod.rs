@@ -9,6 +9,8 @@
 pub mod aggregate;
 pub mod cleanup;
 pub mod explain;
+#[cfg(test)]
+mod flows;
 pub mod plan;
 pub mod preview;
 mod proxier;

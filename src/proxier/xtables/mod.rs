@@ -4,6 +4,8 @@
 
 pub mod evaluate;
 pub mod text;
+#[cfg(test)]
+pub mod tracer;
 
 use crate::model::IpFamily;
 use crate::sys::xtables::{Iptables, IptablesError, jump_target};

@@ -9,8 +9,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::{IpsetError, Ipsets};
+use super::netlink::Entry;
+use super::{IpsetError, IpsetLookups, Ipsets};
 use crate::sys::host::process::{Ended, ToolError};
+use crate::sys::netlink::NetlinkError;
 
 /// One set: its `create` line's type and options, and its entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,5 +158,51 @@ impl Ipsets for FakeIpset {
             .count();
         self.writes += present;
         Ok(present)
+    }
+}
+
+/// Whether `entry` (an entry as saved: `10.0.0.1,tcp:80`) holds what `wanted` asks for.
+fn holds(create: &str, entry: &str, wanted: &Entry) -> bool {
+    let protocol = |number: u8| match number {
+        6 => "tcp",
+        17 => "udp",
+        132 => "sctp",
+        _ => "?",
+    };
+    let parts: Vec<&str> = entry.split(',').collect();
+    let address = |text: &str, want: Option<IpAddr>| text.parse::<IpAddr>().ok() == want;
+    let within = |text: &str, want: Option<IpAddr>| {
+        let net = text
+            .parse::<IpNet>()
+            .or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
+        matches!((net, want), (Ok(net), Some(ip)) if net.contains(&ip))
+    };
+    let proto_port = |text: &str| {
+        let (name, number) = text.split_once(':').unwrap_or(("", text));
+        Some(name) == wanted.protocol.map(protocol) && number.parse::<u16>().ok() == wanted.port
+    };
+    match (create.split_whitespace().next(), parts.as_slice()) {
+        (Some("hash:ip"), [ip]) => address(ip, wanted.address),
+        (Some("hash:ip,port"), [ip, p]) => address(ip, wanted.address) && proto_port(p),
+        (Some("hash:ip,port,ip"), [ip, p, other]) => {
+            address(ip, wanted.address) && proto_port(p) && address(other, wanted.address2)
+        }
+        (Some("hash:ip,port,net"), [ip, p, net]) => {
+            address(ip, wanted.address) && proto_port(p) && within(net, wanted.address2)
+        }
+        (Some("bitmap:port"), [p]) => p.parse::<u16>().ok() == wanted.port,
+        _ => false,
+    }
+}
+
+impl IpsetLookups for FakeIpset {
+    fn test(&mut self, tests: &[(&str, Entry)]) -> Result<Vec<Option<bool>>, NetlinkError> {
+        Ok(tests
+            .iter()
+            .map(|(name, wanted)| {
+                let set = self.sets.get(*name)?;
+                Some(set.entries.iter().any(|e| holds(&set.create, e, wanted)))
+            })
+            .collect())
     }
 }

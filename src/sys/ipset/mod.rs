@@ -144,6 +144,24 @@ impl Ipsets for SystemIpset {
     }
 }
 
+/// Lookups of single entries (`explain`'s reads): whether each entry is in its set,
+/// `Some(member)`, or `None` when there is no such set.
+pub trait IpsetLookups: Send {
+    fn test(
+        &mut self,
+        tests: &[(&str, netlink::Entry)],
+    ) -> Result<Vec<Option<bool>>, crate::sys::netlink::NetlinkError>;
+}
+
+impl IpsetLookups for netlink::IpsetNetlink {
+    fn test(
+        &mut self,
+        tests: &[(&str, netlink::Entry)],
+    ) -> Result<Vec<Option<bool>>, crate::sys::netlink::NetlinkError> {
+        netlink::IpsetNetlink::test(self, tests)
+    }
+}
+
 /// The real tool, in this thread's network namespace.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemIpset;

@@ -441,6 +441,87 @@ impl Iptables for FakeIptables {
     }
 }
 
+/// A handle to a fake that a proxier owns boxed, for a test to read after the syncs: clones
+/// share one fake.
+#[derive(Clone, Debug, Default)]
+pub struct SharedIptables(pub std::sync::Arc<std::sync::Mutex<FakeIptables>>);
+
+impl SharedIptables {
+    /// The fake, as the syncs left it.
+    pub fn fake(&self) -> FakeIptables {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeIptables> {
+        // A test that panicked while holding it has failed already.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Iptables for SharedIptables {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), IptablesError> {
+        self.lock().restore(family, input)
+    }
+
+    fn chain_names(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+    ) -> Result<BTreeSet<String>, IptablesError> {
+        self.lock().chain_names(family, table)
+    }
+
+    fn chain_rules(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<ChainRules, IptablesError> {
+        self.lock().chain_rules(family, table, chains)
+    }
+
+    fn chain_exists(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chain: &str,
+    ) -> Result<bool, IptablesError> {
+        self.lock().chain_exists(family, table, chain)
+    }
+
+    fn snapshot(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        rules_of: &[&str],
+    ) -> Result<Option<Snapshot>, IptablesError> {
+        self.lock().snapshot(family, table, rules_of)
+    }
+
+    fn chain_fingerprints(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        chains: &[&str],
+    ) -> Result<Option<Vec<Vec<RuleFingerprint>>>, IptablesError> {
+        self.lock().chain_fingerprints(family, table, chains)
+    }
+
+    fn rule_fingerprinter(&self) -> Option<RuleFingerprinter> {
+        self.lock().rule_fingerprinter()
+    }
+
+    fn reads_each_chain(&self) -> bool {
+        self.lock().reads_each_chain()
+    }
+
+    fn chains_per_transaction(&self, chains: usize, reachable: bool) -> Option<usize> {
+        self.lock().chains_per_transaction(chains, reachable)
+    }
+}
+
 /// The fake's fingerprint of a rule: its text's.
 fn text_fingerprint(text: &str) -> RuleFingerprint {
     use std::hash::{Hash, Hasher};

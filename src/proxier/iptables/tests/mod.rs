@@ -7,7 +7,6 @@ mod full_sync;
 mod golden;
 mod incremental;
 mod quarantine;
-mod tracer;
 mod tracer_cases;
 mod upstream_flows;
 

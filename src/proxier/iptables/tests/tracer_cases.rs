@@ -2,13 +2,13 @@
 
 use std::net::IpAddr;
 
-use super::tracer::{Packet, Verdict, trace};
 use super::*;
 use crate::proxier::explanation::Flow;
 use crate::proxier::flows::Scenario;
 pub(super) use crate::proxier::flows::{Case, POD, accept, explained};
 use crate::proxier::iptables::explain::Session;
 use crate::proxier::local::NodePortSelection;
+use crate::proxier::xtables::tracer::{Packet, Verdict, trace};
 use crate::sys::xtables::fake::FakeIptables;
 use crate::sys::xtables::{Backend, Iptables};
 

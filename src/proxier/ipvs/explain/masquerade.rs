@@ -12,8 +12,9 @@ use crate::model::IpFamily;
 use crate::proxier::explanation::{ExplainError, Explanation, Flow, read_error};
 use crate::proxier::xtables::evaluate::{PacketFacts, evaluate};
 use crate::proxier::xtables::text::{comment_of, rule_text};
+use crate::sys::ipset::IpsetLookups;
 use crate::sys::ipset::SetType;
-use crate::sys::ipset::netlink::{Entry, IpsetNetlink};
+use crate::sys::ipset::netlink::Entry;
 use crate::sys::nf_tables::wire::{NF_ACCEPT, NFT_RETURN};
 use crate::sys::xtables::rules::{MatchOptions, Target};
 use crate::sys::xtables::{Iptables, ReadRule};
@@ -214,7 +215,7 @@ fn marking(chains: &Chains, flow: &Flow, facts: &dyn PacketFacts) -> Option<Mark
 /// for masquerade and by which rule.
 pub(super) fn masquerade(
     iptables: &mut dyn Iptables,
-    ipset: &mut IpsetNetlink,
+    ipset: &mut dyn IpsetLookups,
     local: &[IpAddr],
     flow: &Flow,
     explanation: &mut Explanation,

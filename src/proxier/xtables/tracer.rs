@@ -1,6 +1,9 @@
-//! A packet tracer over rules in the fake: follows nat then filter for one packet and reports the
-//! endpoints it can reach (every `statistic` branch), whether it is masqueraded, or that it is
-//! dropped or rejected. Affinity (`recent --rcheck`) is taken as a miss: a first packet.
+//! A packet tracer over iptables rules in the fake (the test oracle of the modes that write
+//! them): follows a packet through a chain and the chains it jumps to, every `statistic` branch
+//! taken, and [`trace`] follows iptables mode's path (nat, then filter) and reports the
+//! endpoints it can reach, whether it is masqueraded, or that it is dropped or rejected.
+//! Affinity (`recent --rcheck`) is taken as a miss: a first packet. A set match (`-m set`) asks
+//! the caller's [`Facts`].
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -23,23 +26,39 @@ pub struct Packet {
     pub from_node: bool,
 }
 
+/// One way through a chain: marked for masquerade, DNAT'd, and how it ended.
 #[derive(Clone, Debug, Default)]
-struct Path {
-    mark: bool,
-    dnat: Option<String>,
-    verdict: Option<&'static str>,
+pub struct Path {
+    pub mark: bool,
+    pub dnat: Option<String>,
+    pub verdict: Option<&'static str>,
+    /// Met a MASQUERADE target (which ends nat's chains).
+    pub masqueraded: bool,
+}
+
+/// What a rule's match needs besides the packet.
+pub struct Facts<'a> {
+    /// Whether an address is the node's.
+    pub is_local: &'a dyn Fn(&IpAddr) -> bool,
+    /// Whether the packet is in set `name`, its parts taken as `dirs` says (`dst,dst`).
+    pub in_set: &'a dyn Fn(&str, &str, &Packet) -> bool,
 }
 
 /// Traces `packet` through the fake's tables; `local` are the node's own addresses.
 pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Packet) -> Verdict {
     let is_local = |ip: &IpAddr| local.contains(ip) || ip.is_loopback();
+    let facts = Facts {
+        is_local: &is_local,
+        in_set: &|_, _, _| false,
+    };
+    let is_local = &facts;
     let nat = ipt.table(family, "nat");
     let start = if packet.from_node {
         "OUTPUT"
     } else {
         "PREROUTING"
     };
-    let paths = walk(&nat, start, packet, Path::default(), &is_local, 0);
+    let paths = walk(&nat, start, packet, Path::default(), is_local, 0);
     let filter = ipt.table(family, "filter");
     let mut endpoints = BTreeSet::new();
     let mut masquerade = false;
@@ -52,7 +71,7 @@ pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Pa
         }
         let chains: &[&str] = if packet.from_node {
             &["OUTPUT"]
-        } else if path.dnat.is_none() && is_local(&after.dst) {
+        } else if path.dnat.is_none() && (facts.is_local)(&after.dst) {
             &["INPUT"]
         } else {
             &["FORWARD"]
@@ -66,7 +85,7 @@ pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Pa
                     mark: path.mark,
                     ..Path::default()
                 },
-                &is_local,
+                is_local,
                 0,
             ) {
                 match filtered.verdict {
@@ -89,12 +108,12 @@ pub fn trace(ipt: &FakeIptables, family: IpFamily, local: &[IpAddr], packet: &Pa
 
 /// Every way through `chain`: each returned path either ended (DNAT, ACCEPT, DROP, REJECT) or fell
 /// off the end / returned.
-fn walk(
+pub fn walk(
     table: &Table,
     chain: &str,
     packet: &Packet,
     path: Path,
-    is_local: &dyn Fn(&IpAddr) -> bool,
+    is_local: &Facts<'_>,
     depth: usize,
 ) -> Vec<Path> {
     assert!(depth < 32, "jump loop at {chain}");
@@ -132,7 +151,7 @@ fn apply(
     words: &[String],
     packet: &Packet,
     mut path: Path,
-    is_local: &dyn Fn(&IpAddr) -> bool,
+    is_local: &Facts<'_>,
     depth: usize,
     next: &mut Vec<Path>,
     done: &mut Vec<Path>,
@@ -169,10 +188,13 @@ fn apply(
             });
             done.push(path);
         }
-        Some("MASQUERADE") => next.push(path),
+        Some("MASQUERADE") => {
+            path.masqueraded = true;
+            done.push(path);
+        }
         Some(chain) => {
             for result in walk(table, chain, packet, path, is_local, depth + 1) {
-                if result.dnat.is_some() || result.verdict.is_some() {
+                if result.dnat.is_some() || result.verdict.is_some() || result.masqueraded {
                     done.push(result);
                 } else {
                     next.push(result);
@@ -189,12 +211,8 @@ enum Match {
     Maybe,
 }
 
-fn matches(
-    words: &[String],
-    packet: &Packet,
-    path: &Path,
-    is_local: &dyn Fn(&IpAddr) -> bool,
-) -> Match {
+fn matches(words: &[String], packet: &Packet, path: &Path, facts: &Facts<'_>) -> Match {
+    let is_local = facts.is_local;
     let mut i = 0;
     let mut negate = false;
     let mut random = false;
@@ -215,6 +233,16 @@ fn matches(
             "--dst-type" => is_local(&packet.dst),
             "--ctstate" => value.split(',').any(|s| s == "NEW"),
             "--mark" => path.mark,
+            "--match-set" => {
+                let dirs = words.get(i + 2).map(String::as_str).unwrap_or_default();
+                let holds = (facts.in_set)(value, dirs, packet);
+                if holds == negate {
+                    return Match::No;
+                }
+                negate = false;
+                i += 3;
+                continue;
+            }
             "--rcheck" => false,
             "--probability" => {
                 random = true;

@@ -1,0 +1,227 @@
+//! IPVS mode's path for the first packet of a connection, on the fakes a sync left: nat's
+//! PREROUTING (arriving) or OUTPUT (sent by the node), which only mark for masquerade; filter's
+//! INPUT, FORWARD or OUTPUT (the firewall, the access filter); then, for a destination on the
+//! node, the virtual server on it, which sends the packet to a real server (in proportion to
+//! the weights: kube-proxy gives each endpoint 1, a terminating one 0) or, with none, answers
+//! port unreachable; then nat's POSTROUTING, which masquerades. It reads only the fakes' state:
+//! the rules as iptables holds them, the sets' entries, the virtual servers.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use super::Node;
+use crate::model::IpFamily;
+use crate::proxier::flows::{Case, Verdict};
+use crate::proxier::xtables::tracer::{Facts, Packet, Path, walk};
+use crate::sys::ipset::IpsetLookups;
+use crate::sys::ipset::fake::FakeIpset;
+use crate::sys::ipset::netlink::Entry;
+use crate::sys::ipvs::{Ipvs, VirtualServer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fate {
+    Accepted,
+    Dropped,
+    Rejected,
+}
+
+/// One way through the node.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    pub weight: f64,
+    pub fate: Fate,
+    pub endpoint: Option<SocketAddr>,
+    pub masquerade: bool,
+}
+
+/// The entry of set `name` a packet makes, its parts taken as `dirs` says.
+fn entry(ipset: &FakeIpset, name: &str, dirs: &str, packet: &Packet) -> Entry {
+    let kind = ipset
+        .sets
+        .get(name)
+        .and_then(|s| s.create.split_whitespace().next().map(str::to_string))
+        .unwrap_or_default();
+    let dims: Vec<&str> = match kind.as_str() {
+        "bitmap:port" => vec!["port"],
+        "hash:ip" => vec!["ip"],
+        "hash:ip,port" => vec!["ip", "port"],
+        _ => vec!["ip", "port", "ip2"],
+    };
+    let mut entry = Entry::default();
+    for (dim, dir) in dims.iter().zip(dirs.split(',')) {
+        let address = if dir == "src" { packet.src } else { packet.dst };
+        match *dim {
+            "ip" => entry.address = Some(address),
+            "ip2" => entry.address2 = Some(address),
+            _ => {
+                entry.port = (dir == "dst").then_some(packet.dport);
+                entry.protocol = Some(packet.protocol.number());
+            }
+        }
+    }
+    entry
+}
+
+/// Every way `case` goes through the node.
+pub fn trace(
+    node: &Node,
+    ipset: &RefCell<FakeIpset>,
+    family: IpFamily,
+    case: &Case,
+) -> Vec<Traced> {
+    let packet = Packet {
+        src: case.src.parse().unwrap(),
+        dst: case.dst.parse().unwrap(),
+        dport: case.port,
+        protocol: case.protocol,
+        from_node: case.from_node,
+    };
+    let is_local = |ip: &IpAddr| ip.is_loopback() || node.local.contains(ip);
+    let in_set = |name: &str, dirs: &str, packet: &Packet| {
+        let asked = entry(&ipset.borrow(), name, dirs, packet);
+        let answer = ipset.borrow_mut().test(&[(name, asked)]);
+        matches!(answer.as_deref(), Ok([Some(true)]))
+    };
+    let facts = Facts {
+        is_local: &is_local,
+        in_set: &in_set,
+    };
+    let nat = node.iptables.table(family, "nat");
+    let filter = node.iptables.table(family, "filter");
+    let start = if packet.from_node {
+        "OUTPUT"
+    } else {
+        "PREROUTING"
+    };
+    let local = is_local(&packet.dst);
+    let filtering = match (packet.from_node, local) {
+        (true, _) => "OUTPUT",
+        (false, true) => "INPUT",
+        (false, false) => "FORWARD",
+    };
+    let mut out = Vec::new();
+    for marked in walk(&nat, start, &packet, Path::default(), &facts, 0) {
+        let start = Path {
+            mark: marked.mark,
+            ..Path::default()
+        };
+        for filtered in walk(&filter, filtering, &packet, start, &facts, 0) {
+            let ended = |fate| Traced {
+                weight: 1.0,
+                fate,
+                endpoint: None,
+                masquerade: false,
+            };
+            match filtered.verdict {
+                Some("DROP") => out.push(ended(Fate::Dropped)),
+                Some("REJECT") => out.push(ended(Fate::Rejected)),
+                _ if packet.from_node || local => {
+                    out.extend(scheduled(node, &nat, &packet, filtered.mark, &facts))
+                }
+                _ => out.push(Traced {
+                    masquerade: filtered.mark,
+                    ..ended(Fate::Accepted)
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// The virtual server on the packet's destination, and postrouting after it.
+fn scheduled(
+    node: &Node,
+    nat: &crate::sys::xtables::fake::Table,
+    packet: &Packet,
+    mark: bool,
+    facts: &Facts<'_>,
+) -> Vec<Traced> {
+    let asked = VirtualServer {
+        address: packet.dst,
+        protocol: packet.protocol,
+        port: packet.dport,
+        scheduler: String::new(),
+        flags: 0,
+        timeout: 0,
+    };
+    let found = node.ipvs.clone().service(&asked).ok().flatten();
+    let postrouting = |after: &Packet| {
+        let start = Path {
+            mark,
+            ..Path::default()
+        };
+        walk(nat, "POSTROUTING", after, start, facts, 0)
+            .iter()
+            .any(|p| p.masqueraded)
+    };
+    let Some(vs) = found else {
+        // No virtual server: delivered to the node's own sockets (no postrouting), or sent
+        // on unchanged.
+        return vec![Traced {
+            weight: 1.0,
+            fate: Fate::Accepted,
+            endpoint: None,
+            masquerade: !(facts.is_local)(&packet.dst) && postrouting(packet),
+        }];
+    };
+    let reals = node.ipvs.clone().destinations(&vs).unwrap_or_default();
+    let total: u32 = reals.iter().map(|r| r.weight).sum();
+    if total == 0 {
+        return vec![Traced {
+            weight: 1.0,
+            fate: Fate::Rejected,
+            endpoint: None,
+            masquerade: false,
+        }];
+    }
+    reals
+        .iter()
+        .filter(|r| r.weight > 0)
+        .map(|real| {
+            let after = Packet {
+                dst: real.address,
+                dport: real.port,
+                ..packet.clone()
+            };
+            let masquerade = postrouting(&after);
+            Traced {
+                weight: f64::from(real.weight) / f64::from(total),
+                fate: Fate::Accepted,
+                endpoint: Some(SocketAddr::new(real.address, real.port)),
+                masquerade,
+            }
+        })
+        .collect()
+}
+
+/// The paths as a flow's verdict.
+pub fn verdict(paths: &[Traced]) -> Verdict {
+    let fates: std::collections::BTreeSet<Fate> = paths.iter().map(|p| p.fate).collect();
+    match fates.into_iter().collect::<Vec<_>>().as_slice() {
+        [Fate::Dropped] => Verdict::Drop,
+        [Fate::Rejected] => Verdict::Reject,
+        [Fate::Accepted] => Verdict::Accept {
+            endpoints: paths
+                .iter()
+                .filter_map(|p| p.endpoint.map(|e| e.to_string()))
+                .collect(),
+            masquerade: paths.iter().any(|p| p.masquerade),
+        },
+        mixed => panic!("paths with different fates {mixed:?}: {paths:#?}"),
+    }
+}
+
+/// Each endpoint's probability (in thousandths).
+pub fn shares(paths: &[Traced]) -> BTreeMap<String, u32> {
+    let mut shares: BTreeMap<String, f64> = BTreeMap::new();
+    for path in paths {
+        if let Some(endpoint) = path.endpoint {
+            *shares.entry(endpoint.to_string()).or_default() += path.weight;
+        }
+    }
+    shares
+        .into_iter()
+        .map(|(e, w)| (e, (w * 1000.0).round() as u32))
+        .collect()
+}
