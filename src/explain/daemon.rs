@@ -6,7 +6,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::model::{IpFamily, Protocol};
+use crate::model::{IpFamily, Protocol, ServicePortName};
 use crate::proxier::explanation::{
     Candidate, Explanation, Flow, NamedDestination, NamedRelay, Outcome, Wanted, policy_name,
 };
@@ -25,9 +25,7 @@ pub(super) fn daemon_wants(
             relayed_by_daemon(metrics, explanation)
         }
         (_, Some(service)) => {
-            let name = service
-                .rsplit_once(':')
-                .map_or(service.as_str(), |(name, _)| name);
+            let name = &service.service;
             Some(
                 ask_daemon(metrics, &format!("{SERVICES_PATH}{name}")).and_then(|body| {
                     serde_json::from_str::<Wanted>(&body)
@@ -138,7 +136,7 @@ fn named_by_daemon(metrics: &str, explanation: &mut Explanation) -> Result<Wante
 
 /// The service port and the traffic policy the daemon names for the flow.
 fn name_port(explanation: &mut Explanation, service_port: String, policy: &str) {
-    explanation.service = Some(service_port);
+    explanation.service = ServicePortName::parse(&service_port, explanation.flow.protocol);
     explanation.policy = Some(policy_name(policy == "Local"));
 }
 

@@ -133,6 +133,18 @@ impl ServicePortName {
     }
 }
 
+impl ServicePortName {
+    /// Reads `ns/name:port` (or `ns/name`, an unnamed port) back, as the kernel's comments and
+    /// chain names carry it, with the protocol that goes with it.
+    pub fn parse(text: &str, protocol: Protocol) -> Option<Self> {
+        let (service, port) = text.rsplit_once(':').unwrap_or((text, ""));
+        let (namespace, name) = service.split_once('/')?;
+        let valid = |part: &str| !part.is_empty() && !part.contains(['/', ':', ' ']);
+        (valid(namespace) && valid(name) && !port.contains(['/', ' ']))
+            .then(|| ServicePortName::new(namespace, name, port, protocol))
+    }
+}
+
 impl fmt::Display for ServicePortName {
     /// `ns/name:port`, or `ns/name` for an unnamed port, as upstream prints (and hashes) it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 use crate::config::ProxyMode;
-use crate::model::Protocol;
+use crate::model::{Protocol, ServicePortName};
 use crate::sys::host::sockets::tcp_listener;
 
 mod wanted;
@@ -122,8 +122,9 @@ pub struct Explanation {
     pub flow: Flow,
     /// Connections conntrack already tracks for this flow (of `flow.source`, when given).
     pub conntrack: Vec<Tracked>,
-    /// The Service port it matches (`ns/name:port`), if any.
-    pub service: Option<String>,
+    /// The Service port it matches (printed `ns/name:port`), if any.
+    #[serde(serialize_with = "port_name")]
+    pub service: Option<ServicePortName>,
     /// The traffic policy whose endpoints it is sent to (`Cluster` or `Local`), if it is.
     pub policy: Option<&'static str>,
     /// What it meets, in order: each a short line naming the object of ours.
@@ -162,10 +163,12 @@ impl Explanation {
 }
 
 /// Makes a failed read of `what` an [`ExplainError`].
-pub fn read_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> ExplainError + '_ {
+pub fn read_error<E: std::error::Error + Send + Sync + 'static>(
+    what: &str,
+) -> impl Fn(E) -> ExplainError + '_ {
     move |err| ExplainError::Read {
         what: what.to_string(),
-        reason: err.to_string(),
+        source: Box::new(err),
     }
 }
 
@@ -176,8 +179,23 @@ pub enum ExplainError {
     #[error("{0}")]
     NothingProgrammed(String),
     /// Reading the kernel failed.
-    #[error("reading {what}: {reason}")]
-    Read { what: String, reason: String },
+    #[error("reading {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The Service port as upstream prints it (`ns/name:port`), in the JSON answer.
+fn port_name<S: serde::Serializer>(
+    port: &Option<ServicePortName>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match port {
+        Some(port) => serializer.collect_str(port),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// The mode as the configuration spells it, in the JSON answer.
@@ -189,10 +207,7 @@ fn mode_name<S: serde::Serializer>(mode: &ProxyMode, serializer: S) -> Result<S:
 /// among those `outcome` names, read with one dump the kernel filters on the destination.
 pub fn tracked(flow: &Flow, outcome: &Outcome) -> Result<Vec<Tracked>, ExplainError> {
     use crate::sys::conntrack::NetlinkConntrack;
-    let read = |err: crate::sys::conntrack::ConntrackError| ExplainError::Read {
-        what: "conntrack".into(),
-        reason: err.to_string(),
-    };
+    let read = read_error::<crate::sys::conntrack::ConntrackError>("conntrack");
     let protocol = flow.protocol.number();
     let flows = NetlinkConntrack::open()
         .and_then(|mut conntrack| conntrack.flows_to(protocol, flow.destination))

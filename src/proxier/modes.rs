@@ -15,7 +15,7 @@ use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
 use super::{Proxier, SyncError, iptables, ipvs, nftables};
 use crate::config::{KubeProxyConfiguration, ProxyMode};
-use crate::model::{IpFamily, Protocol, ProxyState};
+use crate::model::{IpFamily, Protocol, ProxyState, ServicePortName};
 use crate::sys::xtables::Backend;
 
 /// Why no proxier runs.
@@ -135,7 +135,8 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
             Ok(mut explanation) => {
                 // A mode whose kernel objects carry no Service names (IPVS): the port asked.
                 if explanation.service.is_none() {
-                    explanation.service = Some(format!("{}:{}", service.service, port.name));
+                    let named = format!("{}:{}", service.service, port.name);
+                    explanation.service = ServicePortName::parse(&named, flow.protocol);
                     explanation.policy = Some(policy_name(port.internal_local));
                 }
                 compare(&explanation, service)

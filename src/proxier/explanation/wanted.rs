@@ -158,11 +158,7 @@ pub fn compare(explanation: &Explanation, wanted: &Wanted) -> Comparison {
     let family = IpFamily::of(&explanation.flow.destination.ip()).name();
     let protocol = explanation.flow.protocol.lower();
     // The port the kernel's chain names, else the one whose ClusterIP and port it is.
-    let named = explanation
-        .service
-        .as_deref()
-        .and_then(|s| s.rsplit_once(':'))
-        .map(|(_, name)| name);
+    let named = explanation.service.as_ref().map(|s| s.port.as_str());
     let port = wanted.ports.iter().find(|p| {
         p.protocol == protocol
             && p.family == family
@@ -230,7 +226,12 @@ mod tests {
             mode: crate::config::ProxyMode::Nftables,
             flow: Flow::parse("10.96.0.10:80/tcp", None).unwrap(),
             conntrack: Vec::new(),
-            service: Some("default/web:http".into()),
+            service: Some(crate::model::ServicePortName::new(
+                "default",
+                "web",
+                "http",
+                crate::model::Protocol::Tcp,
+            )),
             policy: Some(policy),
             steps: Vec::new(),
             outcome: Outcome::Dnat {

@@ -11,7 +11,7 @@ use super::render::{
     KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
 use crate::config::ProxyMode;
-use crate::model::IpFamily;
+use crate::model::{IpFamily, ServicePortName};
 use crate::proxier::explanation::{
     Candidate, ExplainError, Explanation, Flow, Outcome, read_error,
 };
@@ -188,7 +188,7 @@ struct Reader<'a> {
     family: IpFamily,
     flow: &'a Flow,
     /// A Service whose address the packet has, but not its port or protocol.
-    near: Option<String>,
+    near: Option<ServicePortName>,
     explanation: Explanation,
 }
 
@@ -386,7 +386,7 @@ impl Reader<'_> {
             !d.inverted && d.address == address && d.mask.iter().all(|b| *b == 0xff)
         });
         if exact && self.near.is_none() {
-            self.near = comment_of(rule).and_then(service_of);
+            self.near = comment_of(rule).and_then(|c| service_of(c, self.flow.protocol));
         }
     }
 
@@ -424,7 +424,8 @@ impl Reader<'_> {
         }
         self.step(format!("{label}: {verb} {target}{}", described(rule)));
         if self.explanation.service.is_none() {
-            self.explanation.service = comment_of(rule).and_then(service_of);
+            self.explanation.service =
+                comment_of(rule).and_then(|c| service_of(c, self.flow.protocol));
         }
         Ok(match self.chain(table, target, depth + 1)? {
             Walk::Ends(outcome) => Some(Walk::Ends(outcome)),
@@ -436,7 +437,7 @@ impl Reader<'_> {
     /// A filter rule that refuses the packet: why, from its chain and comment.
     fn refusal(&mut self, chain: &str, rule: &RuleOptions, rejects: bool) -> Outcome {
         let comment = comment_of(rule).unwrap_or_default();
-        if let Some(service) = service_of(comment) {
+        if let Some(service) = service_of(comment, self.flow.protocol) {
             self.explanation.service.get_or_insert(service);
         }
         let reason = if chain == KUBE_PROXY_FIREWALL {

@@ -3,6 +3,7 @@
 //! is sent to (one dump per chain), and the endpoint map a policy chain draws from. Never the
 //! whole table.
 
+use crate::model::ServicePortName;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -342,7 +343,7 @@ impl Reader<'_> {
     /// An element of a no-endpoint map: ` comment "ns/svc:port" : goto reject-chain | drop`.
     fn refusal(&mut self, rest: &str) -> Outcome {
         if let Some(service) = comment_of(rest) {
-            self.explanation.service = Some(service.to_string());
+            self.explanation.service = ServicePortName::parse(service, self.flow.protocol);
         }
         if rest.ends_with(&format!("goto {REJECT_CHAIN}")) {
             Outcome::Reject {
@@ -365,7 +366,7 @@ impl Reader<'_> {
                 reason: format!("the element's verdict{rest} sends it nowhere this reader knows"),
             });
         };
-        self.explanation.service = service_of_chain(&chain);
+        self.explanation.service = service_of_chain(&chain, self.flow.protocol);
         self.chain(chain, 0)
     }
 

@@ -1,6 +1,7 @@
 //! What explain reads off one of our iptables rules: its comment and the Service it names, its
 //! random share, its affinity check, where it DNATs, and its match in iptables' own words.
 
+use crate::model::{Protocol, ServicePortName};
 use std::net::SocketAddr;
 
 use crate::proxier::xtables::text::rule_text;
@@ -12,9 +13,12 @@ const RECENT_CHECK: u8 = 1;
 pub(super) use crate::proxier::xtables::text::comment_of;
 
 /// The `ns/svc:port` a comment starts with (`"default/web:http cluster IP"`).
-pub(super) fn service_of(comment: &str) -> Option<String> {
+pub(super) fn service_of(comment: &str, protocol: Protocol) -> Option<ServicePortName> {
     let first = comment.split_whitespace().next()?;
-    (first.contains('/') && first.contains(':')).then(|| first.to_string())
+    first
+        .contains(':')
+        .then(|| ServicePortName::parse(first, protocol))
+        .flatten()
 }
 
 /// The chance a `statistic --mode random` rule matches.
@@ -82,8 +86,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            service_of(comment_of(&rule).unwrap()).as_deref(),
-            Some("default/web:http")
+            service_of(comment_of(&rule).unwrap(), Protocol::Tcp).map(|s| s.to_string()),
+            Some("default/web:http".to_string())
         );
         assert_eq!(jump_of(&rule).map(|(_, c)| c), Some("KUBE-SVC-A"));
         assert_eq!(

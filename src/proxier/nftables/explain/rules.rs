@@ -1,6 +1,7 @@
 //! What our rules and elements say, read: a random pick and its map, an endpoint chain's
 //! DNAT, a rule's verdict and conditions, the names and texts our table uses.
 
+use crate::model::{Protocol, ServicePortName};
 use std::net::{IpAddr, SocketAddr};
 
 use crate::proxier::explanation::{Candidate, Outcome};
@@ -143,12 +144,12 @@ pub(super) fn condition_text(rule: &[Expr]) -> String {
 }
 
 /// `ns/svc:port` from a chain name `PREFIX-HASH-ns/svc/proto/port`.
-pub(super) fn service_of_chain(chain: &str) -> Option<String> {
+pub(super) fn service_of_chain(chain: &str, protocol: Protocol) -> Option<ServicePortName> {
     let base = chain.splitn(3, '-').nth(2)?;
     let mut parts = base.split('/');
     let (namespace, name, _proto, port) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    Some(format!("{namespace}/{name}:{port}"))
+    Some(ServicePortName::new(namespace, name, port, protocol))
 }
 
 /// The `ns/svc:port` a no-endpoint element's comment names.
@@ -238,10 +239,10 @@ mod tests {
     #[test]
     fn names_and_texts_read_as_written() {
         assert_eq!(
-            service_of_chain("service-ULMVA6XW-ns1/svc1/tcp/p80").as_deref(),
-            Some("ns1/svc1:p80")
+            service_of_chain("service-ULMVA6XW-ns1/svc1/tcp/p80", Protocol::Tcp),
+            Some(ServicePortName::new("ns1", "svc1", "p80", Protocol::Tcp))
         );
-        assert_eq!(service_of_chain("services"), None);
+        assert_eq!(service_of_chain("services", Protocol::Tcp), None);
         assert_eq!(
             comment_of(" comment \"ns/svc:http\" : drop"),
             Some("ns/svc:http")
