@@ -172,6 +172,12 @@ pub fn read_error<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
+/// A mode's reader of flows (its `explain::Session`), over that mode's kernel traits: the
+/// kernel's in the daemon's namespace, fakes in tests. Each read is kept for the next flow.
+pub trait Explain {
+    fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError>;
+}
+
 /// Why a packet could not be explained.
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {

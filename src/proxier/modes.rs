@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::explanation::{
-    Checked, Comparison, ExplainError, Explanation, Flow, Wanted, cluster_ip_flows, compare,
-    loopback_listener, policy_name, tracked,
+    Checked, Comparison, Explain, ExplainError, Explanation, Flow, Wanted, cluster_ip_flows,
+    compare, loopback_listener, policy_name, tracked,
 };
 use super::ipvs::IpvsUnsupported;
 use super::nftables::support::NftablesUnsupported;
@@ -101,18 +101,12 @@ pub fn explain(mode: ProxyMode, flow: &Flow) -> Result<Explanation, ExplainError
     Ok(explanation)
 }
 
-/// A mode's reader of flows, each read kept for the next flow.
-type Explainer = dyn FnMut(&Flow) -> Result<Explanation, ExplainError>;
-
 /// Checks every service port the daemon `wanted` against the kernel (`explain --all`): a flow
 /// to each port's ClusterIP, read with one session (each endpoint map read once).
 pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, ExplainError> {
     let flows = cluster_ip_flows(wanted);
-    let mut explain: Box<Explainer> = match mode {
-        ProxyMode::Nftables => {
-            let mut session = nftables::explain::Session::open()?;
-            Box::new(move |flow| session.explain(flow))
-        }
+    let mut session: Box<dyn Explain> = match mode {
+        ProxyMode::Nftables => Box::new(nftables::explain::Session::open()?),
         ProxyMode::Iptables => {
             let mut session = iptables::explain::Session::open();
             let families: BTreeSet<IpFamily> = flows
@@ -122,16 +116,13 @@ pub fn explain_all(mode: ProxyMode, wanted: &[Wanted]) -> Result<Vec<Checked>, E
             for family in families {
                 session.read_reachable(family)?;
             }
-            Box::new(move |flow| session.explain(flow))
+            Box::new(session)
         }
-        ProxyMode::Ipvs => {
-            let mut session = ipvs::explain::Session::open()?;
-            Box::new(move |flow| session.explain(flow))
-        }
+        ProxyMode::Ipvs => Box::new(ipvs::explain::Session::open()?),
     };
     let mut checked = Vec::new();
     for (service, port, flow) in flows {
-        let comparison = match explain(&flow) {
+        let comparison = match session.explain(&flow) {
             Ok(mut explanation) => {
                 // A mode whose kernel objects carry no Service names (IPVS): the port asked.
                 if explanation.service.is_none() {

@@ -566,3 +566,9 @@ fn described(rule: &RuleOptions) -> String {
         .map(|comment| format!(" (\"{comment}\")"))
         .unwrap_or_default()
 }
+
+impl crate::proxier::explanation::Explain for Session {
+    fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
+        Session::explain(self, flow)
+    }
+}

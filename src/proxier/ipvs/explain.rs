@@ -373,6 +373,12 @@ fn shares(vs: &VirtualServer, reals: &[RealServer], steps: &mut Vec<String>) -> 
     }
 }
 
+impl crate::proxier::explanation::Explain for Session {
+    fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
+        Session::explain(self, flow)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

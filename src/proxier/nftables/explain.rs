@@ -576,3 +576,9 @@ impl Reader<'_> {
         })
     }
 }
+
+impl crate::proxier::explanation::Explain for Session {
+    fn explain(&mut self, flow: &Flow) -> Result<Explanation, ExplainError> {
+        Session::explain(self, flow)
+    }
+}
