@@ -10,7 +10,7 @@ mod node_ports;
 mod policies;
 mod services;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use masquerade::internal_external_masquerade;
 pub use node_ports::{node_ports, node_ports_nftables};
@@ -22,7 +22,7 @@ pub use services::{cluster_ip_general, load_balancer, no_endpoints_reject};
 
 use crate::model::Protocol;
 use crate::proxier::context::FamilyContext;
-use crate::proxier::explanation::{Explanation, Outcome};
+use crate::proxier::explanation::{Explanation, Flow, Outcome};
 use crate::proxier::fixtures::{NODE_IP, Svc};
 
 /// What a flow meets.
@@ -185,5 +185,124 @@ pub fn explained(explanation: &Explanation) -> Verdict {
         },
         Outcome::Drop { .. } => Verdict::Drop,
         Outcome::Reject { .. } => Verdict::Reject,
+    }
+}
+
+/// How a traced path ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fate {
+    Accepted,
+    Dropped,
+    Rejected,
+}
+
+/// One way a mode's tracer found through the node, as the tables compare it.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    /// Its probability.
+    pub weight: f64,
+    pub fate: Fate,
+    /// Where DNAT sent it.
+    pub endpoint: Option<std::net::SocketAddr>,
+    pub masquerade: bool,
+}
+
+/// The paths as a flow's verdict: every path dropped or rejected, or the endpoints the
+/// accepted ones reach and whether any is masqueraded. Their weights make one.
+pub fn traced_verdict(paths: &[Traced]) -> Verdict {
+    let total: f64 = paths.iter().map(|p| p.weight).sum();
+    assert!(
+        (total - 1.0).abs() < 1e-9,
+        "weights add up to {total}: {paths:#?}"
+    );
+    let fates: BTreeSet<Fate> = paths.iter().map(|p| p.fate).collect();
+    match fates.into_iter().collect::<Vec<_>>().as_slice() {
+        [Fate::Dropped] => Verdict::Drop,
+        [Fate::Rejected] => Verdict::Reject,
+        [Fate::Accepted] => Verdict::Accept {
+            endpoints: paths
+                .iter()
+                .filter_map(|p| p.endpoint.map(|e| e.to_string()))
+                .collect(),
+            masquerade: paths.iter().any(|p| p.masquerade),
+        },
+        mixed => panic!("paths with different fates {mixed:?}: {paths:#?}"),
+    }
+}
+
+/// Each endpoint's probability, as the paths weigh it.
+fn traced_shares(paths: &[Traced]) -> BTreeMap<std::net::SocketAddr, f64> {
+    let mut shares = BTreeMap::new();
+    for path in paths {
+        if let Some(endpoint) = path.endpoint {
+            *shares.entry(endpoint).or_default() += path.weight;
+        }
+    }
+    shares
+}
+
+/// Each endpoint's probability, as `explain` gives it.
+fn explained_shares(explanation: &Explanation) -> BTreeMap<std::net::SocketAddr, f64> {
+    match &explanation.outcome {
+        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => candidates
+            .iter()
+            .map(|c| (c.endpoint, c.probability))
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// The flow `explain` is asked about for `case`.
+pub fn flow_of(case: &Case) -> Flow {
+    let destination = std::net::SocketAddr::new(case.dst.parse().unwrap(), case.port);
+    Flow::parse(
+        &format!("{destination}/{}", case.protocol.lower()),
+        Some(case.src),
+    )
+    .unwrap()
+}
+
+/// Where a case's trace or explanation says otherwise than the table (or they give an
+/// endpoint different probabilities): one line per witness.
+pub fn disagreements_of(case: &Case, traced: &[Traced], explanation: &Explanation) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let verdict = traced_verdict(traced);
+    if verdict != case.want {
+        wrong.push(format!(
+            "traced {:?}: {verdict:?}, expected {:?}; {traced:#?}",
+            case.name, case.want
+        ));
+    }
+    let verdict = explained(explanation);
+    if verdict != case.want {
+        wrong.push(format!(
+            "explained {:?}: {verdict:?}, expected {:?}; {explanation:#?}",
+            case.name, case.want
+        ));
+        return wrong;
+    }
+    let (ours, theirs) = (traced_shares(traced), explained_shares(explanation));
+    let same = ours.len() == theirs.len()
+        && ours
+            .iter()
+            .zip(&theirs)
+            .all(|((x, p), (y, q))| x == y && (p - q).abs() < 1e-9);
+    if !same {
+        wrong.push(format!(
+            "probabilities of {:?}: traced {ours:?}, explained {theirs:?}",
+            case.name
+        ));
+    }
+    wrong
+}
+
+/// A table broken on purpose (`what`) must make both the tracer and `explain` disagree.
+pub fn assert_broken(scenario: &Scenario, what: &str, wrong: &[String]) {
+    for witness in ["traced", "explained"] {
+        assert!(
+            wrong.iter().any(|w| w.starts_with(witness)),
+            "{}: with {what}, nothing {witness} disagrees: {wrong:#?}",
+            scenario.name
+        );
     }
 }

@@ -26,6 +26,19 @@ pub struct Packet {
     pub from_node: bool,
 }
 
+impl Packet {
+    /// The first packet of a table's flow.
+    pub fn of(case: &crate::proxier::flows::Case) -> Packet {
+        Packet {
+            src: case.src.parse().unwrap(),
+            dst: case.dst.parse().unwrap(),
+            dport: case.port,
+            protocol: case.protocol,
+            from_node: case.from_node,
+        }
+    }
+}
+
 /// One way through a chain: marked for masquerade, DNAT'd, and how it ended.
 #[derive(Clone, Debug, Default)]
 pub struct Path {

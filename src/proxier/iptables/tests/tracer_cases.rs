@@ -55,13 +55,7 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
             "explain, {}: {explanation:#?}",
             case.name
         );
-        let packet = Packet {
-            src: case.src.parse().unwrap(),
-            dst: case.dst.parse().unwrap(),
-            dport: case.port,
-            protocol: case.protocol,
-            from_node: case.from_node,
-        };
+        let packet = Packet::of(case);
         assert_eq!(
             trace(&ipt, ctx.common.family, &local, &packet),
             case.want,

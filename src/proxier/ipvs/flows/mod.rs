@@ -10,8 +10,7 @@ mod tracer;
 mod upstream;
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use super::explain::Session;
 use super::proxier::{DUMMY_LINK, IpvsKernel, IpvsProxier};
@@ -19,9 +18,8 @@ use super::settings::IpvsSettings;
 use crate::config::KubeProxyConfiguration;
 use crate::model::{ChangeSummary, NodeInfo, ProxyState};
 use crate::proxier::Proxier;
-use crate::proxier::explanation::{Explanation, Flow, Outcome};
 use crate::proxier::fixtures::NODE;
-use crate::proxier::flows::{Scenario, explained};
+use crate::proxier::flows::{Scenario, disagreements_of, flow_of};
 use crate::proxier::local::LocalDetector;
 use crate::sys::host::link::fake::FakeLinks;
 use crate::sys::host::net::{FakeSysctl, FixedAddresses};
@@ -111,7 +109,7 @@ pub fn run(scenario: &Scenario) {
 }
 
 /// Where the tracer or `explain`, each on the fakes `node` holds, says otherwise than the
-/// scenario expects: one line per flow and witness.
+/// scenario expects.
 pub fn disagreements(scenario: &Scenario, node: &Node) -> Vec<String> {
     let ipset = RefCell::new(node.ipset.clone());
     let mut session = Session::with(
@@ -122,53 +120,11 @@ pub fn disagreements(scenario: &Scenario, node: &Node) -> Vec<String> {
     let mut wrong = Vec::new();
     for case in &scenario.cases {
         let traced = tracer::trace(node, &ipset, scenario.common.family, case);
-        let verdict = tracer::verdict(&traced);
-        if verdict != case.want {
-            wrong.push(format!(
-                "traced {:?}: {verdict:?}, expected {:?}; {traced:#?}",
-                case.name, case.want
-            ));
-        }
-        let destination = SocketAddr::new(case.dst.parse().unwrap(), case.port);
-        let flow = Flow::parse(
-            &format!("{destination}/{}", case.protocol.lower()),
-            Some(case.src),
-        )
-        .unwrap();
         let mut iptables = node.iptables.clone();
         let explanation = session
-            .explain_with_masquerade(&flow, &mut iptables)
+            .explain_with_masquerade(&flow_of(case), &mut iptables)
             .unwrap();
-        let explained_verdict = explained(&explanation);
-        if explained_verdict != case.want {
-            wrong.push(format!(
-                "explained {:?}: {explained_verdict:?}, expected {:?}; {explanation:#?}",
-                case.name, case.want
-            ));
-        } else if tracer::shares(&traced) != explained_shares(&explanation) {
-            wrong.push(format!(
-                "probabilities of {:?}: traced {:?}, explained {:?}",
-                case.name,
-                tracer::shares(&traced),
-                explained_shares(&explanation)
-            ));
-        }
+        wrong.extend(disagreements_of(case, &traced, &explanation));
     }
     wrong
-}
-
-/// Each endpoint's probability, as `explain` gives it (in thousandths).
-fn explained_shares(explanation: &Explanation) -> BTreeMap<String, u32> {
-    match &explanation.outcome {
-        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => candidates
-            .iter()
-            .map(|c| {
-                (
-                    c.endpoint.to_string(),
-                    (c.probability * 1000.0).round() as u32,
-                )
-            })
-            .collect(),
-        _ => BTreeMap::new(),
-    }
 }

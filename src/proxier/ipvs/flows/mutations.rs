@@ -2,7 +2,7 @@
 //! which the tracer and `explain` must both disagree with the table somewhere.
 
 use super::{Node, disagreements, programmed};
-use crate::proxier::flows::{self, Scenario, Verdict};
+use crate::proxier::flows::{self, Scenario, Verdict, assert_broken};
 use crate::sys::ipset::Ipsets;
 use crate::sys::ipvs::codec::CMD_NEW_DEST;
 use crate::sys::ipvs::{Ipvs, RealServer};
@@ -10,14 +10,7 @@ use crate::sys::ipvs::{Ipvs, RealServer};
 fn breaks(scenario: &Scenario, what: &str, mutate: impl Fn(&mut Node)) {
     let mut node = programmed(scenario);
     mutate(&mut node);
-    let wrong = disagreements(scenario, &node);
-    for witness in ["traced", "explained"] {
-        assert!(
-            wrong.iter().any(|w| w.starts_with(witness)),
-            "{}: with {what}, nothing {witness} disagrees: {wrong:#?}",
-            scenario.name
-        );
-    }
+    assert_broken(scenario, what, &disagreements(scenario, &node));
 }
 
 /// Removes virtual server `key`.

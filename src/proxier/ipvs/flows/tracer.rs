@@ -7,33 +7,16 @@
 //! the rules as iptables holds them, the sets' entries, the virtual servers.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use super::Node;
 use crate::model::IpFamily;
-use crate::proxier::flows::{Case, Verdict};
+use crate::proxier::flows::{Case, Fate, Traced};
 use crate::proxier::xtables::tracer::{Facts, Packet, Path, walk};
 use crate::sys::ipset::IpsetLookups;
 use crate::sys::ipset::fake::FakeIpset;
 use crate::sys::ipset::netlink::Entry;
 use crate::sys::ipvs::{Ipvs, VirtualServer};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Fate {
-    Accepted,
-    Dropped,
-    Rejected,
-}
-
-/// One way through the node.
-#[derive(Clone, Debug)]
-pub struct Traced {
-    pub weight: f64,
-    pub fate: Fate,
-    pub endpoint: Option<SocketAddr>,
-    pub masquerade: bool,
-}
 
 /// The entry of set `name` a packet makes, its parts taken as `dirs` says.
 fn entry(ipset: &FakeIpset, name: &str, dirs: &str, packet: &Packet) -> Entry {
@@ -70,13 +53,7 @@ pub fn trace(
     family: IpFamily,
     case: &Case,
 ) -> Vec<Traced> {
-    let packet = Packet {
-        src: case.src.parse().unwrap(),
-        dst: case.dst.parse().unwrap(),
-        dport: case.port,
-        protocol: case.protocol,
-        from_node: case.from_node,
-    };
+    let packet = Packet::of(case);
     let is_local = |ip: &IpAddr| ip.is_loopback() || node.local.contains(ip);
     let in_set = |name: &str, dirs: &str, packet: &Packet| {
         let asked = entry(&ipset.borrow(), name, dirs, packet);
@@ -192,36 +169,5 @@ fn scheduled(
                 masquerade,
             }
         })
-        .collect()
-}
-
-/// The paths as a flow's verdict.
-pub fn verdict(paths: &[Traced]) -> Verdict {
-    let fates: std::collections::BTreeSet<Fate> = paths.iter().map(|p| p.fate).collect();
-    match fates.into_iter().collect::<Vec<_>>().as_slice() {
-        [Fate::Dropped] => Verdict::Drop,
-        [Fate::Rejected] => Verdict::Reject,
-        [Fate::Accepted] => Verdict::Accept {
-            endpoints: paths
-                .iter()
-                .filter_map(|p| p.endpoint.map(|e| e.to_string()))
-                .collect(),
-            masquerade: paths.iter().any(|p| p.masquerade),
-        },
-        mixed => panic!("paths with different fates {mixed:?}: {paths:#?}"),
-    }
-}
-
-/// Each endpoint's probability (in thousandths).
-pub fn shares(paths: &[Traced]) -> BTreeMap<String, u32> {
-    let mut shares: BTreeMap<String, f64> = BTreeMap::new();
-    for path in paths {
-        if let Some(endpoint) = path.endpoint {
-            *shares.entry(endpoint.to_string()).or_default() += path.weight;
-        }
-    }
-    shares
-        .into_iter()
-        .map(|(e, w)| (e, (w * 1000.0).round() as u32))
         .collect()
 }

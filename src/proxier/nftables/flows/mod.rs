@@ -8,19 +8,17 @@
 mod mutations;
 mod upstream;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use super::explain::Session;
 use super::render::NftContext;
 use super::render::tests::{dump, table};
 use crate::model::IpFamily;
-use crate::proxier::explanation::{Explanation, Flow, Outcome};
-use crate::proxier::flows::{Case, Scenario, Verdict, explained};
+use crate::proxier::flows::{Case, Fate, Scenario, Traced, disagreements_of, flow_of};
 use crate::proxier::local::{NodePortAddresses, NodePortSelection};
 use crate::sys::nf_tables::Nftables;
 use crate::sys::nf_tables::fake::FakeNftables;
-use crate::sys::nf_tables::trace::{Fate, Packet, Path, Ruleset, trace};
+use crate::sys::nf_tables::trace::{self, Packet, Ruleset, trace};
 
 /// The ServiceCIDRs of upstream's nftables fake proxier.
 const SERVICE_CIDRS: [&str; 2] = ["172.30.0.0/16", "fd00:10:96::/112"];
@@ -64,61 +62,8 @@ pub fn programmed(scenario: &Scenario, ctx: &NftContext) -> FakeNftables {
     nft
 }
 
-/// The paths a trace finds, as a flow's verdict: every path dropped or rejected, or the
-/// endpoints the accepted paths reach and whether any is masqueraded. Each path's weight is
-/// checked too: together they make one.
-pub fn traced(paths: &[Path]) -> Verdict {
-    let total: f64 = paths.iter().map(|p| p.weight).sum();
-    assert!(
-        (total - 1.0).abs() < 1e-9,
-        "weights add up to {total}: {paths:#?}"
-    );
-    let fates: BTreeSet<Fate> = paths.iter().map(|p| p.fate).collect();
-    match fates.into_iter().collect::<Vec<_>>().as_slice() {
-        [Fate::Dropped] => Verdict::Drop,
-        [Fate::Rejected] => Verdict::Reject,
-        [Fate::Accepted] => Verdict::Accept {
-            endpoints: paths
-                .iter()
-                .filter_map(|p| p.dnat.map(|d| d.to_string()))
-                .collect(),
-            masquerade: paths.iter().any(|p| p.masquerade),
-        },
-        mixed => panic!("paths with different fates {mixed:?}: {paths:#?}"),
-    }
-}
-
-/// Each endpoint's probability, as the trace's paths weigh it.
-fn shares(paths: &[Path]) -> BTreeMap<SocketAddr, f64> {
-    let mut shares = BTreeMap::new();
-    for path in paths {
-        if let Some(endpoint) = path.dnat {
-            *shares.entry(endpoint).or_default() += path.weight;
-        }
-    }
-    shares
-}
-
-/// Each endpoint's probability, as `explain` gives it.
-fn explained_shares(explanation: &Explanation) -> BTreeMap<SocketAddr, f64> {
-    match &explanation.outcome {
-        Outcome::Dnat { candidates } | Outcome::Relayed { candidates, .. } => candidates
-            .iter()
-            .map(|c| (c.endpoint, c.probability))
-            .collect(),
-        _ => BTreeMap::new(),
-    }
-}
-
-fn same_shares(a: &BTreeMap<SocketAddr, f64>, b: &BTreeMap<SocketAddr, f64>) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|((x, p), (y, q))| x == y && (p - q).abs() < 1e-9)
-}
-
-/// The trace of one case through `ruleset`.
-pub fn trace_case(ruleset: &Ruleset, local: &[IpAddr], case: &Case) -> Vec<Path> {
+/// The trace of one case through `ruleset`, as the tables compare paths.
+pub fn trace_case(ruleset: &Ruleset, local: &[IpAddr], case: &Case) -> Vec<Traced> {
     let packet = Packet {
         src: case.src.parse().unwrap(),
         dst: case.dst.parse().unwrap(),
@@ -127,7 +72,21 @@ pub fn trace_case(ruleset: &Ruleset, local: &[IpAddr], case: &Case) -> Vec<Path>
         protocol: case.protocol,
         from_node: case.from_node,
     };
-    trace(ruleset, local, &packet).unwrap_or_else(|e| panic!("{}: tracing: {e}", case.name))
+    let paths =
+        trace(ruleset, local, &packet).unwrap_or_else(|e| panic!("{}: tracing: {e}", case.name));
+    paths
+        .into_iter()
+        .map(|path| Traced {
+            weight: path.weight,
+            fate: match path.fate {
+                trace::Fate::Accepted => Fate::Accepted,
+                trace::Fate::Dropped => Fate::Dropped,
+                trace::Fate::Rejected => Fate::Rejected,
+            },
+            endpoint: path.dnat,
+            masquerade: path.masquerade,
+        })
+        .collect()
 }
 
 /// Runs a scenario: every flow traced and explained, both as the table expects.
@@ -139,42 +98,16 @@ pub fn run(scenario: &Scenario) {
 }
 
 /// Where the tracer or `explain`, each on the table `nft` holds, says otherwise than the
-/// scenario expects: one line per flow and witness.
+/// scenario expects.
 pub fn disagreements(scenario: &Scenario, nft: &FakeNftables) -> Vec<String> {
     let local = scenario.addresses();
     let ruleset = Ruleset::from_fake(nft, scenario.common.family).expect("the fake's ruleset");
     let mut explaining = Session::with(Box::new(nft.clone()), local.clone());
     let mut wrong = Vec::new();
     for case in &scenario.cases {
-        let paths = trace_case(&ruleset, &local, case);
-        let verdict = traced(&paths);
-        if verdict != case.want {
-            wrong.push(format!(
-                "traced {:?}: {verdict:?}, expected {:?}; paths {paths:#?}",
-                case.name, case.want
-            ));
-        }
-        let destination = SocketAddr::new(case.dst.parse().unwrap(), case.port);
-        let flow = Flow::parse(
-            &format!("{destination}/{}", case.protocol.lower()),
-            Some(case.src),
-        )
-        .unwrap();
-        let explanation = explaining.explain(&flow).unwrap();
-        let verdict = explained(&explanation);
-        if verdict != case.want {
-            wrong.push(format!(
-                "explained {:?}: {verdict:?}, expected {:?}; {explanation:#?}",
-                case.name, case.want
-            ));
-        } else if !same_shares(&shares(&paths), &explained_shares(&explanation)) {
-            wrong.push(format!(
-                "probabilities of {:?}: traced {:?}, explained {:?}",
-                case.name,
-                shares(&paths),
-                explained_shares(&explanation)
-            ));
-        }
+        let traced = trace_case(&ruleset, &local, case);
+        let explanation = explaining.explain(&flow_of(case)).unwrap();
+        wrong.extend(disagreements_of(case, &traced, &explanation));
     }
     wrong
 }

@@ -4,20 +4,13 @@
 
 use super::upstream::masquerade;
 use super::{context, disagreements, programmed};
-use crate::proxier::flows::{self, Scenario, Verdict, case};
+use crate::proxier::flows::{self, Scenario, Verdict, assert_broken, case};
 use crate::sys::nf_tables::Nftables;
 
 fn breaks(scenario: &Scenario, mutation: &str) {
     let mut nft = programmed(scenario, &context(scenario));
     nft.apply(mutation).expect("the fake takes the mutation");
-    let wrong = disagreements(scenario, &nft);
-    for witness in ["traced", "explained"] {
-        assert!(
-            wrong.iter().any(|w| w.starts_with(witness)),
-            "{}: after {mutation:?}, nothing {witness} disagrees: {wrong:#?}",
-            scenario.name
-        );
-    }
+    assert_broken(scenario, mutation, &disagreements(scenario, &nft));
 }
 
 const DELETE: &str = "delete element ip kube-proxy";
