@@ -4,12 +4,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::ruleset::{Element, Set, Table};
+use super::lookup::{Draw, lookup};
+use super::ruleset::Table;
 use super::{Packet, TraceError};
 use crate::sys::nf_tables::expr::{Data, Expr, Verdict};
 use crate::sys::nf_tables::wire::{
     BASE_NETWORK, BASE_TRANSPORT, CT_STATE, CT_STATUS, META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP,
-    NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT, SET_INTERVAL,
+    NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT,
 };
 
 /// NFT_CONTINUE; NFT_BREAK never reaches a register (a failed match stops the rule).
@@ -28,20 +29,6 @@ const RTN_LOCAL: u32 = 2;
 /// How deep jumps may nest (the kernel allows 16 levels; ours use three).
 pub const MAX_DEPTH: usize = 16;
 
-/// A random draw's value: every number from `first` to `last`, in host or network order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Draw {
-    first: u32,
-    last: u32,
-    network_order: bool,
-}
-
-impl Draw {
-    fn count(&self) -> f64 {
-        f64::from(self.last - self.first) + 1.0
-    }
-}
-
 /// One packet's state on one path.
 #[derive(Clone, Debug)]
 pub struct State {
@@ -52,9 +39,9 @@ pub struct State {
     pub masquerade: bool,
     pub chains: Vec<String>,
     /// The data registers, bytes 0..64 (NFT_REG_1..4 and NFT_REG32_00..15 alias them).
-    registers: [u8; 64],
+    pub(super) registers: [u8; 64],
     /// A register (by 32-bit index) that holds a draw rather than bytes.
-    draws: [Option<Draw>; 16],
+    pub(super) draws: [Option<Draw>; 16],
 }
 
 impl State {
@@ -83,7 +70,7 @@ pub enum Exit {
 }
 
 /// How a rule ended.
-enum RuleEnd {
+pub(super) enum RuleEnd {
     /// A match failed.
     Break,
     /// Every expression ran, no verdict.
@@ -93,7 +80,7 @@ enum RuleEnd {
 }
 
 /// Bytes `register` starts at.
-fn offset(register: u32) -> Result<usize, TraceError> {
+pub(super) fn offset(register: u32) -> Result<usize, TraceError> {
     match register {
         1..=4 => Ok((register as usize - 1) * 16),
         8..=23 => Ok((register as usize - 8) * 4),
@@ -101,7 +88,7 @@ fn offset(register: u32) -> Result<usize, TraceError> {
     }
 }
 
-fn bytes(state: &State, register: u32, len: usize) -> Result<&[u8], TraceError> {
+pub(super) fn bytes(state: &State, register: u32, len: usize) -> Result<&[u8], TraceError> {
     let start = offset(register)?;
     if state.draws[start / 4..(start + len).div_ceil(4)]
         .iter()
@@ -118,7 +105,7 @@ fn bytes(state: &State, register: u32, len: usize) -> Result<&[u8], TraceError> 
 }
 
 /// Stores `value` at `register`, zeroing the rest of its last 32-bit word, as the kernel does.
-fn store(state: &mut State, register: u32, value: &[u8]) -> Result<(), TraceError> {
+pub(super) fn store(state: &mut State, register: u32, value: &[u8]) -> Result<(), TraceError> {
     let start = offset(register)?;
     let end = start + value.len().div_ceil(4) * 4;
     let slot = state
@@ -268,7 +255,7 @@ fn expressions(
     Ok(out)
 }
 
-fn one(state: State, end: RuleEnd) -> Result<Vec<(State, RuleEnd)>, TraceError> {
+pub(super) fn one(state: State, end: RuleEnd) -> Result<Vec<(State, RuleEnd)>, TraceError> {
     Ok(vec![(state, end)])
 }
 
@@ -467,122 +454,4 @@ fn fib_type(state: &mut State, dreg: u32, source: bool, host: &Host<'_>) -> Resu
         RTN_UNICAST
     };
     store(state, dreg, &kind.to_ne_bytes())
-}
-
-/// The element of `set` a key matches, as the kernel's set backends find it: exact for a
-/// hash, the range holding it for a concatenation of ranges, and for an interval set the
-/// greatest bound at or below it, when that bound starts an interval.
-fn find<'a>(set: &'a Set, key: &[u8]) -> Option<&'a Element> {
-    if set.flags & SET_INTERVAL == 0 {
-        return set.elements.iter().find(|e| e.key == key);
-    }
-    if set.elements.iter().any(|e| e.key_end.is_some()) {
-        return set.elements.iter().find(|e| {
-            e.key.as_slice() <= key && e.key_end.as_deref().is_some_and(|end| key <= end)
-        });
-    }
-    set.elements
-        .iter()
-        .filter(|e| e.key.as_slice() <= key)
-        // The greatest bound; at equal keys a start beats the end of the interval before.
-        .max_by(|a, b| (&a.key, !a.interval_end).cmp(&(&b.key, !b.interval_end)))
-        .filter(|e| !e.interval_end)
-}
-
-fn lookup(
-    set: &Set,
-    sreg: u32,
-    dreg: Option<u32>,
-    inverted: bool,
-    state: State,
-) -> Result<Vec<(State, RuleEnd)>, TraceError> {
-    let index = offset(sreg)? / 4;
-    let Some(draw) = state.draws[index] else {
-        let key = bytes(&state, sreg, set.key_len)?.to_vec();
-        let found = find(set, &key);
-        return found_or_not(found, dreg, inverted, state);
-    };
-    if set.key_len != 4 {
-        return Err(TraceError::Unsupported(
-            "a random draw in a concatenated key".into(),
-        ));
-    }
-    if set.flags & SET_INTERVAL != 0 && !draw.network_order {
-        return Err(TraceError::Unsupported(
-            "an interval lookup of a host-order draw".into(),
-        ));
-    }
-    let number = |key: &[u8]| -> Option<u32> {
-        let four: [u8; 4] = key.try_into().ok()?;
-        Some(if draw.network_order {
-            u32::from_be_bytes(four)
-        } else {
-            u32::from_ne_bytes(four)
-        })
-    };
-    // The draw's values are cut at each bound of an interval (after the last key of a range,
-    // around an exact key), so that every piece finds the same element throughout.
-    let interval = set.flags & SET_INTERVAL != 0;
-    let mut cuts: Vec<u32> = set
-        .elements
-        .iter()
-        .flat_map(|e| {
-            let first = number(&e.key);
-            let last = match &e.key_end {
-                Some(end) => number(end),
-                None if interval => None,
-                None => first,
-            };
-            [first, last.and_then(|k| k.checked_add(1))]
-        })
-        .flatten()
-        .filter(|cut| *cut > draw.first && *cut <= draw.last)
-        .collect();
-    cuts.push(draw.first);
-    cuts.sort_unstable();
-    cuts.dedup();
-    let mut out = Vec::new();
-    for (i, first) in cuts.iter().enumerate() {
-        let last = cuts.get(i + 1).map_or(draw.last, |next| next - 1);
-        let piece = Draw {
-            first: *first,
-            last,
-            network_order: draw.network_order,
-        };
-        let key = if draw.network_order {
-            first.to_be_bytes()
-        } else {
-            first.to_ne_bytes()
-        };
-        let mut forked = state.clone();
-        forked.weight *= piece.count() / draw.count();
-        forked.draws[index] = Some(piece);
-        let found = find(set, &key);
-        out.extend(found_or_not(found, dreg, inverted, forked)?);
-    }
-    Ok(out)
-}
-
-fn found_or_not(
-    found: Option<&Element>,
-    dreg: Option<u32>,
-    inverted: bool,
-    mut state: State,
-) -> Result<Vec<(State, RuleEnd)>, TraceError> {
-    if found.is_some() == inverted {
-        return one(state, RuleEnd::Break);
-    }
-    match (dreg, found.and_then(|e| e.data.as_ref())) {
-        (None, _) => one(state, RuleEnd::Next),
-        (Some(REG_VERDICT), Some(Data::Verdict(verdict))) => {
-            one(state, RuleEnd::Verdict(verdict.clone()))
-        }
-        (Some(register), Some(Data::Value(value))) => {
-            store(&mut state, register, value)?;
-            one(state, RuleEnd::Next)
-        }
-        _ => Err(TraceError::Unsupported(
-            "a map lookup whose element has no data of its kind".into(),
-        )),
-    }
 }

@@ -10,6 +10,7 @@
 
 mod evaluate;
 mod hooks;
+mod lookup;
 mod ruleset;
 
 use std::net::{IpAddr, SocketAddr};
