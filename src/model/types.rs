@@ -131,9 +131,7 @@ impl ServicePortName {
             protocol,
         }
     }
-}
 
-impl ServicePortName {
     /// Reads `ns/name:port` (or `ns/name`, an unnamed port) back, as the kernel's comments and
     /// chain names carry it, with the protocol that goes with it.
     pub fn parse(text: &str, protocol: Protocol) -> Option<Self> {

@@ -1,9 +1,11 @@
 //! Kernel access, one folder or file per kernel surface: nf_tables (nftables mode's table, and
 //! the iptables-nft rules read back), xtables (the iptables tools), IPVS, ipset, conntrack,
 //! nfacct, and the host (links, sysctls and addresses, the tools' processes). `netlink` is the
-//! socket they share. Each sits behind a narrow trait with a stateful fake for tests (the
-//! fakes enforce the kernel's refusals); `nf_tables::trace` is the test oracle of nftables
-//! mode, a packet tracer over any nf_tables ruleset.
+//! socket they share. What the modes program and read (nf_tables, xtables, IPVS, ipset, links,
+//! conntrack, nfacct, sysctls, addresses) sits behind narrow traits with stateful fakes for
+//! tests, which refuse what the kernel refuses; the tools' processes and the socket lookup do
+//! not. `nf_tables::trace` is the test oracle of nftables mode, a packet tracer over any
+//! nf_tables ruleset.
 
 use std::net::IpAddr;
 

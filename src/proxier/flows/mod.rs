@@ -281,7 +281,24 @@ pub fn disagreements_of(case: &Case, traced: &[Traced], explanation: &Explanatio
         ));
         return wrong;
     }
+    let accepted: BTreeSet<bool> = traced
+        .iter()
+        .filter(|p| p.fate == Fate::Accepted)
+        .map(|p| p.masquerade)
+        .collect();
+    if accepted.len() > 1 {
+        wrong.push(format!(
+            "traced {:?}: masqueraded on some paths only; {traced:#?}",
+            case.name
+        ));
+    }
     let (ours, theirs) = (traced_shares(traced), explained_shares(explanation));
+    // Every endpoint of these tables is as good as the others: each gets an equal share (the
+    // draws of an endpoint map split as evenly as they go).
+    let even = 1.0 / ours.len().max(1) as f64;
+    if ours.values().any(|share| (share - even).abs() > 1e-3) {
+        wrong.push(format!("traced {:?}: shares {ours:?}, not even", case.name));
+    }
     let same = ours.len() == theirs.len()
         && ours
             .iter()

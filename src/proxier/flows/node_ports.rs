@@ -10,7 +10,8 @@ struct Subcase {
     name: &'static str,
     family: IpFamily,
     localhost_node_ports: bool,
-    node_port_addresses: &'static [&'static str],
+    /// nodePortAddresses; `None`: the mode's default.
+    node_port_addresses: Option<&'static [&'static str]>,
     /// NodePort traffic to the node's second address is accepted.
     alt_node_ip: bool,
     /// NodePort traffic to the loopback address is accepted (upstream: IPv4 with
@@ -76,28 +77,26 @@ fn scenario(case: &Subcase) -> Scenario {
         family_context(IpFamily::V6, NODE_IP6, "fd00:10::/64")
     };
     scenario.localhost_node_ports = case.localhost_node_ports;
-    scenario.node_port_addresses = Some(
-        case.node_port_addresses
-            .iter()
-            .map(|a| a.to_string())
-            .collect(),
-    );
+    scenario.node_port_addresses = case
+        .node_port_addresses
+        .map(|list| list.iter().map(|a| a.to_string()).collect());
     scenario.addresses = addresses.to_vec();
     scenario
 }
 
 /// nftables' subcases (its file's own table): no localhost NodePorts and no
-/// localhostNodePorts flag; without nodePortAddresses, its fake proxier's (the node's primary
-/// addresses), so the second address takes no NodePort traffic. The loopback flow stays, as
+/// localhostNodePorts flag; without nodePortAddresses, the mode's default (its fake proxier's
+/// 192.168.0.2/32 and 2001:db8::1/128: the node's primary addresses), so the second address
+/// takes no NodePort traffic. The loopback flow stays, as
 /// every mode's: untouched.
 pub fn node_ports_nftables() -> Vec<Scenario> {
     use IpFamily::{V4, V6};
     #[rustfmt::skip]
     let cases = [
-        Subcase { name: "ipv4", family: V4, localhost_node_ports: false, node_port_addresses: &["192.168.0.2/32", "2001:db8::1/128"], alt_node_ip: false, localhost: false },
-        Subcase { name: "ipv4, multiple nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: &["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"], alt_node_ip: true, localhost: false },
-        Subcase { name: "ipv6", family: V6, localhost_node_ports: false, node_port_addresses: &["192.168.0.2/32", "2001:db8::1/128"], alt_node_ip: false, localhost: false },
-        Subcase { name: "ipv6, multiple nodeport-addresses", family: V6, localhost_node_ports: false, node_port_addresses: &["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64", "2001:db8:1::2/128"], alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv4", family: V4, localhost_node_ports: false, node_port_addresses: None, alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv4, multiple nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: Some(&["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"]), alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv6", family: V6, localhost_node_ports: false, node_port_addresses: None, alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv6, multiple nodeport-addresses", family: V6, localhost_node_ports: false, node_port_addresses: Some(&["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64", "2001:db8:1::2/128"]), alt_node_ip: true, localhost: false },
     ];
     cases.iter().map(scenario).collect()
 }
@@ -108,19 +107,19 @@ pub fn node_ports() -> Vec<Scenario> {
     let multiple: &'static [&'static str] = &["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"];
     #[rustfmt::skip]
     let cases = [
-        Subcase { name: "ipv4, localhost-nodeports enabled", family: V4, localhost_node_ports: true, node_port_addresses: &[], alt_node_ip: true, localhost: true },
-        Subcase { name: "ipv4, localhost-nodeports disabled", family: V4, localhost_node_ports: false, node_port_addresses: &[], alt_node_ip: true, localhost: false },
-        Subcase { name: "ipv4, localhost-nodeports disabled, localhost in nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: &["192.168.0.0/24", "127.0.0.1/32"], alt_node_ip: false, localhost: false },
-        Subcase { name: "ipv4, localhost-nodeports enabled, multiple nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: multiple, alt_node_ip: true, localhost: false },
-        Subcase { name: "ipv6, localhost-nodeports enabled", family: V6, localhost_node_ports: true, node_port_addresses: &[], alt_node_ip: true, localhost: false },
-        Subcase { name: "ipv6, localhost-nodeports disabled", family: V6, localhost_node_ports: false, node_port_addresses: &[], alt_node_ip: true, localhost: false },
-        Subcase { name: "ipv6, localhost-nodeports disabled, multiple nodeport-addresses", family: V6, localhost_node_ports: false, node_port_addresses: multiple, alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv4, localhost-nodeports enabled", family: V4, localhost_node_ports: true, node_port_addresses: Some(&[]), alt_node_ip: true, localhost: true },
+        Subcase { name: "ipv4, localhost-nodeports disabled", family: V4, localhost_node_ports: false, node_port_addresses: Some(&[]), alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv4, localhost-nodeports disabled, localhost in nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: Some(&["192.168.0.0/24", "127.0.0.1/32"]), alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv4, localhost-nodeports enabled, multiple nodeport-addresses", family: V4, localhost_node_ports: false, node_port_addresses: Some(multiple), alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv6, localhost-nodeports enabled", family: V6, localhost_node_ports: true, node_port_addresses: Some(&[]), alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv6, localhost-nodeports disabled", family: V6, localhost_node_ports: false, node_port_addresses: Some(&[]), alt_node_ip: true, localhost: false },
+        Subcase { name: "ipv6, localhost-nodeports disabled, multiple nodeport-addresses", family: V6, localhost_node_ports: false, node_port_addresses: Some(multiple), alt_node_ip: false, localhost: false },
         // Ours, the same way: 1.37's keywords, mixed with each other and with CIDRs.
-        Subcase { name: "ipv4, primary and localhost", family: V4, localhost_node_ports: true, node_port_addresses: &["primary", "localhost"], alt_node_ip: false, localhost: true },
-        Subcase { name: "ipv4, primary only", family: V4, localhost_node_ports: true, node_port_addresses: &["primary"], alt_node_ip: false, localhost: false },
-        Subcase { name: "ipv4, all and a CIDR", family: V4, localhost_node_ports: true, node_port_addresses: &["all", "192.168.0.0/24"], alt_node_ip: true, localhost: true },
-        Subcase { name: "ipv6, primary and localhost", family: V6, localhost_node_ports: true, node_port_addresses: &["primary", "localhost"], alt_node_ip: false, localhost: false },
-        Subcase { name: "ipv6, localhost and a CIDR", family: V6, localhost_node_ports: true, node_port_addresses: &["localhost", "2001:db8::/64"], alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv4, primary and localhost", family: V4, localhost_node_ports: true, node_port_addresses: Some(&["primary", "localhost"]), alt_node_ip: false, localhost: true },
+        Subcase { name: "ipv4, primary only", family: V4, localhost_node_ports: true, node_port_addresses: Some(&["primary"]), alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv4, all and a CIDR", family: V4, localhost_node_ports: true, node_port_addresses: Some(&["all", "192.168.0.0/24"]), alt_node_ip: true, localhost: true },
+        Subcase { name: "ipv6, primary and localhost", family: V6, localhost_node_ports: true, node_port_addresses: Some(&["primary", "localhost"]), alt_node_ip: false, localhost: false },
+        Subcase { name: "ipv6, localhost and a CIDR", family: V6, localhost_node_ports: true, node_port_addresses: Some(&["localhost", "2001:db8::/64"]), alt_node_ip: false, localhost: false },
     ];
     cases.iter().map(scenario).collect()
 }

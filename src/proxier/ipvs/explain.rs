@@ -28,8 +28,9 @@ const ALLOWED_SOURCES: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
 const ALLOWED_NODE: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
 /// The set of every Service IP bound to kube-ipvs0, and the sets of the destinations the
 /// access filter lets through before it rejects the rest of those IPs (the health check
-/// NodePorts, a set of ports, are on node addresses, never on a Service IP).
+/// NodePorts are a set of ports alone, let through on any address).
 const SERVICE_IPS: &str = "KUBE-IPVS-IPS";
+const HEALTH_CHECK_PORTS: &str = "KUBE-HEALTH-CHECK-NODE-PORT";
 const ACCESS_ALLOWED: [&str; 4] = [
     "KUBE-LOAD-BALANCER",
     "KUBE-CLUSTER-IP",
@@ -165,20 +166,15 @@ impl Session {
     }
 
     /// A Service IP without a virtual server on this port and protocol: the access filter
-    /// (filter's KUBE-IPVS-FILTER, on traffic the node receives) rejects a new connection to an
-    /// address of KUBE-IPVS-IPS (one entry asked over netlink). Connections the node opens
-    /// itself do not pass it.
+    /// (filter's KUBE-IPVS-FILTER, in INPUT) rejects a new connection to an address of
+    /// KUBE-IPVS-IPS that none of its sets lets through (asked over netlink in one send). The
+    /// node's own connections meet it too: with no virtual server to take them, they come back
+    /// in over the loopback.
     fn access_filter(
         &mut self,
         flow: &Flow,
         explanation: &mut Explanation,
     ) -> Result<Option<Outcome>, ExplainError> {
-        if flow
-            .source
-            .is_some_and(|source| self.local.contains(&source) || source.is_loopback())
-        {
-            return Ok(None);
-        }
         let ip = flow.destination.ip();
         let family = IpFamily::of(&ip);
         let set = set_name(SERVICE_IPS, family);
@@ -196,6 +192,11 @@ impl Session {
             .iter()
             .map(|base| (set_name(base, family), served.clone()))
             .collect();
+        let port_only = Entry {
+            port: Some(flow.destination.port()),
+            ..Entry::default()
+        };
+        asked.push((set_name(HEALTH_CHECK_PORTS, family), port_only));
         asked.push((set.clone(), address));
         let tests: Vec<(&str, Entry)> = asked
             .iter()
@@ -206,8 +207,10 @@ impl Session {
             tests.len()
         ));
         let members = self.ipset.test(&tests).map_err(read_error("ipset"))?;
-        let (allowed, service_ip) = members.split_at(members.len() - 1);
-        if allowed.contains(&Some(true)) || service_ip != [Some(true)] {
+        let Some((service_ip, allowed)) = members.split_last() else {
+            return Ok(None);
+        };
+        if allowed.contains(&Some(true)) || *service_ip != Some(true) {
             return Ok(None);
         }
         explanation.steps.push(format!(
@@ -215,13 +218,8 @@ impl Session {
             flow.destination.port(),
             flow.protocol.lower()
         ));
-        let reason = if flow.source.is_none() {
-            "KUBE-IPVS-FILTER rejects new connections to a Service IP on a port no Service serves there (the node's own connections, which it does not filter, reach the node's sockets: give --from to say which)"
-        } else {
-            "KUBE-IPVS-FILTER rejects new connections to a Service IP on a port no Service serves there"
-        };
         Ok(Some(Outcome::Reject {
-            reason: reason.into(),
+            reason: "KUBE-IPVS-FILTER rejects new connections to a Service IP on a port no Service serves there".into(),
         }))
     }
 
@@ -328,10 +326,10 @@ impl Session {
     }
 }
 
-/// Where the scheduler sends a new connection: among the real servers with weight, in
-/// proportion to it (rr and wrr; kube-proxy gives every endpoint weight 1), else evenly with a
-/// word on how the scheduler chooses. A terminating endpoint keeps weight 0: its connections
-/// go on, it gets no new one.
+/// Where the scheduler sends a new connection: among the real servers with weight, in turn (rr:
+/// equal turns, whatever the weight), in proportion to it (wrr), else evenly with a word on how
+/// the scheduler chooses. kube-proxy gives every endpoint weight 1; a terminating endpoint
+/// keeps weight 0: its connections go on, it gets no new one.
 fn shares(vs: &VirtualServer, reals: &[RealServer], steps: &mut Vec<String>) -> Outcome {
     for real in reals.iter().filter(|r| r.weight == 0) {
         steps.push(format!(
@@ -346,8 +344,8 @@ fn shares(vs: &VirtualServer, reals: &[RealServer], steps: &mut Vec<String>) -> 
             reason: "the Service has no endpoints this traffic may use: the virtual server has no real server with weight, and IPVS answers port unreachable".into(),
         };
     }
-    let weighted = matches!(vs.scheduler.as_str(), "rr" | "wrr" | "");
-    if !weighted {
+    let weighted = vs.scheduler == "wrr";
+    if !matches!(vs.scheduler.as_str(), "rr" | "wrr") {
         steps.push(format!(
             "the {} scheduler chooses by connection counts or hashes, not in turn: each share is shown as equal",
             vs.scheduler

@@ -257,22 +257,36 @@ fn matches(words: &[String], packet: &Packet, path: &Path, facts: &Facts<'_>) ->
                 continue;
             }
             "--rcheck" => false,
+            // Through a bridge port: the nodes these tables describe have no bridge.
+            "--physdev-is-in" => false,
             "--probability" => {
                 random = true;
                 true
             }
             "-i" => false,
             "-j" => break,
-            _ => {
+            // Words that match nothing: a module's name, a comment, the recent module's
+            // bookkeeping, the statistic module's mode.
+            "-m" | "--comment" | "--name" | "--mask" | "--seconds" | "--mode" => {
+                i += 2;
+                continue;
+            }
+            "--set" | "--rsource" | "--reap" => {
                 i += 1;
                 continue;
             }
+            // Anything else would widen the match if skipped.
+            other => panic!("the tracer does not model {other:?} in {words:?}"),
         };
         if ok == negate {
             return Match::No;
         }
         negate = false;
-        i += if word == "--rcheck" { 1 } else { 2 };
+        i += if matches!(word, "--rcheck" | "--physdev-is-in") {
+            1
+        } else {
+            2
+        };
     }
     if random { Match::Maybe } else { Match::Yes }
 }

@@ -1,8 +1,10 @@
 //! A stateful fake of ipset for tests: sets with their type, family and entries, changed by the
 //! restore language this program writes (`create`, `add`, `del`, `flush`, `destroy`) with
 //! `-exist`, as the kernel takes it: lines in order, up to the first refused one (a set that
-//! does not exist, an entry of the wrong form or family, a set created again with another
-//! type), which ipset names by its line.
+//! does not exist, an entry of the wrong form or family, a net of every address, a set created
+//! again with another type), which ipset names by its line. Entries are kept as `ipset save`
+//! prints them (a one-address net without its prefix length). Not modelled: a set an iptables
+//! rule still names is destroyed all the same.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -42,9 +44,12 @@ fn refused(line: usize, reason: &str) -> IpsetError {
 fn well_formed(create: &str, entry: &str) -> bool {
     let v6 = create.contains("family inet6");
     let address = |text: &str| text.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv6() == v6);
+    // A net of every address (/0) is refused, as the kernel refuses it.
     let net = |text: &str| {
-        text.parse::<IpNet>()
-            .is_ok_and(|n| n.addr().is_ipv6() == v6)
+        let net = text
+            .parse::<IpNet>()
+            .or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
+        net.is_ok_and(|n| n.addr().is_ipv6() == v6 && n.prefix_len() > 0)
     };
     let port = |text: &str| {
         text.split_once(':').is_some_and(|(proto, port)| {
@@ -60,6 +65,18 @@ fn well_formed(create: &str, entry: &str) -> bool {
         (Some("bitmap:port"), [p]) => p.parse::<u16>().is_ok(),
         _ => false,
     }
+}
+
+/// An entry as `ipset save` prints it: a net of one address without its prefix length.
+fn saved_form(entry: &str) -> String {
+    let parts: Vec<String> = entry
+        .split(',')
+        .map(|part| match part.parse::<IpNet>() {
+            Ok(net) if net.prefix_len() == net.max_prefix_len() => net.addr().to_string(),
+            _ => part.to_string(),
+        })
+        .collect();
+    parts.join(",")
 }
 
 impl FakeIpset {
@@ -105,10 +122,11 @@ impl FakeIpset {
                 if !well_formed(&set.create, entry) {
                     return Err("Syntax error: cannot parse the entry");
                 }
+                let entry = saved_form(entry);
                 let changed = if *verb == "add" {
-                    set.entries.insert(entry.to_string())
+                    set.entries.insert(entry)
                 } else {
-                    set.entries.remove(*entry)
+                    set.entries.remove(&entry)
                 };
                 if !changed {
                     // -exist: adding a present entry or deleting a missing one is no error.

@@ -44,8 +44,9 @@ fn errno(operation: String, errno: i32) -> IpvsError {
 
 impl FakeIpvs {
     fn known_scheduler(vs: &VirtualServer) -> Result<(), IpvsError> {
-        // An empty scheduler is the kernel's default (wlc).
-        if vs.scheduler.is_empty() || SCHEDULERS.contains(&vs.scheduler.as_str()) {
+        // The kernel looks the name up as given: an empty one is no scheduler (wlc is
+        // ipvsadm's default, not the kernel's).
+        if SCHEDULERS.contains(&vs.scheduler.as_str()) {
             Ok(())
         } else {
             Err(errno(format!("scheduler {}", vs.scheduler), ENOENT))
@@ -77,18 +78,21 @@ impl Ipvs for FakeIpvs {
         if self.refuse_addresses.contains(&vs.address) {
             return Err(errno(format!("add {key}"), EINVAL));
         }
-        Self::known_scheduler(vs)?;
         if self.services.contains_key(&key) {
             return Err(errno(format!("add {key}"), EEXIST));
         }
+        Self::known_scheduler(vs)?;
         self.services.insert(key, (vs.clone(), BTreeMap::new()));
         self.writes += 1;
         Ok(())
     }
 
     fn update_service(&mut self, vs: &VirtualServer) -> Result<(), IpvsError> {
-        Self::known_scheduler(vs)?;
         let key = vs.key();
+        if !self.services.contains_key(&key) {
+            return Err(errno(format!("update {key}"), ESRCH));
+        }
+        Self::known_scheduler(vs)?;
         let (held, _) = self
             .services
             .get_mut(&key)

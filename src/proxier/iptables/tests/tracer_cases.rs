@@ -3,9 +3,8 @@
 use std::net::IpAddr;
 
 use super::*;
-use crate::proxier::explanation::Flow;
-use crate::proxier::flows::Scenario;
 pub(super) use crate::proxier::flows::{Case, POD, accept, explained};
+use crate::proxier::flows::{Scenario, flow_of};
 use crate::proxier::iptables::explain::Session;
 use crate::proxier::local::NodePortSelection;
 use crate::proxier::xtables::tracer::{Packet, Verdict, trace};
@@ -20,6 +19,16 @@ pub(super) fn run(services: &[Svc], ctx: &RenderContext, cases: &[Case]) {
 
 /// A scenario of upstream's flow tables, through this mode's rules.
 pub(super) fn run_scenario(scenario: &Scenario) {
+    let wrong = scenario_disagreements(scenario, |_| {});
+    assert!(wrong.is_empty(), "{}:\n{}", scenario.name, wrong.join("\n"));
+}
+
+/// Where the tracer or `explain` says otherwise than the scenario expects, on the rules the
+/// scenario renders as `mutate` leaves them.
+pub(super) fn scenario_disagreements(
+    scenario: &Scenario,
+    mutate: impl Fn(&mut FakeIptables),
+) -> Vec<String> {
     let mut ctx = context();
     ctx.common = scenario.common.clone();
     ctx.localhost_node_ports = scenario.localhost_node_ports;
@@ -27,14 +36,46 @@ pub(super) fn run_scenario(scenario: &Scenario) {
         let selection = NodePortSelection::new(configured);
         ctx.node_port_addresses = selection.addresses(ctx.common.node_ip, || scenario.addresses());
     }
-    // Printed with a failure's output: which scenario it is.
-    eprintln!("{}", scenario.name);
-    run_on(
-        &scenario.services,
-        &ctx,
-        &scenario.addresses,
+    let mut ipt = FakeIptables::default();
+    ipt.restore(ctx.common.family, &full_text(&scenario.services, &ctx))
+        .unwrap();
+    mutate(&mut ipt);
+    disagreements_in(
+        &ipt,
+        ctx.common.family,
+        &scenario.addresses(),
         &scenario.cases,
-    );
+    )
+}
+
+/// Where the tracer or `explain`, each on the rules `ipt` holds, says otherwise than `cases`
+/// expect.
+fn disagreements_in(
+    ipt: &FakeIptables,
+    family: crate::model::IpFamily,
+    local: &[IpAddr],
+    cases: &[Case],
+) -> Vec<String> {
+    let mut explaining = Session::with(Box::new(ipt.clone()), Backend::Nft, local.to_vec());
+    let mut wrong = Vec::new();
+    for case in cases {
+        let explanation = explaining.explain(&flow_of(case)).unwrap();
+        let verdict = explained(&explanation);
+        if verdict != case.want {
+            wrong.push(format!(
+                "explained {:?}: {verdict:?}, expected {:?}; {explanation:#?}",
+                case.name, case.want
+            ));
+        }
+        let verdict = trace(ipt, family, local, &Packet::of(case));
+        if verdict != case.want {
+            wrong.push(format!(
+                "traced {:?}: {verdict:?}, expected {:?}",
+                case.name, case.want
+            ));
+        }
+    }
+    wrong
 }
 
 /// As [`run`], on a node with these addresses.
@@ -43,26 +84,8 @@ pub(super) fn run_on(services: &[Svc], ctx: &RenderContext, addresses: &[&str], 
     ipt.restore(ctx.common.family, &full_text(services, ctx))
         .unwrap();
     let local: Vec<IpAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
-    let mut explaining = Session::with(Box::new(ipt.clone()), Backend::Nft, local.clone());
-    for case in cases {
-        let destination = std::net::SocketAddr::new(case.dst.parse().unwrap(), case.port);
-        let to = format!("{destination}/{}", case.protocol.lower());
-        let flow = Flow::parse(&to, Some(case.src)).unwrap();
-        let explanation = explaining.explain(&flow).unwrap();
-        assert_eq!(
-            explained(&explanation),
-            case.want,
-            "explain, {}: {explanation:#?}",
-            case.name
-        );
-        let packet = Packet::of(case);
-        assert_eq!(
-            trace(&ipt, ctx.common.family, &local, &packet),
-            case.want,
-            "{}",
-            case.name
-        );
-    }
+    let wrong = disagreements_in(&ipt, ctx.common.family, &local, cases);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 const OUTSIDE: &str = "203.0.113.200";

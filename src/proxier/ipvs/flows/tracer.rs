@@ -1,10 +1,13 @@
 //! IPVS mode's path for the first packet of a connection, on the fakes a sync left: nat's
 //! PREROUTING (arriving) or OUTPUT (sent by the node), which only mark for masquerade; filter's
 //! INPUT, FORWARD or OUTPUT (the firewall, the access filter); then, for a destination on the
-//! node, the virtual server on it, which sends the packet to a real server (in proportion to
-//! the weights: kube-proxy gives each endpoint 1, a terminating one 0) or, with none, answers
-//! port unreachable; then nat's POSTROUTING, which masquerades. It reads only the fakes' state:
-//! the rules as iptables holds them, the sets' entries, the virtual servers.
+//! node, the virtual server on it, which sends the packet to a real server (rr: each real
+//! server with weight in turn; wrr: in proportion to the weights; kube-proxy gives each
+//! endpoint 1, a terminating one 0) or, with none, answers port unreachable; then nat's
+//! POSTROUTING, which masquerades. A connection the node opens to one of its own addresses that
+//! no virtual server takes comes back in over the loopback, through filter's INPUT. It reads
+//! only the fakes' state: the rules as iptables holds them, the sets' entries, the virtual
+//! servers.
 
 use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
@@ -17,6 +20,7 @@ use crate::sys::ipset::IpsetLookups;
 use crate::sys::ipset::fake::FakeIpset;
 use crate::sys::ipset::netlink::Entry;
 use crate::sys::ipvs::{Ipvs, VirtualServer};
+use crate::sys::xtables::fake::Table;
 
 /// The entry of set `name` a packet makes, its parts taken as `dirs` says.
 fn entry(ipset: &FakeIpset, name: &str, dirs: &str, packet: &Packet) -> Entry {
@@ -94,10 +98,22 @@ pub fn trace(
                 Some("DROP") => out.push(ended(Fate::Dropped)),
                 Some("REJECT") => out.push(ended(Fate::Rejected)),
                 _ if packet.from_node || local => {
-                    out.extend(scheduled(node, &nat, &packet, filtered.mark, &facts))
+                    match scheduled(node, &nat, &packet, filtered.mark, &facts) {
+                        Some(paths) => out.extend(paths),
+                        // No virtual server: the node's own sockets take it (the node's own
+                        // connection after the loopback and filter's INPUT).
+                        None if local && packet.from_node => {
+                            out.push(looped_back(&filter, &packet, &facts))
+                        }
+                        None if local => out.push(ended(Fate::Accepted)),
+                        None => out.push(Traced {
+                            masquerade: postrouting(&nat, &packet, filtered.mark, &facts),
+                            ..ended(Fate::Accepted)
+                        }),
+                    }
                 }
                 _ => out.push(Traced {
-                    masquerade: filtered.mark,
+                    masquerade: postrouting(&nat, &packet, filtered.mark, &facts),
                     ..ended(Fate::Accepted)
                 }),
             }
@@ -106,14 +122,52 @@ pub fn trace(
     out
 }
 
-/// The virtual server on the packet's destination, and postrouting after it.
+/// A connection of the node's to its own address, back in over the loopback: filter's INPUT,
+/// then its sockets.
+fn looped_back(filter: &Table, packet: &Packet, facts: &Facts<'_>) -> Traced {
+    let arriving = Packet {
+        from_node: false,
+        ..packet.clone()
+    };
+    let verdicts: Vec<Option<&str>> = walk(filter, "INPUT", &arriving, Path::default(), facts, 0)
+        .iter()
+        .map(|p| p.verdict)
+        .collect();
+    let fate = if verdicts.contains(&Some("REJECT")) {
+        Fate::Rejected
+    } else if verdicts.contains(&Some("DROP")) {
+        Fate::Dropped
+    } else {
+        Fate::Accepted
+    };
+    Traced {
+        weight: 1.0,
+        fate,
+        endpoint: None,
+        masquerade: false,
+    }
+}
+
+/// Whether nat's POSTROUTING masquerades `packet`, marked or not.
+fn postrouting(nat: &Table, packet: &Packet, mark: bool, facts: &Facts<'_>) -> bool {
+    let start = Path {
+        mark,
+        ..Path::default()
+    };
+    walk(nat, "POSTROUTING", packet, start, facts, 0)
+        .iter()
+        .any(|p| p.masqueraded)
+}
+
+/// The virtual server on the packet's destination and postrouting after it; `None` without
+/// a virtual server there.
 fn scheduled(
     node: &Node,
-    nat: &crate::sys::xtables::fake::Table,
+    nat: &Table,
     packet: &Packet,
     mark: bool,
     facts: &Facts<'_>,
-) -> Vec<Traced> {
+) -> Option<Vec<Traced>> {
     let asked = VirtualServer {
         address: packet.dst,
         protocol: packet.protocol,
@@ -123,51 +177,41 @@ fn scheduled(
         timeout: 0,
     };
     let found = node.ipvs.clone().service(&asked).ok().flatten();
-    let postrouting = |after: &Packet| {
-        let start = Path {
-            mark,
-            ..Path::default()
-        };
-        walk(nat, "POSTROUTING", after, start, facts, 0)
-            .iter()
-            .any(|p| p.masqueraded)
-    };
-    let Some(vs) = found else {
-        // No virtual server: delivered to the node's own sockets (no postrouting), or sent
-        // on unchanged.
-        return vec![Traced {
-            weight: 1.0,
-            fate: Fate::Accepted,
-            endpoint: None,
-            masquerade: !(facts.is_local)(&packet.dst) && postrouting(packet),
-        }];
-    };
+    let vs = found?;
     let reals = node.ipvs.clone().destinations(&vs).unwrap_or_default();
-    let total: u32 = reals.iter().map(|r| r.weight).sum();
-    if total == 0 {
-        return vec![Traced {
+    let usable: Vec<_> = reals.iter().filter(|r| r.weight > 0).collect();
+    if usable.is_empty() {
+        return Some(vec![Traced {
             weight: 1.0,
             fate: Fate::Rejected,
             endpoint: None,
             masquerade: false,
-        }];
+        }]);
     }
-    reals
-        .iter()
-        .filter(|r| r.weight > 0)
-        .map(|real| {
-            let after = Packet {
-                dst: real.address,
-                dport: real.port,
-                ..packet.clone()
-            };
-            let masquerade = postrouting(&after);
-            Traced {
-                weight: f64::from(real.weight) / f64::from(total),
-                fate: Fate::Accepted,
-                endpoint: Some(SocketAddr::new(real.address, real.port)),
-                masquerade,
-            }
-        })
-        .collect()
+    // rr gives each real server with weight a turn; wrr turns in proportion to the weights.
+    let share = |weight: u32| {
+        if vs.scheduler == "wrr" {
+            f64::from(weight) / f64::from(usable.iter().map(|r| r.weight).sum::<u32>())
+        } else {
+            1.0 / usable.len() as f64
+        }
+    };
+    Some(
+        usable
+            .iter()
+            .map(|real| {
+                let after = Packet {
+                    dst: real.address,
+                    dport: real.port,
+                    ..packet.clone()
+                };
+                Traced {
+                    weight: share(real.weight),
+                    fate: Fate::Accepted,
+                    endpoint: Some(SocketAddr::new(real.address, real.port)),
+                    masquerade: postrouting(nat, &after, mark, facts),
+                }
+            })
+            .collect(),
+    )
 }

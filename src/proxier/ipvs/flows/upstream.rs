@@ -10,8 +10,8 @@
 //! - the access filter (KUBE-IPVS-FILTER) rejects other ports of a Service IP, as nftables
 //!   mode does.
 //!
-//! The virtual server's scheduler (rr, in proportion to the weights) gives each endpoint its
-//! share; the tracer and `explain` compare those shares too.
+//! The virtual server's scheduler (rr: each real server with weight in turn) gives each
+//! endpoint its share; the tracer and `explain` compare those shares too.
 
 use super::run;
 use crate::proxier::flows::{self, Scenario, Verdict, accept, untouched};

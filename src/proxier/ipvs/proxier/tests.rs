@@ -319,12 +319,29 @@ fn a_refused_set_entry_is_skipped_while_the_rest_is_programmed() {
         cluster_ips.contains("172.30.0.41,tcp:80"),
         "{cluster_ips:?}"
     );
+    // Lines after the refused one are restored too.
+    assert!(
+        cluster_ips.contains("172.30.0.46,tcp:80"),
+        "{cluster_ips:?}"
+    );
     virtual_server(&p, "172.30.0.43:80/TCP");
 }
 
 #[test]
 fn a_restart_adopts_what_it_finds_without_a_write() {
-    let state = state();
+    let mut state = state();
+    // Source ranges of one address and of every address, which ipset stores otherwise than
+    // they are written.
+    let lb = svc("ns7", "lb", "172.30.0.47", |s| {
+        s.load_balancer_ips = vec!["5.6.7.47".parse().unwrap()];
+        s.load_balancer_source_ranges = vec![
+            "203.0.113.7/32".parse().unwrap(),
+            "0.0.0.0/0".parse().unwrap(),
+        ];
+    })
+    .with_endpoints(vec![ep("10.180.0.7", 80, NODE)]);
+    state.services.insert(lb.key.clone(), lb.ports);
+    state.endpoints.insert(lb.key.clone(), lb.endpoints);
     let mut first = fresh();
     first.sync(&state, &ChangeSummary::default()).unwrap();
     let want = held(&first);
@@ -338,6 +355,18 @@ fn a_restart_adopts_what_it_finds_without_a_write() {
     let report = restarted.sync(&state, &ChangeSummary::default()).unwrap();
     assert!(report.full);
     assert_eq!(writes(&restarted), 0);
+    assert!(
+        restarted
+            .mode
+            .ipset
+            .entries("KUBE-LOAD-BALANCER-SOURCE-CIDR")
+            .contains("5.6.7.47,tcp:80,203.0.113.7"),
+        "{:?}",
+        restarted
+            .mode
+            .ipset
+            .entries("KUBE-LOAD-BALANCER-SOURCE-CIDR")
+    );
     assert_eq!(held(&restarted), want);
 }
 

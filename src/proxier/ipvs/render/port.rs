@@ -167,9 +167,10 @@ impl<'a> Port<'a> {
     fn source_ranges(&self, ip: &IpAddr, entry: String, fragment: &mut Fragment) {
         let ranges = &self.port.load_balancer_source_ranges;
         for net in ranges.iter().flat_map(storable) {
-            fragment
-                .entries
-                .insert(("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{net}")));
+            fragment.entries.insert((
+                "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+                format!("{entry},{}", as_saved(&net)),
+            ));
         }
         let node_allowed = self
             .ctx
@@ -237,6 +238,17 @@ impl<'a> Port<'a> {
 
 fn ip_port(ip: &IpAddr, proto: &str, port: u16) -> String {
     format!("{ip},{proto}:{port}")
+}
+
+/// A net as `ipset save` prints it, which is how the sync compares entries: a single address
+/// (/32, /128) without its prefix length. Written with one, it would differ from what ipset
+/// reads back, and every sync would delete and add it again.
+fn as_saved(net: &IpNet) -> String {
+    if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
+    } else {
+        net.to_string()
+    }
 }
 
 /// A source range as hash:ip,port,net can store it: a /0 (every source) is refused by ipset,

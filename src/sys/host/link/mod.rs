@@ -24,7 +24,6 @@ pub struct LinkError {
     pub cause: NetlinkError,
 }
 
-/// Links and addresses in this thread's network namespace.
 /// The link operations IPVS mode makes: a dummy link and the addresses bound to it.
 pub trait DummyLinks: Send {
     /// The index of dummy link `name`, created if missing.
@@ -55,6 +54,7 @@ impl DummyLinks for Links {
     }
 }
 
+/// Links and addresses in this thread's network namespace.
 pub struct Links {
     connection: Connection,
 }

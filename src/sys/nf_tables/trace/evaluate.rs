@@ -9,16 +9,14 @@ use super::ruleset::Table;
 use super::{Packet, TraceError};
 use crate::sys::nf_tables::expr::{Data, Expr, Verdict};
 use crate::sys::nf_tables::wire::{
-    BASE_NETWORK, BASE_TRANSPORT, CT_STATE, CT_STATUS, META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP,
-    NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT,
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, CT_STATE, CT_STATUS,
+    META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT,
 };
 
 /// NFT_CONTINUE; NFT_BREAK never reaches a register (a failed match stops the rule).
 const NFT_CONTINUE: i32 = -1;
-/// Comparison operators past the two the wire module names.
+/// The comparison operators the wire module does not name.
 const CMP_LT: u32 = 2;
-const CMP_LTE: u32 = 3;
-const CMP_GT: u32 = 4;
 const CMP_GTE: u32 = 5;
 /// meta nfproto; ct state new; ct status dnat; fib's RTN_UNICAST and RTN_LOCAL.
 const META_NFPROTO: u32 = 15;
@@ -38,6 +36,9 @@ pub struct State {
     pub dnat: Option<SocketAddr>,
     pub masquerade: bool,
     pub chains: Vec<String>,
+    /// The hook of the base chain being run, and whether that chain is a NAT chain: the
+    /// kernel takes NAT expressions in NAT chains of their hooks only.
+    pub hook: Option<(u32, bool)>,
     /// The data registers, bytes 0..64 (NFT_REG_1..4 and NFT_REG32_00..15 alias them).
     pub(super) registers: [u8; 64],
     /// A register (by 32-bit index) that holds a draw rather than bytes.
@@ -53,6 +54,7 @@ impl State {
             dnat: None,
             masquerade: false,
             chains: Vec::new(),
+            hook: None,
             registers: [0; 64],
             draws: [None; 16],
         }
@@ -318,8 +320,8 @@ fn expression(
         Expr::Cmp { sreg, op, data } => {
             let order = bytes(&state, *sreg, data.len())?.cmp(data.as_slice());
             let holds = match *op {
-                0 => order.is_eq(),
-                1 => order.is_ne(),
+                CMP_EQ => order.is_eq(),
+                CMP_NEQ => order.is_ne(),
                 CMP_LT => order.is_lt(),
                 CMP_LTE => order.is_le(),
                 CMP_GT => order.is_gt(),
@@ -397,6 +399,10 @@ fn expression(
             return lookup(found, *sreg, *dreg, *inverted, state);
         }
         Expr::Dnat { addr, port, .. } | Expr::DnatRange { addr, port, .. } => {
+            // NF_INET_PRE_ROUTING and NF_INET_LOCAL_OUT.
+            if !matches!(state.hook, Some((0 | 3, true))) {
+                return unsupported("dnat outside a nat chain of prerouting or output");
+            }
             let len = if state.packet.dst.is_ipv4() { 4 } else { 16 };
             let address = address(bytes(&state, *addr, len)?);
             let port_bytes = bytes(&state, *port, 2)?;
@@ -408,6 +414,10 @@ fn expression(
             return one(state, RuleEnd::Verdict(accept()));
         }
         Expr::Masq { .. } => {
+            // NF_INET_POST_ROUTING.
+            if state.hook != Some((4, true)) {
+                return unsupported("masquerade outside a nat chain of postrouting");
+            }
             state.masquerade = true;
             return one(state, RuleEnd::Verdict(accept()));
         }

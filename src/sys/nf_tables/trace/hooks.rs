@@ -31,10 +31,12 @@ fn hook_name(number: u32) -> &'static str {
     }
 }
 
-/// A packet between hooks: its state, and whether NAT of its destination has been decided.
+/// A packet between hooks: its state, whether NAT of its destination has been decided, and
+/// whether it came back in over the loopback (NAT was decided on the way out).
 struct Flow {
     state: State,
     destination_decided: bool,
+    looped: bool,
 }
 
 /// Every way `packet` goes through `ruleset` on a node whose addresses are `local` (loopback
@@ -65,12 +67,14 @@ pub fn trace(
     let start = vec![Flow {
         state: State::new(packet.clone()),
         destination_decided: false,
+        looped: false,
     }];
     let delivered = if packet.from_node {
         let out = tracer.hook(OUTPUT, start, &mut ended)?;
         let out = tracer.hook(POSTROUTING, out, &mut ended)?;
-        let (back, away): (Vec<_>, Vec<_>) =
+        let (mut back, away): (Vec<_>, Vec<_>) =
             out.into_iter().partition(|f| is_local(f.state.packet.dst));
+        back.iter_mut().for_each(|f| f.looped = true);
         let back = tracer.hook(PREROUTING, back, &mut ended)?;
         let mut delivered = tracer.hook(INPUT, back, &mut ended)?;
         delivered.extend(away);
@@ -105,7 +109,9 @@ struct Tracer<'a> {
 }
 
 impl Tracer<'_> {
-    /// The base chains at hook `number`, by priority.
+    /// The base chains at hook `number`, in the order the kernel runs them: by priority, but
+    /// the NAT chains all at the NAT core's priority (destination NAT -100, source NAT 100),
+    /// among themselves by their own.
     fn chains(&self, number: u32) -> Vec<(&Table, &str, &Hook)> {
         let mut chains: Vec<_> = self
             .tables
@@ -117,7 +123,15 @@ impl Tracer<'_> {
                 })
             })
             .collect();
-        chains.sort_by_key(|(_, _, hook)| hook.priority);
+        let nat_core = if matches!(number, PREROUTING | OUTPUT) {
+            -100
+        } else {
+            100
+        };
+        chains.sort_by_key(|(_, _, hook)| match hook.kind.as_str() {
+            "nat" => (nat_core, 1, hook.priority),
+            _ => (hook.priority, 0, 0),
+        });
         chains
     }
 
@@ -134,11 +148,12 @@ impl Tracer<'_> {
             let mut next = Vec::new();
             for mut flow in live {
                 let skipped = nat
-                    && match number {
-                        PREROUTING | OUTPUT => flow.destination_decided,
-                        // Source NAT: only masquerading here, decided once.
-                        _ => flow.state.masquerade,
-                    };
+                    && (flow.looped
+                        || match number {
+                            PREROUTING | OUTPUT => flow.destination_decided,
+                            // Source NAT: only masquerading here, decided once.
+                            _ => flow.state.masquerade,
+                        });
                 if skipped {
                     next.push(flow);
                     continue;
@@ -146,7 +161,8 @@ impl Tracer<'_> {
                 flow.state
                     .chains
                     .push(format!("{}:{name}", hook_name(number)));
-                let decided = flow.destination_decided;
+                flow.state.hook = Some((number, nat));
+                let (decided, looped) = (flow.destination_decided, flow.looped);
                 for (state, exit) in chain(table, name, flow.state, self.host, 0)? {
                     let fate = match exit {
                         Exit::Accept => None,
@@ -158,6 +174,7 @@ impl Tracer<'_> {
                         Some(fate) => ended.push(path(state, fate)),
                         None => next.push(Flow {
                             destination_decided: decided || (nat && state.dnat.is_some()),
+                            looped,
                             state,
                         }),
                     }

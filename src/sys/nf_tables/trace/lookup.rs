@@ -23,23 +23,25 @@ impl Draw {
 }
 
 /// The element of `set` a key matches, as the kernel's set backends find it: exact for a
-/// hash, the range holding it for a concatenation of ranges, and for an interval set the
-/// greatest bound at or below it, when that bound starts an interval.
-fn find<'a>(set: &'a Set, key: &[u8]) -> Option<&'a Element> {
+/// hash, and for an interval set the greatest bound at or below it, when that bound starts an
+/// interval. Concatenations of ranges (elements with a last key: the pipapo backend, which
+/// compares field by field) are not modelled.
+fn find<'a>(set: &'a Set, key: &[u8]) -> Result<Option<&'a Element>, TraceError> {
     if set.flags & SET_INTERVAL == 0 {
-        return set.elements.iter().find(|e| e.key == key);
+        return Ok(set.elements.iter().find(|e| e.key == key));
     }
     if set.elements.iter().any(|e| e.key_end.is_some()) {
-        return set.elements.iter().find(|e| {
-            e.key.as_slice() <= key && e.key_end.as_deref().is_some_and(|end| key <= end)
-        });
+        return Err(TraceError::Unsupported(
+            "a set of concatenated ranges".into(),
+        ));
     }
-    set.elements
+    Ok(set
+        .elements
         .iter()
         .filter(|e| e.key.as_slice() <= key)
         // The greatest bound; at equal keys a start beats the end of the interval before.
         .max_by(|a, b| (&a.key, !a.interval_end).cmp(&(&b.key, !b.interval_end)))
-        .filter(|e| !e.interval_end)
+        .filter(|e| !e.interval_end))
 }
 
 pub(super) fn lookup(
@@ -52,7 +54,7 @@ pub(super) fn lookup(
     let index = offset(sreg)? / 4;
     let Some(draw) = state.draws[index] else {
         let key = bytes(&state, sreg, set.key_len)?.to_vec();
-        let found = find(set, &key);
+        let found = find(set, &key)?;
         return found_or_not(found, dreg, inverted, state);
     };
     if set.key_len != 4 {
@@ -110,7 +112,7 @@ pub(super) fn lookup(
         let mut forked = state.clone();
         forked.weight *= piece.count() / draw.count();
         forked.draws[index] = Some(piece);
-        let found = find(set, &key);
+        let found = find(set, &key)?;
         out.extend(found_or_not(found, dreg, inverted, forked)?);
     }
     Ok(out)

@@ -14,35 +14,27 @@ use crate::sys::nf_tables::read::{RawMessage, dump, nul_terminated};
 use crate::sys::nf_tables::wire::{
     ELEM_INTERVAL_END, Message, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
     NFT_MSG_GETSET, NFT_MSG_GETSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE,
-    NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
+    NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME, NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT, NFTA_RULE_CHAIN, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_NAME, NFTA_TABLE_NAME,
     NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
 };
 use crate::sys::nf_tables::write::compile;
 
-/// NFTA_CHAIN_* (a chain message), NFTA_HOOK_* (its hook) and NFTA_RULE_*.
-const CHAIN_TABLE: u16 = 1;
-const CHAIN_NAME: u16 = 3;
+/// The attributes the wire module does not name: a chain's table, hook, policy and type, a
+/// hook's number and priority, a set's fields, and the set id and last key of elements. Every
+/// message's table is its first attribute (NFTA_TABLE_NAME, NFTA_TABLE, ...).
+const TABLE: u16 = NFTA_TABLE_NAME;
 const CHAIN_HOOK: u16 = 4;
 const CHAIN_POLICY: u16 = 5;
 const CHAIN_TYPE: u16 = 7;
 const HOOK_NUMBER: u16 = 1;
 const HOOK_PRIORITY: u16 = 2;
-const RULE_TABLE: u16 = 1;
-const RULE_CHAIN: u16 = 2;
-/// NFTA_SET_* and NFTA_SET_ELEM_LIST_* / NFTA_SET_ELEM_*.
-const SET_TABLE: u16 = 1;
-const SET_NAME: u16 = 2;
 const SET_FLAGS: u16 = 3;
 const SET_KEY_LEN: u16 = 5;
 const SET_DATA_LEN: u16 = 7;
 const SET_ID: u16 = 10;
-const LIST_TABLE: u16 = 1;
-const LIST_SET: u16 = 2;
-const LIST_ELEMENTS: u16 = 3;
 const LIST_SET_ID: u16 = 4;
-const ELEM_KEY: u16 = 1;
-const ELEM_DATA: u16 = 2;
-const ELEM_FLAGS: u16 = 3;
 const ELEM_KEY_END: u16 = 10;
 
 /// A base chain's place: the hook it is attached to, its priority and its type.
@@ -160,7 +152,7 @@ impl Ruleset {
             (NFT_MSG_GETSET, NFT_MSG_NEWSET),
             (NFT_MSG_GETRULE, NFT_MSG_NEWRULE),
         ] {
-            let message = RawMessage::request(request, family, &[(1, table)]);
+            let message = RawMessage::request(request, family, &[(TABLE, table)]);
             for answer in dump(&mut connection, message)? {
                 if let Some(attrs) = answer.attributes_of(reply) {
                     replies.push((reply, attrs.to_vec()));
@@ -170,13 +162,13 @@ impl Ruleset {
         let sets: Vec<String> = replies
             .iter()
             .filter(|(kind, _)| *kind == NFT_MSG_NEWSET)
-            .filter_map(|(_, attrs)| text(attrs, SET_NAME))
+            .filter_map(|(_, attrs)| text(attrs, NFTA_SET_NAME))
             .collect();
         for set in &sets {
             let message = RawMessage::request(
                 NFT_MSG_GETSETELEM,
                 family,
-                &[(LIST_TABLE, table), (LIST_SET, set)],
+                &[(TABLE, table), (NFTA_SET_ELEM_LIST_SET, set)],
             );
             for answer in dump(&mut connection, message)? {
                 if let Some(attrs) = answer.attributes_of(NFT_MSG_NEWSETELEM) {
@@ -203,10 +195,10 @@ impl Ruleset {
     fn add(&mut self, kind: u16, family: u8, attrs: &[u8]) -> Result<(), TraceError> {
         match kind {
             NFT_MSG_NEWTABLE => {
-                self.table(family, attrs, 1)?;
+                self.table(family, attrs, TABLE)?;
             }
             NFT_MSG_NEWCHAIN => {
-                let name = text(attrs, CHAIN_NAME).ok_or_else(|| malformed("chain name"))?;
+                let name = text(attrs, NFTA_CHAIN_NAME).ok_or_else(|| malformed("chain name"))?;
                 let hook = match find(attrs, CHAIN_HOOK) {
                     Some(hook) => Some(Hook {
                         number: find(hook, HOOK_NUMBER)
@@ -221,16 +213,16 @@ impl Ruleset {
                     }),
                     None => None,
                 };
-                let table = self.table(family, attrs, CHAIN_TABLE)?;
+                let table = self.table(family, attrs, TABLE)?;
                 let chain = table.chains.entry(name).or_default();
                 if hook.is_some() {
                     chain.hook = hook;
                 }
             }
             NFT_MSG_NEWRULE => {
-                let chain = text(attrs, RULE_CHAIN).ok_or_else(|| malformed("rule chain"))?;
+                let chain = text(attrs, NFTA_RULE_CHAIN).ok_or_else(|| malformed("rule chain"))?;
                 let rule = decode_rule(attrs);
-                let table = self.table(family, attrs, RULE_TABLE)?;
+                let table = self.table(family, attrs, TABLE)?;
                 let chain = table.chains.get_mut(&chain).ok_or(TraceError::Missing {
                     kind: "chain",
                     name: chain,
@@ -238,7 +230,7 @@ impl Ruleset {
                 chain.rules.push(rule);
             }
             NFT_MSG_NEWSET => {
-                let name = text(attrs, SET_NAME).ok_or_else(|| malformed("set name"))?;
+                let name = text(attrs, NFTA_SET_NAME).ok_or_else(|| malformed("set name"))?;
                 let number = |kind| find(attrs, kind).and_then(be32).unwrap_or(0);
                 let set = Set {
                     flags: number(SET_FLAGS),
@@ -249,13 +241,13 @@ impl Ruleset {
                 if let Some(id) = find(attrs, SET_ID).and_then(be32) {
                     self.set_ids.insert(id, name.clone());
                 }
-                self.table(family, attrs, SET_TABLE)?
+                self.table(family, attrs, TABLE)?
                     .sets
                     .entry(name)
                     .or_insert(set);
             }
             NFT_MSG_NEWSETELEM => {
-                let name = match text(attrs, LIST_SET) {
+                let name = match text(attrs, NFTA_SET_ELEM_LIST_SET) {
                     Some(name) => name,
                     None => find(attrs, LIST_SET_ID)
                         .and_then(be32)
@@ -263,10 +255,12 @@ impl Ruleset {
                         .ok_or_else(|| malformed("element's set"))?,
                 };
                 let mut elements = Vec::new();
-                for (_, element) in attributes(find(attrs, LIST_ELEMENTS).unwrap_or_default()) {
+                for (_, element) in
+                    attributes(find(attrs, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap_or_default())
+                {
                     elements.push(decode_element(element)?);
                 }
-                let table = self.table(family, attrs, LIST_TABLE)?;
+                let table = self.table(family, attrs, TABLE)?;
                 let set = table
                     .sets
                     .get_mut(&name)
@@ -295,12 +289,12 @@ fn decode_element(element: &[u8]) -> Result<Element, TraceError> {
         }
     };
     Ok(Element {
-        key: key(ELEM_KEY)?.ok_or_else(|| malformed("element key"))?,
+        key: key(NFTA_SET_ELEM_KEY)?.ok_or_else(|| malformed("element key"))?,
         key_end: key(ELEM_KEY_END)?,
-        interval_end: find(element, ELEM_FLAGS)
+        interval_end: find(element, NFTA_SET_ELEM_FLAGS)
             .and_then(be32)
             .is_some_and(|flags| flags & ELEM_INTERVAL_END != 0),
-        data: find(element, ELEM_DATA).map(data).transpose()?,
+        data: find(element, NFTA_SET_ELEM_DATA).map(data).transpose()?,
     })
 }
 
