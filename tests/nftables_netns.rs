@@ -11,7 +11,7 @@ use kube_proxy_rs::proxier::nftables::names::hash_and_truncate;
 use serde_json::json;
 use support::cluster::{
     CLIENT_IP, Cluster, NODE_IP, NODE_IP6, PODS, addr, apply_dual_stack_slices, dual_stack_web,
-    many, names, seed, service, slice, web_ports,
+    many, names, seed, service, service_cidr, slice, web_ports,
 };
 use support::netns::{http_get, require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
@@ -44,13 +44,7 @@ async fn real_packets_through_the_nftables_proxier() {
     cluster.ipt(&["-t", "nat", "-N", "KUBE-SERVICES"]);
     cluster.ipt(&["-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000"]);
     cluster.ipt(&["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
-    cluster
-        .api
-        .apply(
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
-            "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
-        )
-        .unwrap();
+    service_cidr(&cluster.api, "kubernetes", "10.96.0.0/16");
 
     let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
     daemon.wait_for("\"Using nftables Proxier\"").await;
@@ -132,13 +126,7 @@ async fn real_packets_through_the_nftables_proxier() {
         Err(ErrorKind::TimedOut)
     );
     // A second ServiceCIDR is followed.
-    cluster
-        .api
-        .apply(
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
-            "metadata": {"name": "extra"}, "spec": {"cidrs": ["10.100.0.0/16"]}}),
-        )
-        .unwrap();
+    service_cidr(&cluster.api, "extra", "10.100.0.0/16");
     assert!(
         eventually(WAIT, || our_table(&cluster)
             .contains("{ 10.96.0.0/16, 10.100.0.0/16 } drop"))

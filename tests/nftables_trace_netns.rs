@@ -13,8 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kube_proxy_rs::model::{IpFamily, Protocol};
 use kube_proxy_rs::sys::nf_tables::trace::{Fate, Packet, Path, Ruleset, trace};
-use serde_json::json;
-use support::cluster::{CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed};
+use support::cluster::{CLIENT_IP, Cluster, NODE_IP, PODS, addr, many, names, seed, service_cidr};
 use support::netns::{require_netns, tcp_request, udp_request};
 use support::{WAIT, eventually};
 
@@ -79,13 +78,7 @@ async fn the_tracer_on_the_kernels_table_agrees_with_real_packets() {
     require_netns();
     let cluster = Cluster::start().await;
     seed(&cluster.api);
-    cluster
-        .api
-        .apply(
-            json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
-            "metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}),
-        )
-        .unwrap();
+    service_cidr(&cluster.api, "kubernetes", "10.96.0.0/16");
     let daemon = cluster.daemon(&cluster.config_with_mode("nftables", NFT_CONFIG));
     daemon.wait_for("\"Synced proxy rules\"").await;
     let read = || {

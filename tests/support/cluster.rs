@@ -410,6 +410,15 @@ pub fn many(n: usize, f: impl Fn() -> Result<String, ErrorKind>) -> Vec<Result<S
     (0..n).map(|_| f()).collect()
 }
 
+/// A ServiceCIDR `name` holding `cidr`.
+pub fn service_cidr(api: &ApiServer, name: &str, cidr: &str) {
+    api.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": name}, "spec": {"cidrs": [cidr]}}),
+    )
+    .unwrap();
+}
+
 pub fn seed(api: &ApiServer) {
     let (ports, slice_ports) = web_ports();
     api.apply(service(

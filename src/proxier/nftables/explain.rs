@@ -164,6 +164,7 @@ impl Reader<'_> {
                 return Ok(dropped);
             }
         }
+        let mut nat = None;
         if let Some(rest) = self.element(SERVICE_IPS, &[address, proto, port], &key)? {
             self.step(format!("@{SERVICE_IPS}: {}{rest}", self.key_text()));
             let ip = octets(self.flow.destination.ip());
@@ -171,15 +172,25 @@ impl Reader<'_> {
             if self.cluster_ip {
                 self.cluster_ip_marks()?;
             }
-            let outcome = self.follow_verdict(&rest)?;
-            return self.filtered(outcome, NO_ENDPOINT_SERVICES);
+            nat = Some(self.follow_verdict(&rest)?);
         }
-        if let Some(rest) = self.element(NO_ENDPOINT_SERVICES, &[address, proto, port], &key)? {
-            self.step(format!(
-                "@{NO_ENDPOINT_SERVICES}: {}{rest}",
-                self.key_text()
-            ));
-            return Ok(self.refusal(&rest));
+        // What the NAT chains leave alone meets the filter hooks' no-endpoint map.
+        match nat {
+            Some(outcome) if !matches!(outcome, Outcome::Untouched { .. }) => return Ok(outcome),
+            nat => {
+                if let Some(rest) =
+                    self.element(NO_ENDPOINT_SERVICES, &[address, proto, port], &key)?
+                {
+                    self.step(format!(
+                        "@{NO_ENDPOINT_SERVICES}: {}{rest}",
+                        self.key_text()
+                    ));
+                    return Ok(self.refusal(&rest));
+                }
+                if let Some(untouched) = nat {
+                    return Ok(untouched);
+                }
+            }
         }
         let ip = octets(self.flow.destination.ip());
         if self.element(CLUSTER_IPS, &[address], &ip)?.is_some() {

@@ -15,6 +15,7 @@ use super::netlink::Entry;
 use super::{IpsetError, IpsetLookups, Ipsets};
 use crate::sys::host::process::{Ended, ToolError};
 use crate::sys::netlink::NetlinkError;
+use crate::sys::nf_tables::write::protocol_name;
 
 /// One set: its `create` line's type and options, and its entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -181,12 +182,6 @@ impl Ipsets for FakeIpset {
 
 /// Whether `entry` (an entry as saved: `10.0.0.1,tcp:80`) holds what `wanted` asks for.
 fn holds(create: &str, entry: &str, wanted: &Entry) -> bool {
-    let protocol = |number: u8| match number {
-        6 => "tcp",
-        17 => "udp",
-        132 => "sctp",
-        _ => "?",
-    };
     let parts: Vec<&str> = entry.split(',').collect();
     let address = |text: &str, want: Option<IpAddr>| text.parse::<IpAddr>().ok() == want;
     let within = |text: &str, want: Option<IpAddr>| {
@@ -197,7 +192,8 @@ fn holds(create: &str, entry: &str, wanted: &Entry) -> bool {
     };
     let proto_port = |text: &str| {
         let (name, number) = text.split_once(':').unwrap_or(("", text));
-        Some(name) == wanted.protocol.map(protocol) && number.parse::<u16>().ok() == wanted.port
+        Some(name) == wanted.protocol.and_then(protocol_name)
+            && number.parse::<u16>().ok() == wanted.port
     };
     match (create.split_whitespace().next(), parts.as_slice()) {
         (Some("hash:ip"), [ip]) => address(ip, wanted.address),

@@ -12,11 +12,11 @@ use super::elements::{
 };
 use super::expr::{Data, Expr};
 use super::fake::FakeNftables;
-use super::read::{chain_rules, table_exists};
-use super::trace::{Element, Ruleset, Set};
+use super::read::{chain_rules, nfproto, table_exists};
+use super::trace::{Element, Ruleset, Set, Table};
 use super::write::verdict_text;
 use crate::model::IpFamily;
-use crate::sys::netlink::{Connection, NFPROTO_IPV4, NFPROTO_IPV6, NetlinkError};
+use crate::sys::netlink::{Connection, NetlinkError};
 
 /// Targeted reads of one table.
 pub trait Lookups {
@@ -117,11 +117,17 @@ impl Lookups for KernelLookups {
 }
 
 /// The fake's state as the kernel would hold it: rules and anonymous sets compiled.
-fn compiled(fake: &FakeNftables, family: IpFamily) -> Result<Ruleset, ElementsError> {
-    Ruleset::from_fake(fake, family).map_err(|err| ElementsError::Undecodable {
-        set: "(the fake's ruleset)".into(),
-        what: err.to_string(),
-    })
+fn compiled(
+    fake: &FakeNftables,
+    family: IpFamily,
+    table: &str,
+) -> Result<Option<Table>, ElementsError> {
+    let mut ruleset =
+        Ruleset::from_fake(fake, family).map_err(|err| ElementsError::Undecodable {
+            set: "(the fake's ruleset)".into(),
+            what: err.to_string(),
+        })?;
+    Ok(ruleset.tables.remove(&(nfproto(family), table.to_string())))
 }
 
 fn compiled_set(
@@ -130,14 +136,7 @@ fn compiled_set(
     table: &str,
     set: &str,
 ) -> Result<Option<Set>, ElementsError> {
-    let number = match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    };
-    Ok(compiled(fake, family)?
-        .tables
-        .remove(&(number, table.to_string()))
-        .and_then(|mut t| t.sets.remove(set)))
+    Ok(compiled(fake, family, table)?.and_then(|mut t| t.sets.remove(set)))
 }
 
 /// An element's data as this program writes it after the key (` : goto chain`).
@@ -217,13 +216,7 @@ impl Lookups for FakeNftables {
         table: &str,
         chain: &str,
     ) -> Result<Vec<Vec<Expr>>, ElementsError> {
-        let number = match family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
-        };
-        Ok(compiled(self, family)?
-            .tables
-            .remove(&(number, table.to_string()))
+        Ok(compiled(self, family, table)?
             .and_then(|mut t| t.chains.remove(chain))
             .map(|c| c.rules)
             .unwrap_or_default())

@@ -74,7 +74,7 @@ impl ChainMessage {
     }
 }
 
-fn nfproto(family: IpFamily) -> u8 {
+pub(crate) fn nfproto(family: IpFamily) -> u8 {
     match family {
         IpFamily::V4 => NFPROTO_IPV4,
         IpFamily::V6 => NFPROTO_IPV6,

@@ -31,15 +31,19 @@ impl Reader<'_> {
                 ),
             });
         }
-        if let Some(rest) = self.port_element(SERVICE_NODEPORTS)? {
-            let outcome = self.follow_verdict(&rest)?;
-            return self.filtered(outcome, NO_ENDPOINT_NODEPORTS);
+        let nat = match self.port_element(SERVICE_NODEPORTS)? {
+            Some(rest) => self.follow_verdict(&rest)?,
+            None => Outcome::Untouched {
+                reason: format!("no Service has NodePort {}", self.node_port_text()),
+            },
+        };
+        // What the NAT chains leave alone meets the filter hooks' no-endpoint map.
+        if !matches!(nat, Outcome::Untouched { .. }) {
+            return Ok(nat);
         }
-        if let Some(rest) = self.port_element(NO_ENDPOINT_NODEPORTS)? {
-            return Ok(self.refusal(&rest));
-        }
-        Ok(Outcome::Untouched {
-            reason: format!("no Service has NodePort {}", self.node_port_text()),
+        Ok(match self.port_element(NO_ENDPOINT_NODEPORTS)? {
+            Some(rest) => self.refusal(&rest),
+            None => nat,
         })
     }
 
@@ -85,7 +89,7 @@ impl Reader<'_> {
     }
 
     /// The element of the `protocol . port` map `map` for the flow, a step naming it when found.
-    pub(super) fn port_element(&mut self, map: &str) -> Result<Option<String>, ExplainError> {
+    fn port_element(&mut self, map: &str) -> Result<Option<String>, ExplainError> {
         let key = self.protocol_and_port();
         let found = self.element(map, &[KeyType::Protocol, KeyType::Port], &key)?;
         if let Some(rest) = &found {

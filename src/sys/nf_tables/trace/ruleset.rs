@@ -10,12 +10,12 @@ use crate::model::IpFamily;
 use crate::sys::netlink::{Connection, attributes};
 use crate::sys::nf_tables::expr::{Data, Expr, Verdict, decode_rule};
 use crate::sys::nf_tables::fake::FakeNftables;
-use crate::sys::nf_tables::read::{RawMessage, dump, nul_terminated};
+use crate::sys::nf_tables::read::{RawMessage, dump, nfproto, nul_terminated};
 use crate::sys::nf_tables::wire::{
-    ELEM_INTERVAL_END, Message, NFPROTO_IPV4, NFPROTO_IPV6, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
-    NFT_MSG_GETSET, NFT_MSG_GETSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE,
-    NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME, NFTA_DATA_VALUE,
-    NFTA_DATA_VERDICT, NFTA_RULE_CHAIN, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
+    ELEM_INTERVAL_END, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET,
+    NFT_MSG_GETSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE, NFT_MSG_NEWSET,
+    NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
+    NFTA_RULE_CHAIN, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
     NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_NAME, NFTA_TABLE_NAME,
     NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
 };
@@ -176,10 +176,7 @@ impl Ruleset {
                 }
             }
         }
-        let family = match family {
-            IpFamily::V4 => NFPROTO_IPV4,
-            IpFamily::V6 => NFPROTO_IPV6,
-        };
+        let family = nfproto(family);
         Ruleset::from_messages(
             replies
                 .iter()
