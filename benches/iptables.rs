@@ -26,8 +26,7 @@ mod netns;
 #[path = "../tests/support/scale.rs"]
 mod scale;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chart::Chart;
@@ -45,31 +44,11 @@ use netns::Netns;
 use scale::{median, secs};
 
 fn bare_restore(ns: &Netns, backend: Backend, text: &str, noflush: bool) -> Duration {
-    let started = Instant::now();
-    let mut args = vec![
-        "netns".to_string(),
-        "exec".into(),
-        ns.name.clone(),
-        tool(IpFamily::V4, backend, "restore"),
-        "-w".into(),
-        "5".into(),
-    ];
+    let mut args = vec!["-w", "5"];
     if noflush {
-        args.push("--noflush".into());
+        args.push("--noflush");
     }
-    let mut child = Command::new("ip")
-        .args(&args)
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("restore");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "bare restore failed");
-    started.elapsed()
+    ns.feed(&tool(IpFamily::V4, backend, "restore"), &args, text)
 }
 
 /// One run's figures, each in fresh namespaces.

@@ -18,7 +18,7 @@ mod netns;
 #[path = "../tests/support/scale.rs"]
 mod scale;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,25 +31,6 @@ use kube_proxy_rs::proxier::ipvs::render::IpvsContext;
 use kube_proxy_rs::proxier::local::LocalDetector;
 use netns::Netns;
 use scale::{NODE_IP, median, secs};
-
-/// Runs `program args` in `ns` with `input` on stdin; panics unless it succeeds.
-fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Duration {
-    let started = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, program])
-        .args(args)
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{program} {args:?} failed");
-    started.elapsed()
-}
 
 struct Sample {
     full: Duration,
@@ -113,9 +94,9 @@ fn measure(state: &ProxyState) -> Sample {
         .map(|cidr| format!("addr add {cidr} dev kube-ipvs0\n"))
         .collect();
     floor.output(&["ip", "link", "add", "kube-ipvs0", "type", "dummy"]);
-    let floor_full = feed(&floor, "ipvsadm", &["-R"], &ipvs)
-        + feed(&floor, "ipset", &["restore"], &sets)
-        + feed(&floor, "ip", &["-batch", "-"], &addresses);
+    let floor_full = floor.feed("ipvsadm", &["-R"], &ipvs)
+        + floor.feed("ipset", &["restore"], &sets)
+        + floor.feed("ip", &["-batch", "-"], &addresses);
     let cluster_ip = "172.30.0.8:80";
     let real = format!("{}:{}", removed.ip, removed.port);
     let started = Instant::now();

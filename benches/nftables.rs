@@ -22,11 +22,11 @@
 mod chart;
 #[path = "../tests/support/netns.rs"]
 mod netns;
+#[path = "../tests/support/nft_files.rs"]
+mod nft_files;
 #[path = "../tests/support/scale.rs"]
 mod scale;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chart::Chart;
@@ -40,6 +40,7 @@ use kube_proxy_rs::sys::host::net::FixedAddresses;
 use kube_proxy_rs::sys::nf_tables::SystemNftables;
 use kube_proxy_rs::sys::nf_tables::events::{NfEvents, Scope};
 use netns::Netns;
+use nft_files::{bare_nft, upstream_shaped};
 use scale::{NODE_IP, secs};
 
 fn proxier() -> NftablesProxier<SystemNftables> {
@@ -55,96 +56,6 @@ fn proxier() -> NftablesProxier<SystemNftables> {
     );
     p.record_transactions = true;
     p
-}
-
-/// `nft -f -` of `text` in `ns`, timed.
-fn bare_nft(ns: &Netns, text: &str) -> Duration {
-    let started = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "nft", "-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("nft");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "bare nft failed");
-    started.elapsed()
-}
-
-/// Our first sync's text reshaped as upstream 1.37 writes a service (its layout without the
-/// construct ours replaces): each policy chain DNATs through an anonymous map of its own,
-/// `dnat ip addr . port to numgen random mod N map { 0 : 10.1.0.1 . 8080 , ... }` (one
-/// endpoint: `dnat ip addr . port to 10.1.0.1 . 8080`). The endpoints are read off our slots'
-/// shares; the shared endpoint maps go.
-fn upstream_shaped(ours: &str) -> String {
-    use std::collections::BTreeMap;
-    use std::fmt::Write as _;
-    // (map, first draw of a share) -> the endpoint's address and port.
-    let mut shares: BTreeMap<(&str, u64), (&str, &str)> = BTreeMap::new();
-    for line in ours.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        if let [
-            "add",
-            "element",
-            _,
-            _,
-            map,
-            "{",
-            interval,
-            ":",
-            ip,
-            ".",
-            port,
-            "}",
-        ] = words[..]
-            && map.starts_with("endpoints-")
-            && let Some(first) = interval.split('-').next().and_then(|n| n.parse().ok())
-        {
-            shares.insert((map, first), (ip, port));
-        }
-    }
-    let mut out = String::new();
-    for line in ours.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        if line.contains(" endpoints-") && !line.starts_with("add rule ") {
-            continue;
-        }
-        let Some(at) = words.iter().position(|w| *w == "offset") else {
-            let _ = writeln!(out, "{line}");
-            continue;
-        };
-        let (family, chain) = (words[2], words[4]);
-        let first: u64 = words[at + 1].parse().unwrap();
-        let map = words[at + 3].trim_start_matches('@');
-        let endpoints: Vec<String> = shares
-            .range((map, first)..(map, first + 16_384))
-            .map(|(_, (ip, port))| format!("{ip} . {port}"))
-            .collect();
-        let target = match &endpoints[..] {
-            [one] => one.clone(),
-            all => {
-                let elements: Vec<String> = all
-                    .iter()
-                    .enumerate()
-                    .map(|(index, endpoint)| format!("{index} : {endpoint}"))
-                    .collect();
-                format!(
-                    "numgen random mod {} map {{ {} }}",
-                    all.len(),
-                    elements.join(" , ")
-                )
-            }
-        };
-        let _ = writeln!(
-            out,
-            "add rule {family} kube-proxy {chain} meta l4proto tcp dnat ip addr . port to {target}"
-        );
-    }
-    out
 }
 
 /// A sync in `ns`, timed, with the transactions it wrote.

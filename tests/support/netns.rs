@@ -7,10 +7,10 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -121,6 +121,29 @@ impl Netns {
     /// Writes a sysctl inside (namespaced ones only).
     pub fn sysctl(&self, name: &str, value: &str) {
         self.exec(&["sysctl", "-q", "-w", &format!("{name}={value}")]);
+    }
+
+    /// Runs `program args` inside with `input` on stdin, timed; panics unless it succeeds
+    /// (the benchmarks' bare loads of the kernel's own tools).
+    pub fn feed(&self, program: &str, args: &[&str], input: &str) -> Duration {
+        let started = Instant::now();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write");
+        assert!(
+            child.wait().expect("wait").success(),
+            "{program} {args:?} failed"
+        );
+        started.elapsed()
     }
 
     /// Runs `f` on a thread that has entered this namespace; sockets it makes live here.
