@@ -120,10 +120,12 @@ pub fn metric(metrics: &str, prefix: &str) -> f64 {
 /// The generous bound for waits in these tests.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+pub mod chart;
 pub mod cluster;
 pub mod explain;
 pub mod flood;
 pub mod netns;
+pub mod nft_files;
 pub mod rules;
 pub mod scale;
 pub mod vm;
