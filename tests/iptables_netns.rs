@@ -42,6 +42,17 @@ async fn real_packets_through_the_daemon() {
     let node = &cluster.node;
     let client = &cluster.client;
 
+    // What KUBE-SERVICES' length costs each new connection, said once, with the chain's
+    // length as the kernel holds it.
+    let in_kernel = cluster
+        .ipt(&["-t", "nat", "-S", "KUBE-SERVICES"])
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .count();
+    daemon.wait_for("KUBE-SERVICES (IPv4) holds").await;
+    let said = format!("KUBE-SERVICES (IPv4) holds {in_kernel} rules");
+    assert_eq!(daemon.count(&said), 1, "{:?}", daemon.lines.lock().unwrap());
+
     // ClusterIP and NodePort reach the pods and spread over them; UDP too.
     let all: BTreeSet<String> = PODS.iter().map(|p| p.0.to_string()).collect();
     let answers = many(40, || tcp_request(node, addr("10.96.0.10:80")));

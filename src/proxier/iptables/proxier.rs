@@ -18,6 +18,7 @@ use super::render::{
     ServiceRules, render_base, render_service,
 };
 use super::settings::IptablesSettings;
+use super::walk::WalkNotice;
 use crate::config::ProxyMode;
 use crate::model::{ChangeSummary, IpFamily, NamespacedName, NodeInfo, ProxyState};
 use crate::proxier::context::FamilyContext;
@@ -26,7 +27,7 @@ use crate::proxier::quarantine::{Failure, Quarantine, service_in_comment};
 use crate::proxier::xtables::missing_jumps;
 use crate::proxier::{SyncError, SyncReport};
 use crate::sys::nf_tables::events::ChangeEvents;
-use crate::sys::xtables::{Iptables, IptablesError, tokenize};
+use crate::sys::xtables::{Backend, Iptables, IptablesError, tokenize};
 
 mod adopt;
 mod apply;
@@ -67,6 +68,8 @@ pub struct IptablesMode<I: Iptables> {
     /// Asks the daemon for a sync (to check the rest of `unverified`).
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
     last_canary_check: Option<Instant>,
+    /// Says in the log what KUBE-SERVICES' length costs each connection (the daemon's).
+    walk: Option<WalkNotice>,
     /// Failed restores so far (the metric's value).
     pub sync_failures: u64,
     /// When set, the restore input of the last sync is kept in `last_transactions` (tests,
@@ -96,6 +99,7 @@ impl<I: Iptables> IptablesProxier<I> {
             unverified: BTreeMap::new(),
             wake: None,
             last_canary_check: None,
+            walk: None,
             sync_failures: 0,
             record_transactions: false,
             last_transactions: Vec::new(),
@@ -105,6 +109,13 @@ impl<I: Iptables> IptablesProxier<I> {
     /// Asks for a sync with `wake` while endpoint chains kept by name wait to be checked.
     pub fn with_wake(mut self, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         self.mode.wake = Some(wake);
+        self
+    }
+
+    /// Says in the log, at the first sync and as KUBE-SERVICES grows, what its length costs
+    /// each new connection on `backend`.
+    pub fn with_walk_notice(mut self, backend: Backend) -> Self {
+        self.mode.walk = Some(WalkNotice::new(backend));
         self
     }
 
@@ -315,7 +326,13 @@ impl<I: Iptables> Mode for IptablesMode<I> {
             let mut filter_rules = programmed.base.filter.len();
             let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
             let mut no_local = (0, 0);
+            let in_services = |rules: &[super::render::Rule]| {
+                rules.iter().filter(|r| r.chain == KUBE_SERVICES).count()
+            };
+            let mut walked =
+                in_services(&programmed.base.nat) + in_services(&programmed.base.nat_services_tail);
             for service in programmed.services.values() {
+                walked += in_services(&service.nat);
                 no_local.0 += service.no_local_endpoints_internal as usize;
                 no_local.1 += service.no_local_endpoints_external as usize;
                 filter_rules += service.filter.len();
@@ -324,6 +341,9 @@ impl<I: Iptables> Mode for IptablesMode<I> {
             report.no_local_endpoints.push((*family, no_local));
             report.rules.push((*family, "filter", filter_rules));
             report.rules.push((*family, "nat", nat_rules));
+            if let Some(walk) = &mut self.walk {
+                walk.log(*family, walked);
+            }
         }
     }
 }

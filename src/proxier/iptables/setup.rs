@@ -37,7 +37,8 @@ pub fn setup(
         Box::new(SystemAddresses),
         Box::new(ProcSysctl::default()),
     )
-    .with_wake(wake.clone());
+    .with_wake(wake.clone())
+    .with_walk_notice(backend);
     // On nft the kernel says when another program changes our chains: each change asks for a
     // sync, which repairs it. (Legacy has no such events: see docs/iptables.md.)
     if backend == Backend::Nft {
