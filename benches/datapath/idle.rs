@@ -40,32 +40,53 @@ impl Seconds {
     }
 }
 
-/// The daemon's CPU time so far (user and system), from /proc.
+/// The daemon's CPU time so far, its own and its finished children's (the iptables tools it
+/// runs), user and system, from /proc.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    // The fields after the command's closing parenthesis: utime, stime, cutime and cstime are
+    // the 12th to the 15th.
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
         .unwrap_or_default()
         .split_whitespace()
         .collect();
-    let ticks: u64 = [11, 12]
+    let ticks: u64 = [11, 12, 13, 14]
         .iter()
         .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
         .sum();
     Duration::from_millis(ticks * 10)
 }
 
+/// Freezes or thaws the daemon's process group (the daemon and the tools it runs).
+fn signal(group: u32, running: bool) {
+    let which = if running {
+        Signal::SIGCONT
+    } else {
+        Signal::SIGSTOP
+    };
+    let _ = kill(Pid::from_raw(-(group as i32)), which);
+}
+
+/// Thaws the daemon's group when dropped, so that no panic leaves it frozen.
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        signal(self.0, true);
+    }
+}
+
 /// Connections from `twin`'s client pod to the ClusterIP for `window`, counted per second,
-/// the daemon `pid` running for `slice`, then frozen (SIGSTOP) for `slice`, and so on, so that
-/// each second with it is compared with seconds without it measured moments apart; `lines` is
-/// its log.
+/// the daemon's process group `group` running for `slice`, then frozen (SIGSTOP) for `slice`,
+/// and so on, so that each second with it is compared with seconds without it measured moments
+/// apart; `lines` is its log.
 fn seconds(
     twin: &Twin,
     window: Duration,
     slice: u64,
-    pid: u32,
+    group: u32,
     lines: Arc<Mutex<Vec<String>>>,
 ) -> Seconds {
     let to = Target::ClusterIp(Place::Middle).address(Kind::Connections);
@@ -75,15 +96,9 @@ fn seconds(
             .map(|l| l.iter().filter(|l| l.contains(SYNCED)).count())
             .unwrap_or(0)
     };
-    let signal = move |running: bool| {
-        let which = if running {
-            Signal::SIGCONT
-        } else {
-            Signal::SIGSTOP
-        };
-        let _ = kill(Pid::from_raw(pid as i32), which);
-    };
     twin.client.run(move || {
+        let _thaw = Thaw(group);
+        let signal = |running| signal(group, running);
         let started = Instant::now();
         let bins = window.as_secs().max(1) as usize;
         let running_in = |bin: usize| (bin as u64 / slice.max(1)).is_multiple_of(2);
@@ -108,7 +123,6 @@ fn seconds(
                 counts[bin] += 1;
             }
         }
-        signal(true);
         Seconds {
             rates: counts.into_iter().map(|c| c as f64).collect(),
             running: (0..bins).map(running_in).collect(),
@@ -206,17 +220,21 @@ pub async fn run(mode: &str, services: usize, window: Duration, slice: u64, sync
         ),
     )
     .expect("config");
-    let daemon = Daemon::spawn(&twin.node, &config, &[]);
+    // In a session of its own (setsid execs it, keeping its pid): its group holds the tools it
+    // runs, frozen with it.
+    let spawn = || Daemon::spawn_wrapped(&twin.node, &["setsid"], &config, &[], &[]);
+    let pid_of = |daemon: &Daemon| daemon.child.id().expect("the daemon's pid");
+    let daemon = spawn();
     daemon
         .wait_for_within(SYNCED, Duration::from_secs(1800))
         .await;
-    let pid = daemon.child.id().unwrap_or(0);
+    let pid = pid_of(&daemon);
     let before = cpu_time(pid);
     let idle = seconds(&twin, window, slice, pid, daemon.lines.clone());
     let idle_cpu = cpu_time(pid).saturating_sub(before);
     daemon.stop().await;
-    let restarted = Daemon::spawn(&twin.node, &config, &[]);
-    let pid = restarted.child.id().unwrap_or(0);
+    let restarted = spawn();
+    let pid = pid_of(&restarted);
     let restart = seconds(&twin, window, slice, pid, restarted.lines.clone());
     let restart_cpu = cpu_time(pid);
     restarted.stop().await;

@@ -68,7 +68,14 @@ fn ways(twin: usize, mode: &str) -> Vec<Way> {
     ways
 }
 
-fn measure(mode: &'static str, services: usize, floors: [&Twin; 3], amounts: Amounts) -> Run {
+/// `mode` at `services` Services beside the floors; None (said) when the kernel refused the
+/// mode's rules at this size.
+fn measure(
+    mode: &'static str,
+    services: usize,
+    floors: [&Twin; 3],
+    amounts: Amounts,
+) -> Option<Run> {
     let ours = Twin::new(&format!("{mode}-{services}"));
     let state = rules::state(services);
     let mut upstream = None;
@@ -85,10 +92,13 @@ fn measure(mode: &'static str, services: usize, floors: [&Twin; 3], amounts: Amo
             } else {
                 Backend::Nft
             };
-            println!(
-                "\n{mode}, {services} Services: {}",
-                rules::iptables(&ours.node, state, backend)
-            );
+            match rules::iptables(&ours.node, state, backend) {
+                Ok(placed) => println!("\n{mode}, {services} Services: {placed}"),
+                Err(refused) => {
+                    println!("\n{mode}, {services} Services: not measured: {refused}");
+                    return None;
+                }
+            }
         }
     }
     // What deleting the last size's namespaces left the kernel to free is done before measuring.
@@ -103,12 +113,12 @@ fn measure(mode: &'static str, services: usize, floors: [&Twin; 3], amounts: Amo
         all_ways.extend(ways(UPSTREAM, mode));
     }
     let figures = measure::rounds(&twins, &all_ways, amounts);
-    Run {
+    Some(Run {
         mode,
         services,
         ways: all_ways,
         figures,
-    }
+    })
 }
 
 fn main() {
@@ -146,15 +156,23 @@ fn main() {
         )
     };
     let sizes = sizes(&args, default_sizes);
-    let modes: Vec<&'static str> = flag(&args, "--modes")
+    const MODES: [&str; 3] = ["iptables", "iptables-legacy", "nftables"];
+    let mut modes: Vec<&'static str> = Vec::new();
+    for asked in flag(&args, "--modes")
         .unwrap_or("iptables,nftables")
         .split(',')
-        .filter_map(|m| {
-            ["iptables", "iptables-legacy", "nftables"]
-                .into_iter()
-                .find(|known| *known == m)
-        })
-        .collect();
+    {
+        match MODES.into_iter().find(|known| *known == asked) {
+            Some(mode) => modes.push(mode),
+            None => {
+                eprintln!(
+                    "unknown mode {asked:?} in --modes (known: {})",
+                    MODES.join(", ")
+                );
+                std::process::exit(2);
+            }
+        }
+    }
     let bare = Twin::new("bare");
     let conntrack = Twin::new("ctmasq");
     rules::conntrack_and_masquerade(&conntrack.node);
@@ -168,9 +186,10 @@ fn main() {
     };
     for mode in matrix {
         for &services in &sizes {
-            let run = measure(mode, services, [&bare, &conntrack, &translation], amounts);
-            run.print();
-            runs.push(run);
+            if let Some(run) = measure(mode, services, [&bare, &conntrack, &translation], amounts) {
+                run.print();
+                runs.push(run);
+            }
         }
     }
     report::summary(&runs);
@@ -188,7 +207,8 @@ fn main() {
         let services = flag(&args, "--idle-services")
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| sizes.iter().copied().max().unwrap_or(0));
-        let slice = if bench { 5 } else { 1 };
+        // Not a divisor of the sync period, so that syncs fall in run and frozen slices alike.
+        let slice = if bench { 3 } else { 1 };
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         // The daemon runs iptables mode on the back end the node uses: nft here.
         for mode in idle_modes

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::rules::{PORTS, Place};
 use crate::support::scale::NODE_IP;
 use crate::topology::{Origin, Twin, server_pod};
-use crate::traffic;
+use crate::traffic::{self, DIRECT_OFFSET};
 
 /// What is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +26,7 @@ impl Kind {
 /// Where a connection is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// The server pod itself.
+    /// The server pod itself (on ports of its own: see `DIRECT_OFFSET`).
     Pod,
     /// A measured Service's ClusterIP.
     ClusterIp(Place),
@@ -44,7 +44,7 @@ impl Target {
         };
         let (_, _, port, target, node_port) = PORTS[index];
         match self {
-            Target::Pod => server_pod(target),
+            Target::Pod => server_pod(target + DIRECT_OFFSET),
             Target::ClusterIp(place) => SocketAddr::new(place.cluster_ip(), port),
             Target::NodePort => SocketAddr::new(NODE_IP.parse().expect("address"), node_port),
         }

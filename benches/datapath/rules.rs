@@ -135,8 +135,8 @@ pub fn upstream_nftables(node: &Netns, text: &str) {
 }
 
 /// Programs `state` in `node` as iptables mode does on `backend`, and says where each measured
-/// Service's rule sits in nat KUBE-SERVICES.
-pub fn iptables(node: &Netns, state: ProxyState, backend: Backend) -> String {
+/// Service's rule sits in nat KUBE-SERVICES; or why the kernel refused it.
+pub fn iptables(node: &Netns, state: ProxyState, backend: Backend) -> Result<String, String> {
     let count = state.services.len() - Place::ALL.len();
     node.run(move || {
         let mut p = IptablesProxier::new(
@@ -146,8 +146,9 @@ pub fn iptables(node: &Netns, state: ProxyState, backend: Backend) -> String {
             Box::new(FakeSysctl::default()),
         );
         p.sync(&state, &ChangeSummary::default())
-            .expect("iptables sync");
-    });
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })?;
     let tool = format!("iptables-{}", backend.as_str());
     let chain = node.output(&[&tool, "-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"]);
     let rules: Vec<&str> = chain.lines().filter(|l| l.starts_with("-A ")).collect();
@@ -163,11 +164,11 @@ pub fn iptables(node: &Netns, state: ProxyState, backend: Backend) -> String {
             format!("{} at rule {}", place.word(), at + 1)
         })
         .collect();
-    format!(
+    Ok(format!(
         "KUBE-SERVICES holds {} rules; the measured Service {}",
         rules.len(),
         places.join(", ")
-    )
+    ))
 }
 
 /// The third floor: the same translations as the mode's for the measured Service, each

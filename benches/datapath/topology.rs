@@ -21,7 +21,8 @@ pub enum Origin {
     Outside,
 }
 
-/// Its servers stop before its namespaces go (fields drop in order).
+/// One node's namespaces with the server pod's servers running. (The servers come first:
+/// fields drop in order, and they stop before their namespace goes.)
 pub struct Twin {
     _servers: Servers,
     pub node: Netns,

@@ -30,54 +30,67 @@ pub struct Servers {
     ns_path: String,
 }
 
+/// The direct ways' ports are the Services' target ports plus this: a direct connection and a
+/// translated one in the same round never share the server's side of a tracked connection (a
+/// reset one stays tracked, closed, for 10 s).
+pub const DIRECT_OFFSET: u16 = 1000;
+
 impl Servers {
+    /// The servers on the Services' target ports and on the direct ways' ports.
     pub fn start(pod: &Netns) -> Servers {
         let stop = Arc::new(AtomicBool::new(false));
-        let (greeter, udp, sink) = pod.run(|| {
-            (
-                TcpListener::bind(("0.0.0.0", TCP_PORT)).expect("bind"),
-                UdpSocket::bind(("0.0.0.0", UDP_PORT)).expect("bind"),
-                TcpListener::bind(("0.0.0.0", STREAM_PORT)).expect("bind"),
-            )
-        });
-        let until = stop.clone();
-        std::thread::spawn(move || {
-            for stream in greeter.incoming() {
-                if until.load(Ordering::Relaxed) {
-                    return;
-                }
-                if let Ok(mut stream) = stream {
-                    let _ = stream.write_all(GREETING);
-                }
-            }
-        });
-        let until = stop.clone();
-        udp.set_read_timeout(Some(Duration::from_millis(200)))
-            .expect("timeout");
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !until.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(&buf[..n], from);
-                }
-            }
-        });
-        let until = stop.clone();
-        std::thread::spawn(move || {
-            for stream in sink.incoming() {
-                if until.load(Ordering::Relaxed) {
-                    return;
-                }
-                if let Ok(stream) = stream {
-                    std::thread::spawn(move || drain(stream));
-                }
-            }
-        });
+        for offset in [0, DIRECT_OFFSET] {
+            serve(pod, offset, &stop);
+        }
         Servers {
             stop,
             ns_path: pod.name.clone(),
         }
     }
+}
+
+/// The three servers on the ports `offset` past the Services' target ports.
+fn serve(pod: &Netns, offset: u16, stop: &Arc<AtomicBool>) {
+    let (greeter, udp, sink) = pod.run(move || {
+        (
+            TcpListener::bind(("0.0.0.0", TCP_PORT + offset)).expect("bind"),
+            UdpSocket::bind(("0.0.0.0", UDP_PORT + offset)).expect("bind"),
+            TcpListener::bind(("0.0.0.0", STREAM_PORT + offset)).expect("bind"),
+        )
+    });
+    let until = stop.clone();
+    std::thread::spawn(move || {
+        for stream in greeter.incoming() {
+            if until.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Ok(mut stream) = stream {
+                let _ = stream.write_all(GREETING);
+            }
+        }
+    });
+    let until = stop.clone();
+    udp.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while !until.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                let _ = udp.send_to(&buf[..n], from);
+            }
+        }
+    });
+    let until = stop.clone();
+    std::thread::spawn(move || {
+        for stream in sink.incoming() {
+            if until.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Ok(stream) = stream {
+                std::thread::spawn(move || drain(stream));
+            }
+        }
+    });
 }
 
 impl Drop for Servers {
@@ -90,7 +103,9 @@ impl Drop for Servers {
                 && nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).is_ok()
             {
                 for port in [TCP_PORT, STREAM_PORT] {
-                    let _ = TcpStream::connect_timeout(&server_pod(port), TIMEOUT);
+                    for offset in [0, DIRECT_OFFSET] {
+                        let _ = TcpStream::connect_timeout(&server_pod(port + offset), TIMEOUT);
+                    }
                 }
             }
         });

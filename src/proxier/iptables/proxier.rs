@@ -15,7 +15,7 @@ use super::plan::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, part
 use super::programmed::ProgrammedService;
 use super::render::{
     BaseRules, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses, RenderContext,
-    ServiceRules, render_base, render_service,
+    Rule, ServiceRules, render_base, render_service,
 };
 use super::settings::IptablesSettings;
 use super::walk::WalkNotice;
@@ -68,7 +68,8 @@ pub struct IptablesMode<I: Iptables> {
     /// Asks the daemon for a sync (to check the rest of `unverified`).
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
     last_canary_check: Option<Instant>,
-    /// Says in the log what KUBE-SERVICES' length costs each connection (the daemon's).
+    /// Says in the log what KUBE-SERVICES' length costs each connection (set by the daemon's
+    /// setup; tests and benchmarks leave it off).
     walk: Option<WalkNotice>,
     /// Failed restores so far (the metric's value).
     pub sync_failures: u64,
@@ -322,13 +323,12 @@ impl<I: Iptables> Mode for IptablesMode<I> {
         if full {
             self.last_canary_check = Some(Instant::now());
         }
+        let in_services =
+            |rules: &[Rule]| rules.iter().filter(|r| r.chain == KUBE_SERVICES).count();
         for (family, programmed) in &self.programmed {
             let mut filter_rules = programmed.base.filter.len();
             let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
             let mut no_local = (0, 0);
-            let in_services = |rules: &[super::render::Rule]| {
-                rules.iter().filter(|r| r.chain == KUBE_SERVICES).count()
-            };
             let mut walked =
                 in_services(&programmed.base.nat) + in_services(&programmed.base.nat_services_tail);
             for service in programmed.services.values() {
