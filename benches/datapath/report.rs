@@ -30,18 +30,20 @@ impl Run {
     /// `way`'s rate over the same origin's direct connection on `twin`, round by round: median
     /// and spread.
     pub fn against(&self, way: Way, twin: usize, kind: Kind) -> Option<(f64, f64, f64)> {
-        let base = Way {
+        let direct = Way {
             twin,
             from: way.from,
             to: Target::Pod,
         };
-        let (a, b) = (self.figure(way, kind)?, self.figure(base, kind)?);
-        Some(spread(&ratios(a, b)))
+        self.over(way, direct, kind)
     }
 
     /// `way`'s rate over the same way's on `twin`, round by round: median and spread.
     pub fn against_same_way(&self, way: Way, twin: usize, kind: Kind) -> Option<(f64, f64, f64)> {
-        let base = Way { twin, ..way };
+        self.over(way, Way { twin, ..way }, kind)
+    }
+
+    fn over(&self, way: Way, base: Way, kind: Kind) -> Option<(f64, f64, f64)> {
         let (a, b) = (self.figure(way, kind)?, self.figure(base, kind)?);
         Some(spread(&ratios(a, b)))
     }

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use crate::support::netns::{Netns, veth};
+use crate::support::netns::{Netns, attach_pod, uplink};
 use crate::support::scale::NODE_IP;
 use crate::traffic::Servers;
 
@@ -37,39 +37,9 @@ impl Twin {
         let outside = Netns::new(&format!("{role}-out"));
         let client = Netns::new(&format!("{role}-cli"));
         let server = Netns::new(&format!("{role}-srv"));
-        node.sysctl("net.ipv4.ip_forward", "1");
-        veth(&node, "eth0", &outside, "eth0");
-        node.exec(&["ip", "addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
-        outside.exec(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{OUTSIDE_IP}/24"),
-            "dev",
-            "eth0",
-        ]);
-        outside.exec(&["ip", "route", "add", "default", "via", NODE_IP]);
-        // The node's own connections need a route before nat OUTPUT sees them; it points at
-        // the outside namespace, so nothing leaves the twin.
-        node.exec(&["ip", "route", "add", "default", "via", OUTSIDE_IP]);
-        for (pod, ip, link) in [
-            (&client, CLIENT_POD_IP, "vethc"),
-            (&server, SERVER_POD_IP, "veths"),
-        ] {
-            veth(&node, link, pod, "eth0");
-            node.exec(&[
-                "ip",
-                "addr",
-                "add",
-                &format!("{POD_GATEWAY}/32"),
-                "dev",
-                link,
-            ]);
-            node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", link]);
-            pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
-            pod.exec(&["ip", "route", "add", POD_GATEWAY, "dev", "eth0"]);
-            pod.exec(&["ip", "route", "add", "default", "via", POD_GATEWAY]);
-        }
+        uplink(&node, NODE_IP, &outside, OUTSIDE_IP);
+        attach_pod(&node, "vethc", &client, CLIENT_POD_IP, POD_GATEWAY);
+        attach_pod(&node, "veths", &server, SERVER_POD_IP, POD_GATEWAY);
         let servers = Servers::start(&server);
         Twin {
             _servers: servers,

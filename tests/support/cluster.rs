@@ -14,7 +14,7 @@ use test_apiserver::{ApiServer, Options};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::netns::{EchoServer, Netns, veth};
+use super::netns::{EchoServer, Netns, attach_pod, uplink};
 use super::{WAIT, eventually};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
@@ -55,31 +55,12 @@ impl Cluster {
     pub async fn start() -> Cluster {
         let node = Netns::new("node");
         let client = Netns::new("client");
-        node.sysctl("net.ipv4.ip_forward", "1");
-        veth(&node, "eth0", &client, "eth0");
-        node.exec(&["ip", "addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
-        client.exec(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{CLIENT_IP}/24"),
-            "dev",
-            "eth0",
-        ]);
-        client.exec(&["ip", "route", "add", "default", "via", NODE_IP]);
-        // Locally sent packets need a route before nat OUTPUT sees them, as on a real node; it
-        // points at the client namespace, so nothing can leave the test's namespaces.
-        node.exec(&["ip", "route", "add", "default", "via", CLIENT_IP]);
+        uplink(&node, NODE_IP, &client, CLIENT_IP);
         let mut pods = Vec::new();
         for (i, (name, ip, _)) in PODS.iter().enumerate() {
             let pod = Netns::new(name);
             let node_if = format!("veth{i}");
-            veth(&node, &node_if, &pod, "eth0");
-            node.exec(&["ip", "addr", "add", "10.244.0.1/32", "dev", &node_if]);
-            node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &node_if]);
-            pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
-            pod.exec(&["ip", "route", "add", "10.244.0.1", "dev", "eth0"]);
-            pod.exec(&["ip", "route", "add", "default", "via", "10.244.0.1"]);
+            attach_pod(&node, &node_if, &pod, ip, "10.244.0.1");
             let server = EchoServer::start(&pod, name, 8080);
             pods.push((pod, server));
         }

@@ -187,6 +187,45 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
     b.exec(&["ip", "link", "set", b_if, "up"]);
 }
 
+/// Links `node` (as `eth0`, on `node_ip`/24) to `outside` (its `eth0`, on `outside_ip`/24), with
+/// forwarding on in `node` and each side's default route through the other: the node's own
+/// connections need a route before nat OUTPUT sees them, as on a real node, and it points at
+/// `outside`, so nothing leaves the test's namespaces.
+pub fn uplink(node: &Netns, node_ip: &str, outside: &Netns, outside_ip: &str) {
+    node.sysctl("net.ipv4.ip_forward", "1");
+    veth(node, "eth0", outside, "eth0");
+    node.exec(&["ip", "addr", "add", &format!("{node_ip}/24"), "dev", "eth0"]);
+    outside.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{outside_ip}/24"),
+        "dev",
+        "eth0",
+    ]);
+    outside.exec(&["ip", "route", "add", "default", "via", node_ip]);
+    node.exec(&["ip", "route", "add", "default", "via", outside_ip]);
+}
+
+/// Plugs `pod` into `node` as a CNI does: a veth (`node_if` on the node), the pod's `ip`/32
+/// routed to it, and `gateway` (an address of the node's on every pod link) as the pod's
+/// default route.
+pub fn attach_pod(node: &Netns, node_if: &str, pod: &Netns, ip: &str, gateway: &str) {
+    veth(node, node_if, pod, "eth0");
+    node.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{gateway}/32"),
+        "dev",
+        node_if,
+    ]);
+    node.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", node_if]);
+    pod.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+    pod.exec(&["ip", "route", "add", gateway, "dev", "eth0"]);
+    pod.exec(&["ip", "route", "add", "default", "via", gateway]);
+}
+
 /// A small server in a pod: TCP and UDP on one port, answering `<name> <client ip>:<port>`. TCP
 /// connections stay open after that line and echo every line they get, until the client closes.
 pub struct EchoServer {
