@@ -79,6 +79,11 @@ pub enum Expr<B = Vec<u8>, S = String> {
         key: u32,
         dreg: u32,
     },
+    /// A conntrack key of the original direction (`ct original ip daddr`).
+    CtOriginal {
+        key: u32,
+        dreg: u32,
+    },
     Immediate {
         dreg: u32,
         data: Data<B, S>,
@@ -97,6 +102,11 @@ pub enum Expr<B = Vec<u8>, S = String> {
     /// A 32-bit register from host to network order (nft's step before an interval lookup of
     /// a host-order integer: interval sets compare keys as big-endian bytes).
     HostToNetwork32 {
+        reg: u32,
+    },
+    /// A 64-bit register pair from host to network order (nft's step before comparing a
+    /// host-order counter such as `ct packets`).
+    HostToNetwork64 {
         reg: u32,
     },
     Dnat {
@@ -131,6 +141,10 @@ pub enum Expr<B = Vec<u8>, S = String> {
     },
     /// `counter`, from zero (nft sends no attribute for a zero count).
     Counter,
+    /// `flow add @flowtable`: the connection is offloaded to this flowtable.
+    FlowOffload {
+        flowtable: S,
+    },
     /// A named stateful object of this kind (`counter name "x"`: kind 1).
     ObjRef {
         kind: u32,
@@ -208,6 +222,7 @@ impl ExprRef<'_> {
             Expr::MetaLoad { key, dreg } => Expr::MetaLoad { key, dreg },
             Expr::MetaSet { key, sreg } => Expr::MetaSet { key, sreg },
             Expr::Ct { key, dreg } => Expr::Ct { key, dreg },
+            Expr::CtOriginal { key, dreg } => Expr::CtOriginal { key, dreg },
             Expr::Immediate { dreg, ref data } => Expr::Immediate {
                 dreg,
                 data: match data {
@@ -236,6 +251,10 @@ impl ExprRef<'_> {
                 offset,
             },
             Expr::HostToNetwork32 { reg } => Expr::HostToNetwork32 { reg },
+            Expr::HostToNetwork64 { reg } => Expr::HostToNetwork64 { reg },
+            Expr::FlowOffload { flowtable } => Expr::FlowOffload {
+                flowtable: flowtable.to_string(),
+            },
             Expr::Dnat { family, addr, port } => Expr::Dnat { family, addr, port },
             Expr::DnatRange { family, addr, port } => Expr::DnatRange { family, addr, port },
             Expr::Masq { flags } => Expr::Masq { flags },

@@ -35,6 +35,17 @@ pub const NFT_MSG_DELSETELEM: u16 = 14;
 pub const NFT_MSG_NEWOBJ: u16 = 18;
 pub const NFT_MSG_GETOBJ: u16 = 19;
 pub const NFT_MSG_DELOBJ: u16 = 20;
+pub const NFT_MSG_NEWFLOWTABLE: u16 = 22;
+pub const NFT_MSG_GETFLOWTABLE: u16 = 23;
+pub const NFT_MSG_DELFLOWTABLE: u16 = 24;
+/// A flowtable: NFTA_FLOWTABLE_TABLE is 1, then these; its hook's number, priority and devices.
+pub const NFTA_FLOWTABLE_NAME: u16 = 2;
+pub const NFTA_FLOWTABLE_HOOK: u16 = 3;
+pub const NFTA_FLOWTABLE_FLAGS: u16 = 7;
+pub const NFTA_FLOWTABLE_HOOK_NUM: u16 = 1;
+pub const NFTA_FLOWTABLE_HOOK_PRIORITY: u16 = 2;
+pub const NFTA_FLOWTABLE_HOOK_DEVS: u16 = 3;
+pub const NFTA_DEVICE_NAME: u16 = 1;
 /// Stateful objects (`add counter`): NFTA_OBJ_TABLE is 1, then these.
 pub const NFTA_OBJ_NAME: u16 = 2;
 pub const NFTA_OBJ_TYPE: u16 = 3;
@@ -86,6 +97,11 @@ pub const META_OIFNAME: u32 = 7;
 pub const META_L4PROTO: u32 = 16;
 pub const CT_STATE: u32 = 0;
 pub const CT_STATUS: u32 = 2;
+/// The packets of a connection, both directions (host order, 64 bits).
+pub const CT_PACKETS: u32 = 14;
+/// A direction's destination address, IPv4 and IPv6 (`ct original ip daddr`).
+pub const CT_DST_IP: u32 = 20;
+pub const CT_DST_IP6: u32 = 22;
 /// Verdict codes.
 pub const NF_DROP: i32 = 0;
 pub const NF_ACCEPT: i32 = 1;

@@ -127,6 +127,13 @@ fn nftables_expression<'a>(name: &'a [u8], fields: &Fields<'a>) -> Option<ExprRe
             key: fields.u32(2),
             dreg: fields.u32(1),
         }),
+        b"ct" if fields.only(&[1, 2, 3]) && fields.raw(3) == [0] => Some(Expr::CtOriginal {
+            key: fields.u32(2),
+            dreg: fields.u32(1),
+        }),
+        b"flow_offload" if fields.only(&[1]) => Some(Expr::FlowOffload {
+            flowtable: text(until_nul(fields.raw(1)))?,
+        }),
         b"lookup" if fields.has(1) && fields.has(2) => Some(Expr::Lookup {
             sreg: fields.u32(2),
             dreg: fields.has(3).then(|| fields.u32(3)),
@@ -147,6 +154,13 @@ fn nftables_expression<'a>(name: &'a [u8], fields: &Fields<'a>) -> Option<ExprRe
                 && (fields.u32(4), fields.u32(5)) == (4, 4) =>
         {
             Some(Expr::HostToNetwork32 { reg: fields.u32(1) })
+        }
+        b"byteorder"
+            if fields.u32(3) == BYTEORDER_HTON
+                && fields.u32(1) == fields.u32(2)
+                && (fields.u32(4), fields.u32(5)) == (8, 8) =>
+        {
+            Some(Expr::HostToNetwork64 { reg: fields.u32(1) })
         }
         b"nat" if fields.u32(1) == NAT_DNAT && fields.has(3) && fields.has(5) => {
             Some(Expr::DnatRange {

@@ -42,11 +42,12 @@ impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
             Expr::Bitwise { .. } => "bitwise",
             Expr::Range { .. } => "range",
             Expr::MetaLoad { .. } | Expr::MetaSet { .. } => "meta",
-            Expr::Ct { .. } => "ct",
+            Expr::Ct { .. } | Expr::CtOriginal { .. } => "ct",
             Expr::Immediate { .. } => "immediate",
             Expr::Lookup { .. } => "lookup",
             Expr::Numgen { .. } => "numgen",
-            Expr::HostToNetwork32 { .. } => "byteorder",
+            Expr::HostToNetwork32 { .. } | Expr::HostToNetwork64 { .. } => "byteorder",
+            Expr::FlowOffload { .. } => "flow_offload",
             Expr::Dnat { .. } | Expr::DnatRange { .. } => "nat",
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
@@ -113,6 +114,10 @@ impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
             Expr::Ct { key, dreg } => {
                 out.u32(2, *key).u32(1, *dreg);
             }
+            Expr::CtOriginal { key, dreg } => {
+                // Direction original (0), one byte.
+                out.u32(2, *key).u32(1, *dreg).raw(3, &[0]);
+            }
             Expr::Immediate { dreg, data } => {
                 out.u32(1, *dreg);
                 data.encode(2, out);
@@ -146,6 +151,12 @@ impl<B: AsRef<[u8]>, S: AsRef<str>> Expr<B, S> {
             Expr::HostToNetwork32 { reg } => {
                 // Source, destination, operation hton (1), length 4, size 4.
                 out.u32(1, *reg).u32(2, *reg).u32(3, 1).u32(4, 4).u32(5, 4);
+            }
+            Expr::HostToNetwork64 { reg } => {
+                out.u32(1, *reg).u32(2, *reg).u32(3, 1).u32(4, 8).u32(5, 8);
+            }
+            Expr::FlowOffload { flowtable } => {
+                out.string(1, flowtable.as_ref());
             }
             Expr::Dnat { family, addr, port } => {
                 // Type DNAT (1); the range flag "protocol specified" (2).

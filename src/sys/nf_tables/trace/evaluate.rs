@@ -9,8 +9,9 @@ use super::ruleset::Table;
 use super::{Packet, TraceError};
 use crate::sys::nf_tables::expr::{Data, Expr, Verdict};
 use crate::sys::nf_tables::wire::{
-    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, CT_STATE, CT_STATUS,
-    META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_RETURN, REG_VERDICT,
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_LTE, CMP_NEQ, CT_DST_IP, CT_DST_IP6,
+    CT_PACKETS, CT_STATE, CT_STATUS, META_L4PROTO, META_MARK, NF_ACCEPT, NF_DROP, NFT_GOTO,
+    NFT_JUMP, NFT_RETURN, REG_VERDICT,
 };
 
 /// NFT_CONTINUE; NFT_BREAK never reaches a register (a failed match stops the rule).
@@ -31,6 +32,12 @@ pub const MAX_DEPTH: usize = 16;
 #[derive(Clone, Debug)]
 pub struct State {
     pub packet: Packet,
+    /// The destination the connection was opened to (`ct original ip daddr`), DNAT aside.
+    pub original_dst: IpAddr,
+    /// The packets the connection has seen, this one included (`ct packets`).
+    pub packets: u64,
+    /// The flowtable a `flow add` gave the connection to.
+    pub offload: Option<String>,
     pub mark: u32,
     pub weight: f64,
     pub dnat: Option<SocketAddr>,
@@ -46,8 +53,11 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(packet: Packet) -> Self {
+    pub fn new(packet: Packet, packets: u64) -> Self {
         State {
+            original_dst: packet.dst,
+            packets,
+            offload: None,
             packet,
             mark: 0,
             weight: 1.0,
@@ -312,9 +322,35 @@ fn expression(
                 CT_STATE => CT_STATE_NEW,
                 CT_STATUS if state.dnat.is_some() => CT_STATUS_DST_NAT,
                 CT_STATUS => 0,
+                CT_PACKETS => {
+                    let packets = state.packets.to_ne_bytes();
+                    store(&mut state, *dreg, &packets)?;
+                    return one(state, RuleEnd::Next);
+                }
                 other => return unsupported(&format!("ct key {other}")),
             };
             store(&mut state, *dreg, &value.to_ne_bytes())?;
+        }
+        Expr::CtOriginal { key, dreg } => {
+            let value = match (*key, state.original_dst) {
+                (CT_DST_IP, IpAddr::V4(ip)) => ip.octets().to_vec(),
+                (CT_DST_IP6, IpAddr::V6(ip)) => ip.octets().to_vec(),
+                (other, _) => return unsupported(&format!("ct original key {other}")),
+            };
+            store(&mut state, *dreg, &value)?;
+        }
+        Expr::HostToNetwork64 { reg } => {
+            let value: [u8; 8] = bytes(&state, *reg, 8)?
+                .try_into()
+                .map_err(|_| TraceError::Unsupported("a short register".into()))?;
+            store(&mut state, *reg, &u64::from_ne_bytes(value).to_be_bytes())?;
+        }
+        Expr::FlowOffload { flowtable } => {
+            // The kernel takes `flow add` in the forward hook only.
+            if !matches!(state.hook, Some((2, _))) {
+                return unsupported("flow add outside the forward hook");
+            }
+            state.offload = Some(flowtable.clone());
         }
         Expr::FibAddressType { dreg, source } => fib_type(&mut state, *dreg, *source, host)?,
         Expr::Cmp { sreg, op, data } => {

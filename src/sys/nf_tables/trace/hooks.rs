@@ -39,12 +39,24 @@ struct Flow {
     looped: bool,
 }
 
-/// Every way `packet` goes through `ruleset` on a node whose addresses are `local` (loopback
-/// addresses are always the node's).
+/// Every way `packet`, the first of its connection, goes through `ruleset` on a node whose
+/// addresses are `local` (loopback addresses are always the node's).
 pub fn trace(
     ruleset: &Ruleset,
     local: &[IpAddr],
     packet: &Packet,
+) -> Result<Vec<Path>, TraceError> {
+    trace_packet(ruleset, local, packet, 1)
+}
+
+/// [`trace`], as if the connection had seen `packets` packets with this one (`ct packets`): a
+/// long flow's packets meet what a first one does not, such as an offload past a threshold.
+/// Its NAT is still decided here, as the first packet's was.
+pub fn trace_packet(
+    ruleset: &Ruleset,
+    local: &[IpAddr],
+    packet: &Packet,
+    packets: u64,
 ) -> Result<Vec<Path>, TraceError> {
     let is_local = |address: IpAddr| address.is_loopback() || local.contains(&address);
     let host = Host { local: &is_local };
@@ -65,7 +77,7 @@ pub fn trace(
     };
     let mut ended = Vec::new();
     let start = vec![Flow {
-        state: State::new(packet.clone()),
+        state: State::new(packet.clone(), packets),
         destination_decided: false,
         looped: false,
     }];
@@ -100,6 +112,7 @@ fn path(state: State, fate: Fate) -> Path {
         dnat: state.dnat,
         masquerade: state.masquerade,
         chains: state.chains,
+        offload: state.offload,
     }
 }
 

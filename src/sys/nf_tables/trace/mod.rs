@@ -15,7 +15,7 @@ mod ruleset;
 
 use std::net::{IpAddr, SocketAddr};
 
-pub use hooks::trace;
+pub use hooks::{trace, trace_packet};
 pub use ruleset::{Chain, Element, Hook, Ruleset, Set, Table};
 
 use crate::model::Protocol;
@@ -54,6 +54,9 @@ pub struct Path {
     pub masquerade: bool,
     /// The chains it went through, in order, as `hook:chain`.
     pub chains: Vec<String>,
+    /// The flowtable the connection was given to (`flow add`): its later packets take the
+    /// kernel's fast path.
+    pub offload: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

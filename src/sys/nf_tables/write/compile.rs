@@ -20,6 +20,11 @@ use crate::sys::nf_tables::wire::{
     DATA_VERDICT, ELEM_INTERVAL_END, SET_ANONYMOUS, SET_CONSTANT, SET_EVAL, SET_INTERVAL, SET_MAP,
     SET_TIMEOUT,
 };
+use crate::sys::nf_tables::wire::{
+    NFT_MSG_DELFLOWTABLE, NFT_MSG_NEWFLOWTABLE, NFTA_DEVICE_NAME, NFTA_FLOWTABLE_FLAGS,
+    NFTA_FLOWTABLE_HOOK, NFTA_FLOWTABLE_HOOK_DEVS, NFTA_FLOWTABLE_HOOK_NUM,
+    NFTA_FLOWTABLE_HOOK_PRIORITY, NFTA_FLOWTABLE_NAME,
+};
 
 /// The family numbers of nfgenmsg.
 use crate::sys::nf_tables::wire::{NFPROTO_IPV4, NFPROTO_IPV6};
@@ -349,6 +354,16 @@ impl Compiler {
                 }
                 Ok(())
             }
+            ("add", "flowtable") => self.add_flowtable(scope, rest),
+            ("delete", "flowtable") => {
+                let [name] = rest else {
+                    return Err("expected a flowtable name".into());
+                };
+                let mut a = Attributes::new();
+                a.string(1, table).string(NFTA_FLOWTABLE_NAME, name);
+                self.push(NFT_MSG_DELFLOWTABLE, 0, scope, a);
+                Ok(())
+            }
             ("add", "element") => self.element(scope, true, rest),
             ("delete", "element") => self.element(scope, false, rest),
             _ => Err(format!("unsupported command {verb} {object}")),
@@ -412,6 +427,52 @@ impl Compiler {
             _ => return Err("unsupported chain spec".into()),
         }
         self.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, scope, a);
+        Ok(())
+    }
+
+    /// `add flowtable F T NAME { hook ingress priority filter ; [devices = { a, b } ;] }`:
+    /// created, or given the devices it does not have yet.
+    fn add_flowtable(&mut self, scope: Scope<'_>, rest: &[&str]) -> Result<(), Unsupported> {
+        const NF_NETDEV_INGRESS: u32 = 0;
+        let [
+            name,
+            "{",
+            "hook",
+            "ingress",
+            "priority",
+            "filter",
+            ";",
+            devices @ ..,
+            "}",
+        ] = rest
+        else {
+            return Err("unsupported flowtable spec".into());
+        };
+        let devices: Vec<&str> = match devices {
+            [] => Vec::new(),
+            ["devices", "=", "{", listed @ .., "}", ";"] => listed
+                .iter()
+                .map(|device| device.trim_end_matches(','))
+                .collect(),
+            _ => return Err("unsupported flowtable devices".into()),
+        };
+        let mut a = Attributes::new();
+        a.string(1, scope.table)
+            .string(NFTA_FLOWTABLE_NAME, name)
+            .nested(NFTA_FLOWTABLE_HOOK, |hook| {
+                hook.u32(NFTA_FLOWTABLE_HOOK_NUM, NF_NETDEV_INGRESS)
+                    .u32(NFTA_FLOWTABLE_HOOK_PRIORITY, 0);
+                if !devices.is_empty() {
+                    // nft lists the devices last to first.
+                    hook.nested(NFTA_FLOWTABLE_HOOK_DEVS, |list| {
+                        for device in devices.iter().rev() {
+                            list.string(NFTA_DEVICE_NAME, device);
+                        }
+                    });
+                }
+            })
+            .u32(NFTA_FLOWTABLE_FLAGS, 0);
+        self.push(NFT_MSG_NEWFLOWTABLE, NLM_F_CREATE, scope, a);
         Ok(())
     }
 

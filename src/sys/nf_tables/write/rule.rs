@@ -8,8 +8,9 @@ use std::net::IpAddr;
 use super::values::{self, AddressMatch, Unsupported, check_family, parse_verdict, unquote};
 use crate::sys::nf_tables::expr::{Data, Expr, SetRef, Verdict, reg32};
 use crate::sys::nf_tables::wire::{
-    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_NEQ, CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO,
-    META_MARK, NF_DROP, NFT_OBJECT_COUNTER, NFT_RETURN, REG_1, REG_2, REG_VERDICT,
+    BASE_NETWORK, BASE_TRANSPORT, CMP_EQ, CMP_GT, CMP_NEQ, CT_DST_IP, CT_DST_IP6, CT_PACKETS,
+    CT_STATE, CT_STATUS, META_IIFNAME, META_L4PROTO, META_MARK, NF_DROP, NFT_OBJECT_COUNTER,
+    NFT_RETURN, REG_1, REG_2, REG_VERDICT,
 };
 
 /// The NAT range flag "random fully".
@@ -171,6 +172,16 @@ impl<'a> Builder<'_, 'a> {
                 });
             }
             "counter" => self.emit(Expr::Counter),
+            "flow" => {
+                self.expect("add")?;
+                let flowtable = self
+                    .next()?
+                    .strip_prefix('@')
+                    .ok_or_else(|| "expected @flowtable".to_string())?;
+                self.emit(Expr::FlowOffload {
+                    flowtable: flowtable.to_string(),
+                });
+            }
             "update" => self.update()?,
             "dnat" => {
                 if self.peek() == Some(self.address_family_word()) {

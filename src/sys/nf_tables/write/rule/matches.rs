@@ -7,8 +7,13 @@ use std::net::IpAddr;
 use super::*;
 
 impl<'a> Builder<'_, 'a> {
-    /// `ct state new` and `ct status dnat`.
+    /// `ct state new`, `ct status dnat`, `ct original ... daddr @SET` and `ct packets > N`.
     pub(super) fn conntrack(&mut self) -> Result<(), Unsupported> {
+        match self.peek() {
+            Some("original") => return self.conntrack_original(),
+            Some("packets") => return self.conntrack_packets(),
+            _ => {}
+        }
         let (key, bit) = match (self.next()?, self.next()?) {
             ("state", "new") => (CT_STATE, CT_STATE_NEW),
             ("status", "dnat") => (CT_STATUS, CT_STATUS_DNAT),
@@ -26,6 +31,50 @@ impl<'a> Builder<'_, 'a> {
             sreg: REG_1,
             op: CMP_NEQ,
             data: vec![0; 4],
+        });
+        Ok(())
+    }
+
+    /// `ct original ip daddr @SET`: the destination the connection was opened to, before DNAT.
+    fn conntrack_original(&mut self) -> Result<(), Unsupported> {
+        self.expect("original")?;
+        self.expect(self.address_family_word())?;
+        self.expect("daddr")?;
+        let set = self
+            .next()?
+            .strip_prefix('@')
+            .ok_or_else(|| "expected @set".to_string())?;
+        let key = if self.ipv6 { CT_DST_IP6 } else { CT_DST_IP };
+        self.emit(Expr::CtOriginal { key, dreg: REG_1 });
+        self.emit(Expr::Lookup {
+            sreg: REG_1,
+            dreg: None,
+            set: SetRef {
+                name: set.to_string(),
+                id: None,
+            },
+            inverted: false,
+        });
+        Ok(())
+    }
+
+    /// `ct packets > N`: the connection's packets, both directions, compared in network order.
+    fn conntrack_packets(&mut self) -> Result<(), Unsupported> {
+        self.expect("packets")?;
+        self.expect(">")?;
+        let count: u64 = self
+            .next()?
+            .parse()
+            .map_err(|_| "not a packet count".to_string())?;
+        self.emit(Expr::Ct {
+            key: CT_PACKETS,
+            dreg: REG_1,
+        });
+        self.emit(Expr::HostToNetwork64 { reg: REG_1 });
+        self.emit(Expr::Cmp {
+            sreg: REG_1,
+            op: CMP_GT,
+            data: count.to_be_bytes().to_vec(),
         });
         Ok(())
     }
