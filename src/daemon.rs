@@ -60,6 +60,8 @@ pub struct RunOptions {
     pub ipvs_fallback: bool,
     /// Exit when the configuration file changes (so the DaemonSet restarts us with it).
     pub exit_on_config_change: bool,
+    /// nftables mode offloads connections to ClusterIPs past this many packets (0: off).
+    pub offload_packet_threshold: u32,
 }
 
 /// `--version`'s line: upstream's form, so that scripts reading the second word get a
@@ -273,7 +275,10 @@ fn proxier_for(
     let chosen = modes::setup(
         mode,
         config,
-        options.ipvs_fallback,
+        modes::SetupOptions {
+            ipvs_fallback: options.ipvs_fallback,
+            offload_packet_threshold: options.offload_packet_threshold,
+        },
         Arc::new(move || wake.request()),
     )?;
     if let Some(value) = config.oom_score_adj {
@@ -316,6 +321,11 @@ fn metrics_for(
                 && let Err(err) = metrics.count_localhost_rejects()
             {
                 warn!(error = %err, "Cannot export the localhost NodePort counters");
+            }
+            if options.offload_packet_threshold > 0
+                && let Err(err) = metrics.count_offload_requests()
+            {
+                warn!(error = %err, "Cannot export the flow offload counter");
             }
         }
     }

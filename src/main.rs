@@ -92,6 +92,7 @@ fn main() -> ExitCode {
         dry_run: flags.dry_run,
         ipvs_fallback: flags.ipvs_fallback.unwrap_or(true),
         exit_on_config_change: flags.exit_on_config_change.unwrap_or(true),
+        offload_packet_threshold: flags.offload_packet_threshold.unwrap_or(0),
     };
     match run(settings, options) {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,7 +16,7 @@ const FIRST: [&str; 3] = ["config", "hostname-override", "proxy-mode"];
 const HEADING: &str = "Configuration flags (the daemon's, as upstream kube-proxy reads them)";
 
 /// The daemon's own flags that do something other than configure it.
-const NOT_CONFIGURATION: [&str; 8] = [
+const NOT_CONFIGURATION: [&str; 9] = [
     "write-config-to",
     "cleanup",
     "init-only",
@@ -25,6 +25,7 @@ const NOT_CONFIGURATION: [&str; 8] = [
     "dry-run",
     "ipvs-fallback",
     "exit-on-config-change",
+    "offload-packet-threshold",
 ];
 
 /// Every configuration flag of the daemon's, and the retired ones it accepts (hidden).

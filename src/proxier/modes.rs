@@ -18,6 +18,15 @@ use crate::config::{KubeProxyConfiguration, ProxyMode};
 use crate::model::{IpFamily, Protocol, ProxyState, ServicePortName};
 use crate::sys::xtables::Backend;
 
+/// What the command line adds to the configuration for setting a mode up.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetupOptions {
+    /// When IPVS mode cannot run, use iptables instead of exiting.
+    pub ipvs_fallback: bool,
+    /// nftables mode offloads connections to ClusterIPs past this many packets (0: off).
+    pub offload_packet_threshold: u32,
+}
+
 /// Why no proxier runs.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -35,12 +44,23 @@ pub enum SetupError {
 pub fn setup(
     mode: ProxyMode,
     config: &KubeProxyConfiguration,
-    ipvs_fallback: bool,
+    options: SetupOptions,
     wake: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<(ProxyMode, Box<dyn Proxier>), SetupError> {
+    let SetupOptions {
+        ipvs_fallback,
+        offload_packet_threshold,
+    } = options;
     if mode == ProxyMode::Nftables {
-        let proxier = nftables::setup::setup(config, wake).map_err(SetupError::Nftables)?;
+        let proxier = nftables::setup::setup(config, offload_packet_threshold, wake)
+            .map_err(SetupError::Nftables)?;
         return Ok((mode, proxier));
+    }
+    if offload_packet_threshold > 0 {
+        warn!(
+            threshold = offload_packet_threshold,
+            "--offload-packet-threshold applies to nftables mode only; ignored"
+        );
     }
     let backend = Backend::detect();
     if mode == ProxyMode::Ipvs {

@@ -294,6 +294,15 @@ impl Metrics {
         ))
     }
 
+    /// Our `kubeproxy_nftables_flow_offload_requests_total`, read at each scrape.
+    pub fn count_offload_requests(&self) -> prometheus::Result<()> {
+        let read: super::nft_counters::CounterReader =
+            Box::new(crate::sys::nf_tables::read::counters);
+        self.registry.register(Box::new(
+            super::nft_counters::OffloadRequestsCollector::new(read)?,
+        ))
+    }
+
     /// Records what the feature gates are, as `kubernetes_feature_enabled{name,stage}`.
     pub fn feature_gates(
         &self,

@@ -1,7 +1,9 @@
-//! Upstream 1.37's `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`: nftables
-//! mode's named counters of rejected localhost NodePort packets, read from our table at each
-//! scrape. A family whose table or counter is missing (the counter of TCP while the userspace
-//! proxy serves it) is left out of the scrape.
+//! nftables mode's named counters, read from our table at each scrape: upstream 1.37's
+//! `kubeproxy_nftables_localhost_nodeport_rejected_packets_total` (rejected localhost NodePort
+//! packets), and our `kubeproxy_nftables_flow_offload_requests_total` (packets that asked for
+//! their connection to take the flowtable fast path). A family whose table or counter is
+//! missing (the counter of TCP while the userspace proxy serves it; the offload counter of a
+//! kernel without flowtables) is left out of the scrape.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -11,7 +13,7 @@ use prometheus::{IntCounterVec, Opts, proto};
 use tracing::warn;
 
 use crate::model::{IpFamily, Protocol};
-use crate::proxier::nftables::render::{TABLE, localhost_rejected_counter};
+use crate::proxier::nftables::render::{OFFLOAD_REQUESTS, TABLE, localhost_rejected_counter};
 use crate::sys::netlink::NetlinkError;
 
 const NAME: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
@@ -54,24 +56,78 @@ impl Collector for RejectedPacketsCollector {
         let Ok(counters) = counter_vec() else {
             return Vec::new();
         };
-        // A family without our table has no counter to read.
-        for family in [IpFamily::V4, IpFamily::V6] {
-            let counted = match (self.read)(family, TABLE) {
-                Ok(counted) => counted,
-                Err(err) => {
-                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-                    if warned.insert(family) {
-                        warn!(error = %err, ?family, "Failed to read the nftables counters");
-                    }
-                    continue;
-                }
-            };
+        for (family, counted) in read_families(&self.read, &self.warned) {
             for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
                 if let Some(packets) = counted.get(localhost_rejected_counter(protocol)) {
                     counters
                         .with_label_values(&[family.name(), &protocol.to_string()])
                         .inc_by(*packets);
                 }
+            }
+        }
+        counters.collect()
+    }
+}
+
+/// Each family's counters; a family whose read fails is left out, and said once.
+fn read_families(
+    read: &CounterReader,
+    warned: &Mutex<BTreeSet<IpFamily>>,
+) -> Vec<(IpFamily, BTreeMap<String, u64>)> {
+    let mut read_ones = Vec::new();
+    // A family without our table has no counter to read.
+    for family in [IpFamily::V4, IpFamily::V6] {
+        match read(family, TABLE) {
+            Ok(counted) => read_ones.push((family, counted)),
+            Err(err) => {
+                let mut warned = warned.lock().unwrap_or_else(|p| p.into_inner());
+                if warned.insert(family) {
+                    warn!(error = %err, ?family, "Failed to read the nftables counters");
+                }
+            }
+        }
+    }
+    read_ones
+}
+
+const OFFLOAD_NAME: &str = "kubeproxy_nftables_flow_offload_requests_total";
+const OFFLOAD_HELP: &str = "Packets of connections to ClusterIPs past --offload-packet-threshold that asked the kernel to offload their connection to the flowtable (kube-proxy-rs): one per connection when every link it crosses is in the flowtable";
+
+fn offload_vec() -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(OFFLOAD_NAME, OFFLOAD_HELP), &["ip_family"])
+}
+
+/// Reads the offload counter of each family when Prometheus scrapes.
+pub struct OffloadRequestsCollector {
+    read: CounterReader,
+    desc: Vec<Desc>,
+    warned: Mutex<BTreeSet<IpFamily>>,
+}
+
+impl OffloadRequestsCollector {
+    pub fn new(read: CounterReader) -> prometheus::Result<Self> {
+        Ok(OffloadRequestsCollector {
+            read,
+            desc: offload_vec()?.desc().into_iter().cloned().collect(),
+            warned: Mutex::new(BTreeSet::new()),
+        })
+    }
+}
+
+impl Collector for OffloadRequestsCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.desc.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let Ok(counters) = offload_vec() else {
+            return Vec::new();
+        };
+        for (family, counted) in read_families(&self.read, &self.warned) {
+            if let Some(packets) = counted.get(OFFLOAD_REQUESTS) {
+                counters
+                    .with_label_values(&[family.name()])
+                    .inc_by(*packets);
             }
         }
         counters.collect()
@@ -117,6 +173,36 @@ mod tests {
                 "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family=\"IPv4\",protocol=\"UDP\"} 7",
                 "kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family=\"IPv6\",protocol=\"TCP\"} 2",
             ]
+        );
+    }
+
+    #[test]
+    fn the_offload_counter_of_each_family_that_has_one() {
+        let read: CounterReader = Box::new(|family, _| {
+            Ok(match family {
+                IpFamily::V4 => BTreeMap::from([("flow-offload-requests".to_string(), 12)]),
+                IpFamily::V6 => BTreeMap::new(),
+            })
+        });
+        let registry = prometheus::Registry::new();
+        registry
+            .register(Box::new(OffloadRequestsCollector::new(read).unwrap()))
+            .unwrap();
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut text,
+        )
+        .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(OFFLOAD_NAME))
+            .collect();
+        assert_eq!(
+            series,
+            ["kubeproxy_nftables_flow_offload_requests_total{ip_family=\"IPv4\"} 12"]
         );
     }
 }

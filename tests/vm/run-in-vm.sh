@@ -1,5 +1,5 @@
 #!/bin/bash
-# tests/vm/run-in-vm.sh - the project's VM harness: boot Debian's linux-image-6.1 (IPVS/dummy/9p as modules) under QEMU and run a
+# tests/vm/run-in-vm.sh - the project's VM harness: boot Debian's linux-image-6.1 (IPVS/dummy/flowtables/9p as modules) under QEMU and run a
 # command in it. Guest root = this host's / over 9p (read-only) + tmpfs overlay, so host binaries
 # (ipvsadm, ipset, iptables, ip, curl, `cargo build` output) run unchanged; guest writes stay in RAM.
 # Guest output -> our stdout (serial console); guest command's exit status -> our exit status.
@@ -43,7 +43,8 @@ build_initramfs() {  # busybox + modules (+ deps from modules.dep); rebuilt when
       xt_addrtype xt_multiport xt_statistic xt_physdev xt_recent xt_tcpudp ipt_REJECT ip6t_REJECT \
       iptable_nat iptable_filter iptable_mangle \
       iptable_raw ip6table_nat ip6table_filter ip6table_mangle nf_tables nft_compat nlmon \
-      nft_chain_nat nft_ct nft_nat nft_masq; do
+      nft_chain_nat nft_ct nft_nat nft_masq nft_fib_ipv4 nft_fib_ipv6 nft_reject_ipv4 nft_reject_ipv6 \
+      nft_numgen nft_objref nft_hash nf_flow_table nf_flow_table_inet nft_flow_offload; do
     f=$(grep -E "/$m\.ko:" $MODS/modules.dep) || { echo "module $m not in $KVER" >&2; exit 1; }
     for f in ${f/:/}; do mkdir -p $st/lib/modules/$KVER/${f%/*}; cp -n $MODS/$f $st/lib/modules/$KVER/$f; done
   done

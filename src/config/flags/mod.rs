@@ -72,6 +72,8 @@ pub struct Flags {
     pub dry_run: bool,
     pub ipvs_fallback: Option<bool>,
     pub exit_on_config_change: Option<bool>,
+    /// `--offload-packet-threshold`: 0 or absent is off.
+    pub offload_packet_threshold: Option<u32>,
 }
 
 impl Flags {
@@ -144,6 +146,21 @@ impl Flags {
                 value: raw.clone(),
                 reason,
             })?;
+            if let (
+                Spec {
+                    kind: Kind::Int32, ..
+                },
+                Value::Int(count),
+            ) = (spec, &value)
+                && spec.name == "offload-packet-threshold"
+                && *count < 0
+            {
+                return Err(FlagError::Invalid {
+                    name,
+                    value: raw,
+                    reason: "a packet count: 0 (off) or more".into(),
+                });
+            }
             flags.take(spec, value, &raw);
         }
         let non_empty: Vec<String> = positional.into_iter().filter(|a| !a.is_empty()).collect();
@@ -160,6 +177,11 @@ impl Flags {
             "dry-run" => self.dry_run = flag(&value),
             "ipvs-fallback" => self.ipvs_fallback = Some(flag(&value)),
             "exit-on-config-change" => self.exit_on_config_change = Some(flag(&value)),
+            "offload-packet-threshold" => {
+                if let Value::Int(count) = value {
+                    self.offload_packet_threshold = u32::try_from(count).ok();
+                }
+            }
             "help" => self.help = flag(&value),
             "version" => {
                 self.version = match raw {

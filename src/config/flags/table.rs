@@ -141,6 +141,12 @@ pub const OURS: &[Spec] = &[
         Role::Control,
         "Exit when the --config file changes, so that the DaemonSet restarts with it (default true; kube-proxy-rs).",
     ),
+    spec(
+        "offload-packet-threshold",
+        Kind::Int32,
+        Role::Control,
+        "In nftables mode, offload a connection to a ClusterIP to the kernel's flowtable fast path once it has seen more than this many packets (KEP-4963, not in upstream kube-proxy; its proposed default is 20). 0, the default, is off. Applies with --config too (kube-proxy-rs).",
+    ),
 ];
 
 /// The flag named `name` (dashes, not underscores).

@@ -83,6 +83,9 @@ fn contributions(objects: &Objects, base: bool) -> Vec<(Cow<'_, str>, u64)> {
     for name in &objects.counters {
         out.push((group(name), item_hash(["counter", name])));
     }
+    for name in &objects.flowtables {
+        out.push((group(name), item_hash(["flowtable", name])));
+    }
     for (set, elements) in objects.elements.iter() {
         let sum = elements.iter().fold(0u64, |sum, (key, rest)| {
             sum.wrapping_add(item_hash([key, rest]))

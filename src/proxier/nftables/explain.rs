@@ -21,7 +21,7 @@ use crate::sys::nf_tables::elements::{KeyLayout, address_number};
 use crate::sys::nf_tables::expr::{Data, Expr};
 use crate::sys::nf_tables::family_keyword;
 use crate::sys::nf_tables::lookups::{KernelLookups, Lookups};
-use crate::sys::nf_tables::wire::NFT_GOTO;
+use crate::sys::nf_tables::wire::{CMP_GT, NFT_GOTO};
 use crate::sys::nf_tables::write::KeyType;
 
 /// How many chains a packet may be sent through before the reader gives up (ours send it
@@ -53,6 +53,8 @@ pub struct Session {
     maps: BTreeMap<(IpFamily, String), Vec<Share>>,
     /// The rules of chain `services`, by family (read once).
     services: BTreeMap<IpFamily, Vec<Vec<Expr>>>,
+    /// The rules of chain `filter-forward` that offload to a flowtable, by family (read once).
+    offloads: BTreeMap<IpFamily, Vec<Vec<Expr>>>,
     /// The node's addresses (NodePorts, `fib ... type local`).
     local: Vec<IpAddr>,
 }
@@ -70,6 +72,7 @@ impl Session {
             tables: BTreeMap::new(),
             maps: BTreeMap::new(),
             services: BTreeMap::new(),
+            offloads: BTreeMap::new(),
             local,
         }
     }
@@ -173,6 +176,9 @@ impl Reader<'_> {
                 self.cluster_ip_marks()?;
             }
             nat = Some(self.follow_verdict(&rest)?);
+            if self.cluster_ip && matches!(nat, Some(Outcome::Dnat { .. })) {
+                self.offload()?;
+            }
         }
         // What the NAT chains leave alone meets the filter hooks' no-endpoint map.
         match nat {
@@ -219,6 +225,50 @@ impl Reader<'_> {
         rules.retain(|rule| rule.iter().any(|e| matches!(e, Expr::MetaSet { .. })));
         for rule in rules {
             self.rule("services", &rule, 0)?;
+        }
+        Ok(())
+    }
+
+    /// A connection to a ClusterIP that the node forwards meets filter-forward's offload rule
+    /// (`--offload-packet-threshold`): past the threshold, its packets take the flowtable.
+    /// The node's own connections are not forwarded, and never offloaded.
+    fn offload(&mut self) -> Result<(), ExplainError> {
+        let local = &self.session.local;
+        if self
+            .flow
+            .source
+            .is_some_and(|source| source.is_loopback() || local.contains(&source))
+        {
+            return Ok(());
+        }
+        let rules = match self.session.offloads.get(&self.family) {
+            Some(rules) => rules.clone(),
+            None => {
+                let mut rules = self.rules_of("filter-forward")?;
+                rules.retain(|rule| rule.iter().any(|e| matches!(e, Expr::FlowOffload { .. })));
+                self.session.offloads.insert(self.family, rules.clone());
+                rules
+            }
+        };
+        for rule in rules {
+            let flowtable = rule.iter().find_map(|e| match e {
+                Expr::FlowOffload { flowtable } => Some(flowtable.as_str()),
+                _ => None,
+            });
+            // `ct packets > N`: the comparison of eight bytes in network order.
+            let threshold = rule.iter().find_map(|e| match e {
+                Expr::Cmp {
+                    op: CMP_GT, data, ..
+                } => Some(u64::from_be_bytes(data.as_slice().try_into().ok()?)),
+                _ => None,
+            });
+            let after = threshold.map_or("past its packet threshold".to_string(), |n| {
+                format!("once it has seen more than {n} packets")
+            });
+            self.step(format!(
+                "filter-forward: offloaded to flowtable {} {after} (when forwarded); its later packets take the kernel's fast path past these chains",
+                flowtable.unwrap_or_default()
+            ));
         }
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! wanted), `proxier` (the stages the sync driver runs: full and partial syncs, `adopt` what
 //! a restart finds, `apply` thinly, repair `drift`), `cleanup`, `setup` and `preview`. Its own
 //! parts: `names`, `slots` (endpoint maps shared by services), `digests` (what the table keeps
-//! of itself for restarts), `holders`, `elements`, `text` and `support`.
+//! of itself for restarts), `holders`, `elements`, `text`, `support` and `flowtable` (the
+//! offload fast path's devices).
 
 pub mod cleanup;
 mod digests;
@@ -13,6 +14,7 @@ mod elements;
 pub mod explain;
 #[cfg(test)]
 mod flows;
+pub mod flowtable;
 mod holders;
 pub mod names;
 pub mod plan;

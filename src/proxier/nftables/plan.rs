@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::digests::{DIGEST_CHAIN, Digests};
-use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
+use super::render::{Chain, Elements, FLOWTABLE_SPEC, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
 use crate::proxier::naming::ChainSet;
 use crate::sys::nf_tables::SetElements;
 
@@ -109,6 +109,7 @@ pub struct Existing {
     pub chains: ChainSet,
     pub sets: BTreeSet<String>,
     pub counters: BTreeSet<String>,
+    pub flowtables: BTreeSet<String>,
     /// Chains that already hold exactly the rules they are to hold: not written.
     pub adopted: ChainSet,
     /// The elements the top-level sets and maps hold, when read (a restart): only the
@@ -207,6 +208,9 @@ pub fn partial(
         for name in new.counters.difference(&old.counters) {
             out.line("add", "counter", name, "");
         }
+        for name in new.flowtables.difference(&old.flowtables) {
+            out.line("add", "flowtable", name, FLOWTABLE_SPEC);
+        }
         for (name, chain) in new
             .chains
             .iter()
@@ -285,6 +289,9 @@ pub fn partial(
         for name in old.counters.difference(&new.counters) {
             out.line("delete", "counter", name, "");
         }
+        for name in old.flowtables.difference(&new.flowtables) {
+            out.line("delete", "flowtable", name, "");
+        }
     }
     let (text, stats) = out.finish();
     Some((text, stats, removed))
@@ -317,6 +324,8 @@ pub struct Repairs<'a> {
     /// The base's counters, which its chains' rules may count with (declared again: `add`
     /// leaves an existing counter as it is).
     pub counters: &'a BTreeSet<String>,
+    /// The base's flowtables, which its chains' rules may offload to (declared again).
+    pub flowtables: &'a BTreeSet<String>,
     /// A set or map, and its elements (from every service) unless the kernel keeps them
     /// (affinity sets).
     pub sets: Vec<(&'a str, &'a SetDef, Option<Vec<&'a Elements>>)>,
@@ -329,6 +338,9 @@ pub fn repair(family: &str, repairs: &Repairs<'_>) -> String {
     if !repairs.chains.is_empty() {
         for name in repairs.counters {
             out.line("add", "counter", name, "");
+        }
+        for name in repairs.flowtables {
+            out.line("add", "flowtable", name, FLOWTABLE_SPEC);
         }
     }
     for (name, def, elements) in &repairs.sets {

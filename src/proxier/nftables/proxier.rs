@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::digests::{DIGEST_CHAIN, Digests};
+use super::flowtable::FlowtableDevices;
 use super::holders::ElementHolders;
 use super::plan::{self, Delta, Existing, Stats};
 use super::render::{
@@ -84,6 +85,8 @@ pub struct NftablesMode<N: Nftables> {
     last_full_sync_from_memory: bool,
     /// Chains flushed because nothing wants them, with when; deleted a moment later.
     stale_chains: BTreeMap<IpFamily, BTreeMap<String, Instant>>,
+    /// Keeps the flowtable over the node's links, when connections are offloaded.
+    flowtable_devices: Option<FlowtableDevices>,
     /// What other programs change in our table, when the kernel can tell.
     events: Option<Box<dyn ChangeEvents>>,
     /// The next sync is to be a full one (another program added to our table).
@@ -118,6 +121,7 @@ impl<N: Nftables> NftablesProxier<N> {
             unverified: BTreeMap::new(),
             last_full_sync_from_memory: false,
             stale_chains: BTreeMap::new(),
+            flowtable_devices: None,
             events: None,
             full_sync_wanted: false,
             wake: None,
@@ -133,6 +137,13 @@ impl<N: Nftables> NftablesProxier<N> {
     /// Repairs what other programs change in our table as they change it.
     pub fn with_change_events(mut self, events: Box<dyn ChangeEvents>) -> Self {
         self.mode.events = Some(events);
+        self
+    }
+
+    /// Keeps the flowtable over the node's links (offload on): after each sync, the links it
+    /// lacks are added.
+    pub fn with_flowtable_devices(mut self, devices: FlowtableDevices) -> Self {
+        self.mode.flowtable_devices = Some(devices);
         self
     }
 
@@ -179,6 +190,7 @@ impl<N: Nftables> NftablesMode<N> {
                 .copied()
                 .collect(),
             localhost_rejects: self.settings.localhost_rejects(family),
+            offload_after_packets: self.settings.offload_after_packets,
         }
     }
 }
@@ -284,7 +296,8 @@ impl<N: Nftables> Mode for NftablesMode<N> {
         self.program_changed(family, state, changes)
     }
 
-    /// What other programs changed is rewritten, unless the sync read the table back.
+    /// What other programs changed is rewritten, unless the sync read the table back; the
+    /// flowtable, when there is one, gains the links it lacks.
     fn settle(
         &mut self,
         drifted: &mut Self::Sync,
@@ -293,10 +306,18 @@ impl<N: Nftables> Mode for NftablesMode<N> {
         full: bool,
         _quarantine: &Quarantine,
     ) -> Result<usize, Failure> {
-        match drifted.remove(&family) {
-            Some(names) if !full || self.last_full_sync_from_memory => self.repair(family, &names),
-            _ => Ok(0),
+        let repaired = match drifted.remove(&family) {
+            Some(names) if !full || self.last_full_sync_from_memory => {
+                self.repair(family, &names)?
+            }
+            _ => 0,
+        };
+        if let Some(devices) = self.flowtable_devices.as_mut()
+            && self.settings.offload_after_packets.is_some()
+        {
+            devices.keep(&mut self.nft, family, full);
         }
+        Ok(repaired)
     }
 
     fn end(&mut self, _drifted: Self::Sync, _full: bool, report: &mut SyncReport) {

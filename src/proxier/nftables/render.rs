@@ -30,6 +30,13 @@ pub const REJECT_CHAIN: &str = "reject-chain";
 /// Upstream 1.37's map of the localhost NodePorts whose packets are rejected and counted.
 pub const LOCALHOST_REJECT_PORTS: &str = "localhost-nodeport-reject-ports";
 
+/// The flowtable Service connections are offloaded to (KEP-4963's name).
+pub const FLOWTABLE: &str = "kube-proxy-flowtable";
+/// Its spec: the ingress hook of its devices, which are added apart (see `FlowtableDevices`).
+pub const FLOWTABLE_SPEC: &str = "{ hook ingress priority filter ; }";
+/// The named counter of the packets that asked for their connection to be offloaded.
+pub const OFFLOAD_REQUESTS: &str = "flow-offload-requests";
+
 /// The chain that rejects localhost NodePort packets of `protocol`.
 pub fn localhost_reject_chain(protocol: Protocol) -> &'static str {
     match protocol {
@@ -61,6 +68,9 @@ pub struct NftContext {
     /// counted (the feature gate KubeProxyNFTablesLocalhostNodePorts on: UDP and SCTP, and TCP
     /// too when the userspace proxy does not serve this family).
     pub localhost_rejects: Vec<Protocol>,
+    /// Connections to a ClusterIP that have seen more packets than this are offloaded to
+    /// [`FLOWTABLE`] (`--offload-packet-threshold`; none when off or the kernel cannot).
+    pub offload_after_packets: Option<u32>,
 }
 
 impl NftContext {
@@ -168,6 +178,8 @@ pub struct Objects {
     pub slots: Vec<Claim>,
     /// Named counters (the base's).
     pub counters: BTreeSet<String>,
+    /// Flowtables (the base's), each of [`FLOWTABLE_SPEC`].
+    pub flowtables: BTreeSet<String>,
 }
 
 impl Objects {
@@ -210,6 +222,7 @@ impl Objects {
             && self.sets.is_empty()
             && self.elements.is_empty()
             && self.counters.is_empty()
+            && self.flowtables.is_empty()
     }
 }
 
@@ -244,7 +257,25 @@ pub fn render_base(ctx: &NftContext) -> Objects {
     base_rules(ctx, &mut out);
     node_port_rules(ctx, &mut out);
     localhost_rejects(ctx, &mut out);
+    offload(ctx, &mut out);
     out
+}
+
+/// KEP-4963's fast path: a forwarded connection to a ClusterIP past the threshold is given to
+/// the flowtable, whose ingress hook then takes its packets straight to their way out.
+fn offload(ctx: &NftContext, out: &mut Objects) {
+    let Some(threshold) = ctx.offload_after_packets else {
+        return;
+    };
+    out.flowtables.insert(FLOWTABLE.into());
+    out.counters.insert(OFFLOAD_REQUESTS.into());
+    out.rule(
+        "filter-forward",
+        format!(
+            "ct original {} daddr @{CLUSTER_IPS} ct packets > {threshold} counter name \"{OFFLOAD_REQUESTS}\" flow add @{FLOWTABLE}",
+            ctx.ip()
+        ),
+    );
 }
 
 /// Packets to the loopback address's NodePorts of the rejected protocols: counted and rejected

@@ -20,6 +20,9 @@ pub struct NftablesSettings {
     /// The feature gate KubeProxyNFTablesLocalhostNodePorts is on: localhost NodePorts the
     /// proxy does not serve are rejected and counted.
     pub localhost_gate: bool,
+    /// Offload connections to ClusterIPs past this many packets (`--offload-packet-threshold`,
+    /// once the kernel is known to have flowtables; the configuration file has no field for it).
+    pub offload_after_packets: Option<u32>,
 }
 
 impl NftablesSettings {
@@ -47,6 +50,7 @@ impl NftablesSettings {
                 &config.feature_gates,
                 LOCALHOST_NODE_PORTS_GATE,
             ),
+            offload_after_packets: None,
         }
     }
 }

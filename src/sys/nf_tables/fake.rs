@@ -1,7 +1,7 @@
 //! A stateful fake of nftables for tests: it interprets the part of nft's command language this
 //! program writes (tables, chains, rules, sets, maps, elements, named counters), checks what
-//! the kernel checks (objects exist, references resolve, a chain, set or counter in use is not
-//! deleted, a map key is not added twice with other data) and applies a transaction all or
+//! the kernel checks (objects exist, references resolve, a chain, set, counter or flowtable in
+//! use is not deleted, a flowtable's devices are only ever added to, a map key is not added twice with other data) and applies a transaction all or
 //! nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +25,8 @@ pub struct FakeTable {
     pub sets: BTreeMap<String, FakeSet>,
     /// Named counters.
     pub counters: BTreeSet<String>,
+    /// Flowtables and their devices.
+    pub flowtables: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// The fake ruleset: tables by (family keyword, name).
@@ -52,6 +54,14 @@ impl FakeNftables {
     pub fn table(&self, family: IpFamily, table: &str) -> Option<&FakeTable> {
         self.tables
             .get(&(family_keyword(family).to_string(), table.to_string()))
+    }
+
+    /// A kernel without flowtables (no NF_FLOW_TABLE): it refuses to create one, as Linux does.
+    pub fn without_flowtables() -> Self {
+        FakeNftables {
+            refuse_containing: vec![" flowtable ".into()],
+            ..FakeNftables::default()
+        }
     }
 
     /// Lines of the transactions applied so far.
@@ -101,12 +111,24 @@ impl Nftables for FakeNftables {
                 chains: t.chains.keys().cloned().collect(),
                 sets: t.sets.keys().cloned().collect(),
                 counters: t.counters.clone(),
+                flowtables: t.flowtables.keys().cloned().collect(),
             })
             .unwrap_or_default())
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {
         Ok(self.table(family, table).is_some())
+    }
+
+    fn flowtable_devices(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        flowtable: &str,
+    ) -> Result<Option<std::collections::BTreeSet<String>>, NftError> {
+        Ok(self
+            .table(family, table)
+            .and_then(|t| t.flowtables.get(flowtable).cloned()))
     }
 
     fn rule_comments(
@@ -303,6 +325,29 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             table.counters.remove(&name);
             Ok(())
         }
+        ("add", "flowtable") => {
+            let devices = rest
+                .split_once("devices = {")
+                .and_then(|(_, listed)| listed.split_once('}'))
+                .map(|(listed, _)| listed)
+                .unwrap_or_default()
+                .split(',')
+                .map(|device| device.trim().trim_matches('"'))
+                .filter(|device| !device.is_empty())
+                .map(str::to_string);
+            table.flowtables.entry(name).or_default().extend(devices);
+            Ok(())
+        }
+        ("delete", "flowtable") => {
+            if !table.flowtables.contains_key(&name) {
+                return Err("No such file or directory".into());
+            }
+            if used_by_a_rule(table, |rule| references(rule).flowtables.contains(&name)) {
+                return Err("Device or resource busy".into());
+            }
+            table.flowtables.remove(&name);
+            Ok(())
+        }
         ("add" | "delete", "element") => {
             let inner = rest
                 .trim()
@@ -384,6 +429,8 @@ struct References {
     sets: Vec<String>,
     /// The named counters it counts with (`counter name "x"`), unquoted.
     counters: Vec<String>,
+    /// The flowtables it offloads to (`flow add @name`).
+    flowtables: Vec<String>,
 }
 
 fn references(text: &str) -> References {
@@ -393,11 +440,19 @@ fn references(text: &str) -> References {
         .filter(|w| w[0] == "jump" || w[0] == "goto")
         .map(|w| w[1].trim_end_matches([',', '}']).to_string())
         .collect();
-    let sets = words
-        .iter()
-        .filter_map(|w| w.strip_prefix('@'))
-        .map(|s| s.trim_end_matches([',', '}']).to_string())
-        .collect();
+    let named = |flowtable: bool| {
+        words
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| {
+                let after_flow_add = *index >= 2 && words[index - 2..*index] == ["flow", "add"];
+                after_flow_add == flowtable
+            })
+            .filter_map(|(_, w)| w.strip_prefix('@'))
+            .map(|s| s.trim_end_matches([',', '}']).to_string())
+            .collect::<Vec<_>>()
+    };
+    let (sets, flowtables) = (named(false), named(true));
     let counters = words
         .windows(3)
         .filter(|w| w[0] == "counter" && w[1] == "name")
@@ -407,6 +462,7 @@ fn references(text: &str) -> References {
         chains,
         sets,
         counters,
+        flowtables,
     }
 }
 
@@ -423,7 +479,14 @@ fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {
         chains,
         sets,
         counters,
+        flowtables,
     } = references(text);
+    if let Some(missing) = flowtables
+        .iter()
+        .find(|f| !table.flowtables.contains_key(*f))
+    {
+        return Err(format!("No such file or directory (flowtable {missing})"));
+    }
     if let Some(missing) = counters.iter().find(|n| !table.counters.contains(*n)) {
         return Err(format!("No such file or directory (counter {missing})"));
     }
@@ -474,6 +537,42 @@ mod tests {
         assert!(err.to_string().contains("busy"), "{err}");
         applied(&mut nft, "flush chain ip t a\ndelete counter ip t c\n").unwrap();
         assert!(nft.table(V4, "t").unwrap().counters.is_empty());
+    }
+
+    #[test]
+    fn a_flowtable_gains_devices_must_exist_stays_while_used_and_can_be_missing() {
+        let spec = "{ hook ingress priority filter ; }";
+        let mut nft = FakeNftables::default();
+        applied(
+            &mut nft,
+            "add table ip t\nadd chain ip t a\nadd set ip t s { type ipv4_addr ; }\n",
+        )
+        .unwrap();
+        let rule = "add rule ip t a ct original ip daddr @s flow add @f\n";
+        let err = applied(&mut nft, rule).unwrap_err();
+        assert!(err.to_string().contains("(flowtable f)"), "{err}");
+        applied(&mut nft, &format!("add flowtable ip t f {spec}\n{rule}")).unwrap();
+        for devices in ["eth0, veth1", "veth2"] {
+            applied(
+                &mut nft,
+                &format!("add flowtable ip t f {{ hook ingress priority filter ; devices = {{ {devices} }} ; }}\n"),
+            )
+            .unwrap();
+        }
+        applied(&mut nft, &format!("add flowtable ip t f {spec}\n")).unwrap();
+        let devices: Vec<&str> = nft.table(V4, "t").unwrap().flowtables["f"]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(devices, ["eth0", "veth1", "veth2"]);
+        let err = applied(&mut nft, "delete flowtable ip t f\n").unwrap_err();
+        assert!(err.to_string().contains("busy"), "{err}");
+        applied(&mut nft, "flush chain ip t a\ndelete flowtable ip t f\n").unwrap();
+        assert!(nft.table(V4, "t").unwrap().flowtables.is_empty());
+
+        let mut without = FakeNftables::without_flowtables();
+        applied(&mut without, "add table ip t\n").unwrap();
+        assert!(applied(&mut without, &format!("add flowtable ip t f {spec}\n")).is_err());
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub struct TableNames {
     pub sets: BTreeSet<String>,
     /// Named counters.
     pub counters: BTreeSet<String>,
+    /// Flowtables.
+    pub flowtables: BTreeSet<String>,
 }
 
 /// The `nft` family keyword of an IP family.
@@ -97,6 +99,13 @@ pub trait Nftables: Send {
     fn names(&mut self, family: IpFamily, table: &str) -> Result<TableNames, NftError>;
     /// Whether `table` of `family` exists.
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError>;
+    /// The devices `flowtable` of `table` in `family` holds, if it exists.
+    fn flowtable_devices(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        flowtable: &str,
+    ) -> Result<Option<BTreeSet<String>>, NftError>;
     /// Per chain of `chains` in `table` of `family`: how many rules it holds and the comments
     /// they carry.
     fn rule_comments(
@@ -243,11 +252,31 @@ impl Nftables for SystemNftables {
             .map_err(failed("counters"))?
             .into_keys()
             .collect();
+        let flowtables = read::flowtables(family, table)
+            .map_err(failed("flowtables"))?
+            .into_keys()
+            .collect();
         Ok(TableNames {
             chains,
             sets,
             counters,
+            flowtables,
         })
+    }
+
+    fn flowtable_devices(
+        &mut self,
+        family: IpFamily,
+        table: &str,
+        flowtable: &str,
+    ) -> Result<Option<BTreeSet<String>>, NftError> {
+        let mut found = read::flowtables(family, table).map_err(|source| NftError::Netlink {
+            what: "flowtables",
+            table: table.to_string(),
+            family: family_keyword(family),
+            source,
+        })?;
+        Ok(found.remove(flowtable))
     }
 
     fn table_exists(&mut self, family: IpFamily, table: &str) -> Result<bool, NftError> {

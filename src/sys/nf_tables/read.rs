@@ -24,6 +24,10 @@ use super::wire::{
     NFTA_OBJ_DATA, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA,
     NFTA_SET_NAME, NFTA_TABLE_NAME, NFTNL_UDATA_COMMENT,
 };
+use super::wire::{
+    NFT_MSG_GETFLOWTABLE, NFT_MSG_NEWFLOWTABLE, NFTA_DEVICE_NAME, NFTA_FLOWTABLE_HOOK,
+    NFTA_FLOWTABLE_HOOK_DEVS, NFTA_FLOWTABLE_NAME,
+};
 
 /// A dump the ruleset's changes interrupt is read again, this many times at most.
 const DUMP_ATTEMPTS: usize = 5;
@@ -222,6 +226,41 @@ pub fn counters(family: IpFamily, table: &str) -> Result<BTreeMap<String, u64>, 
         }
     }
     Ok(counted)
+}
+
+/// The flowtables of `table` in `family` and the devices each has (an absent table has none).
+/// One dump of the table's flowtables (the kernel filters by table).
+pub fn flowtables(
+    family: IpFamily,
+    table: &str,
+) -> Result<BTreeMap<String, BTreeSet<String>>, NetlinkError> {
+    let request = RawMessage::request(NFT_MSG_GETFLOWTABLE, family, &[(NFTA_TABLE_NAME, table)]);
+    let mut found = BTreeMap::new();
+    for reply in &dump_of_table(request)? {
+        let Some(flowtable) = reply.attributes_of(NFT_MSG_NEWFLOWTABLE) else {
+            continue;
+        };
+        let (mut name, mut of_table, mut devices) = (None, false, BTreeSet::new());
+        for (kind, value) in attributes(flowtable) {
+            match kind {
+                NFTA_TABLE_NAME => of_table = nul_terminated(value) == table,
+                NFTA_FLOWTABLE_NAME => name = Some(nul_terminated(value)),
+                NFTA_FLOWTABLE_HOOK => {
+                    let listed = attributes(value)
+                        .filter(|(kind, _)| *kind == NFTA_FLOWTABLE_HOOK_DEVS)
+                        .flat_map(|(_, list)| attributes(list))
+                        .filter(|(kind, _)| *kind == NFTA_DEVICE_NAME)
+                        .map(|(_, device)| nul_terminated(device));
+                    devices.extend(listed);
+                }
+                _ => {}
+            }
+        }
+        if let (Some(name), true) = (name, of_table) {
+            found.insert(name, devices);
+        }
+    }
+    Ok(found)
 }
 
 /// How many threads read rules back (one netlink socket each: a socket runs one dump at a time).

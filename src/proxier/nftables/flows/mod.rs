@@ -43,6 +43,7 @@ pub fn context(scenario: &Scenario) -> NftContext {
         node_port_addresses,
         service_cidrs,
         localhost_rejects: Vec::new(),
+        offload_after_packets: None,
     }
 }
 

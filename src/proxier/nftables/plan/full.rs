@@ -8,7 +8,7 @@ use super::{CHAINS_PER_TRANSACTION, Existing, Removed, Stats, Writer, differing,
 use crate::model::NamespacedName;
 use crate::proxier::naming::ChainSet;
 use crate::proxier::nftables::digests::{DIGEST_CHAIN, Digests};
-use crate::proxier::nftables::render::{Chain, Objects, TABLE};
+use crate::proxier::nftables::render::{Chain, FLOWTABLE_SPEC, Objects, TABLE};
 use crate::proxier::nftables::slots::{is_endpoint_map, maps_of};
 
 type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
@@ -150,6 +150,9 @@ impl<'a> FullSync<'a> {
             }
             for name in &base.counters {
                 out.line("add", "counter", name, "");
+            }
+            for name in &base.flowtables {
+                out.line("add", "flowtable", name, FLOWTABLE_SPEC);
             }
             for (name, chain) in &base.chains {
                 out.declare_chain(name, chain);
@@ -343,6 +346,9 @@ impl<'a> FullSync<'a> {
         // Counters the stale chains (flushed above) counted with.
         for name in self.existing.counters.difference(&self.base.counters) {
             out.line("delete", "counter", name, "");
+        }
+        for name in self.existing.flowtables.difference(&self.base.flowtables) {
+            out.line("delete", "flowtable", name, "");
         }
     }
 }

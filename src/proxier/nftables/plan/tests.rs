@@ -303,6 +303,7 @@ fn what_the_digests_vouch_for_is_neither_declared_nor_written() {
         trusted_sets: base.sets.keys().cloned().collect(),
         base_kept: true,
         counters: Default::default(),
+        flowtables: Default::default(),
     };
     let (transactions, stats, _) = full("ip", &base, &services, &existing, false, None);
     assert_eq!(transactions, Vec::<String>::new());
@@ -356,6 +357,7 @@ fn counters_come_before_their_rules_and_go_after_them() {
     let without = render_base(&context());
     let with = render_base(&crate::proxier::nftables::render::NftContext {
         localhost_rejects: vec![Protocol::Udp],
+        offload_after_packets: None,
         ..context()
     });
     let mut nft = FakeNftables::default();

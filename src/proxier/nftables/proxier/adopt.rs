@@ -38,6 +38,7 @@ impl<N: Nftables> NftablesMode<N> {
                 );
             }
             existing.counters = programmed.base.counters.clone();
+            existing.flowtables = programmed.base.flowtables.clone();
             existing.chains.extend(
                 self.stale_chains
                     .get(&family)
@@ -67,6 +68,7 @@ impl<N: Nftables> NftablesMode<N> {
             chains,
             sets,
             counters,
+            flowtables,
             digests: held,
             elements,
         } = read;
@@ -127,6 +129,7 @@ impl<N: Nftables> NftablesMode<N> {
             chains,
             sets,
             counters,
+            flowtables,
             adopted,
             elements,
             trusted_sets,
@@ -217,6 +220,7 @@ pub(super) struct ReadBack {
     chains: ChainSet,
     sets: BTreeSet<String>,
     counters: BTreeSet<String>,
+    flowtables: BTreeSet<String>,
     /// The digests the table holds (see `digests`), if it holds digests of ours.
     digests: Option<Digests>,
     /// The elements of the top-level sets and maps present, unless the digests are to be
@@ -253,6 +257,7 @@ pub(super) fn read_table<N: Nftables>(
         chains: names.chains.into_iter().collect(),
         sets: names.sets,
         counters: names.counters,
+        flowtables: names.flowtables,
         digests,
         elements,
     })

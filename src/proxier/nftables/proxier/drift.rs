@@ -24,6 +24,7 @@ impl<N: Nftables> NftablesMode<N> {
         let mut repairs = plan::Repairs {
             chains: Vec::new(),
             counters: &current.base.counters,
+            flowtables: &current.base.flowtables,
             sets: Vec::new(),
         };
         let mut unknown = Vec::new();

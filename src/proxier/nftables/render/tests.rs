@@ -18,6 +18,7 @@ pub fn context() -> NftContext {
         node_port_addresses: NodePortAddresses::Only(vec![NODE_IP.parse().unwrap()]),
         service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
         localhost_rejects: Vec::new(),
+        offload_after_packets: None,
     }
 }
 
@@ -189,6 +190,7 @@ pub(crate) fn outside_our_changes(text: &str) -> String {
 fn upstreams_overall_table() {
     let ctx = NftContext {
         localhost_rejects: vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp],
+        offload_after_packets: None,
         ..context()
     };
     let ours = dump(&table(&overall_services(), &ctx), &ctx);
@@ -468,6 +470,7 @@ fn upstreams_localhost_node_port_cases() {
         let settings = crate::proxier::nftables::NftablesSettings::from_config(&config);
         let ctx = NftContext {
             localhost_rejects: settings.localhost_rejects(IpFamily::V4),
+            offload_after_packets: None,
             ..context()
         };
         let ours = dump(&table(&services, &ctx), &ctx);

@@ -88,3 +88,25 @@ impl DummyLinks for FakeLinks {
         Ok(())
     }
 }
+
+/// The names of the node's links, shared with the test that adds and removes them.
+#[derive(Clone, Debug, Default)]
+pub struct FakeLinkNames(pub std::sync::Arc<std::sync::Mutex<BTreeSet<String>>>);
+
+impl FakeLinkNames {
+    pub fn of(names: &[&str]) -> Self {
+        let names = names.iter().map(|name| name.to_string()).collect();
+        FakeLinkNames(std::sync::Arc::new(std::sync::Mutex::new(names)))
+    }
+
+    pub fn set(&self, names: &[&str]) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *held = names.iter().map(|name| name.to_string()).collect();
+    }
+}
+
+impl super::LinkNames for FakeLinkNames {
+    fn names(&mut self) -> Result<BTreeSet<String>, LinkError> {
+        Ok(self.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}

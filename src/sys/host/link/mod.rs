@@ -1,5 +1,8 @@
-//! Dummy links and their addresses over rtnetlink (kube-ipvs0 holds every service IP in IPVS mode).
+//! Links over rtnetlink: dummy links and their addresses (kube-ipvs0 holds every service IP in
+//! IPVS mode), the names of the node's links (nftables mode's flowtable covers them) and the
+//! events that say a link appeared.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
@@ -10,6 +13,7 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 
 use crate::sys::netlink::{Connection, NetlinkError};
 
+pub mod events;
 pub mod fake;
 
 const EEXIST: i32 = 17;
@@ -54,6 +58,17 @@ impl DummyLinks for Links {
     }
 }
 
+/// The names of the links of this network namespace.
+pub trait LinkNames: Send {
+    fn names(&mut self) -> Result<BTreeSet<String>, LinkError>;
+}
+
+impl LinkNames for Links {
+    fn names(&mut self) -> Result<BTreeSet<String>, LinkError> {
+        Links::names(self)
+    }
+}
+
 /// Links and addresses in this thread's network namespace.
 pub struct Links {
     connection: Connection,
@@ -68,6 +83,29 @@ impl Links {
                 cause,
             })?;
         Ok(Links { connection })
+    }
+
+    /// The names of every link (one dump of the links, a few hundred on a busy node).
+    pub fn names(&mut self) -> Result<BTreeSet<String>, LinkError> {
+        let replies = self
+            .connection
+            .request(RouteNetlinkMessage::GetLink(LinkMessage::default()), true)
+            .map_err(|cause| LinkError {
+                operation: "list links".into(),
+                cause,
+            })?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|reply| match reply {
+                RouteNetlinkMessage::NewLink(link) => {
+                    link.attributes.into_iter().find_map(|a| match a {
+                        LinkAttribute::IfName(name) => Some(name),
+                        _ => None,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
     }
 
     /// The index of the link called `name`, if it exists.

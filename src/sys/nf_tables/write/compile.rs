@@ -452,7 +452,12 @@ impl Compiler {
             [] => Vec::new(),
             ["devices", "=", "{", listed @ .., "}", ";"] => listed
                 .iter()
-                .map(|device| device.trim_end_matches(','))
+                .map(|device| {
+                    let device = device.trim_end_matches(',');
+                    unquote(device).unwrap_or(device)
+                })
+                // A quoted name is one word, and the comma after it another.
+                .filter(|device| !device.is_empty())
                 .collect(),
             _ => return Err("unsupported flowtable devices".into()),
         };

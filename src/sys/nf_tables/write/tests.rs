@@ -298,3 +298,12 @@ fn kernel_errors_name_the_message_and_carry_its_text() {
         vec![(3, 2, Some("Chain not found".to_string()))]
     );
 }
+
+#[test]
+fn quoted_flowtable_devices_compile_as_bare_ones() {
+    let head = "add flowtable ip t f { hook ingress priority filter ; devices = {";
+    let bare = compile(&format!("{head} lo, veth-a }} ; }}\n")).unwrap();
+    let quoted = compile(&format!("{head} \"lo\", \"veth-a\" }} ; }}\n")).unwrap();
+    assert_eq!(bare.messages.len(), 1);
+    assert_eq!(bare.messages[0].attributes, quoted.messages[0].attributes);
+}
