@@ -602,3 +602,46 @@ async fn one_service_the_kernel_refuses_does_not_fail_the_node() {
     assert_eq!(daemon.count("Failed to sync"), 0);
     daemon.stop().await;
 }
+
+/// `--offload-packet-threshold` where the kernel may have no flowtables (this machine's has
+/// none; tests/nftables_offload_vm.rs runs a kernel that has them): the daemon says which, the
+/// rest of the table is written and serves, and its probe leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offload_is_said_to_be_on_or_impossible_and_the_rest_is_written() {
+    require_netns();
+    let cluster = Cluster::start().await;
+    seed(&cluster.api);
+    // What the kernel can do, asked with nft itself in a namespace of its own.
+    let scratch = support::netns::Netns::new("ft-probe");
+    let kernel_has_flowtables = scratch
+        .raw_output(&[
+            "sh",
+            "-c",
+            "printf 'add table ip t\\nadd flowtable ip t f { hook ingress priority filter ; }\\n' | nft -f -",
+        ])
+        .status
+        .success();
+    let config = cluster.config_with_mode("nftables", NFT_CONFIG);
+    let daemon = cluster.daemon_with(&config, &["--offload-packet-threshold=20"]);
+    daemon.wait_for("\"Synced proxy rules\"").await;
+    let table = our_table(&cluster);
+    if kernel_has_flowtables {
+        daemon
+            .wait_for("Offloading connections to ClusterIPs to the flowtable fast path")
+            .await;
+        assert!(table.contains("flowtable kube-proxy-flowtable"), "{table}");
+        assert!(table.contains("flow add @kube-proxy-flowtable"), "{table}");
+    } else {
+        daemon
+            .wait_for("this kernel has no flowtables (NF_FLOW_TABLE, module nf_flow_table_inet)")
+            .await;
+        assert!(!table.contains("flowtable"), "{table}");
+        assert!(!table.contains("flow add"), "{table}");
+        assert!(!table.contains("flow-offload-requests"), "{table}");
+    }
+    let answers = many(20, || tcp_request(&cluster.node, addr("10.96.0.10:80")));
+    assert!(names(&answers).len() >= 2, "{answers:?}");
+    let tables = nft(&cluster, &["list", "tables"]);
+    assert!(!tables.contains("probe"), "{tables}");
+    daemon.stop().await;
+}

@@ -222,3 +222,24 @@ fn hostname_override_is_trimmed_lower_cased_and_never_blank() {
         Some(ProxyMode::Ipvs)
     );
 }
+
+#[test]
+fn the_offload_threshold_is_a_packet_count_and_off_by_default() {
+    assert_eq!(parse(&[]).offload_packet_threshold, None);
+    assert_eq!(
+        parse(&["--offload-packet-threshold=20"]).offload_packet_threshold,
+        Some(20)
+    );
+    assert_eq!(
+        parse(&["--offload-packet-threshold", "0"]).offload_packet_threshold,
+        Some(0)
+    );
+    for bad in ["-1", "twenty"] {
+        let err = Flags::parse_from(["--offload-packet-threshold", bad]).unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains("--offload-packet-threshold") && said.contains(bad),
+            "{said}"
+        );
+    }
+}

@@ -591,4 +591,5 @@ fn of_two_chains_hashing_to_one_slot_the_same_one_wins_in_any_order() {
     }
 }
 
+mod offload;
 mod restarts_and_drift;

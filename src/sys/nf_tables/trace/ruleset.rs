@@ -13,9 +13,9 @@ use crate::sys::nf_tables::fake::FakeNftables;
 use crate::sys::nf_tables::read::{RawMessage, dump, nfproto, nul_terminated};
 use crate::sys::nf_tables::wire::{
     ELEM_INTERVAL_END, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET,
-    NFT_MSG_GETSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE, NFT_MSG_NEWSET,
-    NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
-    NFTA_RULE_CHAIN, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
+    NFT_MSG_GETSETELEM, NFT_MSG_NEWCHAIN, NFT_MSG_NEWFLOWTABLE, NFT_MSG_NEWOBJ, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE, NFTA_CHAIN_NAME, NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT, NFTA_RULE_CHAIN, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY,
     NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_NAME, NFTA_TABLE_NAME,
     NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE,
 };
@@ -264,7 +264,9 @@ impl Ruleset {
                     .ok_or(TraceError::Missing { kind: "set", name })?;
                 set.elements.extend(elements);
             }
-            NFT_MSG_NEWOBJ => {}
+            // Named counters count, and a flowtable takes connections a rule gives it (which
+            // the trace notes on the path): neither changes where a packet goes.
+            NFT_MSG_NEWOBJ | NFT_MSG_NEWFLOWTABLE => {}
             other => {
                 return Err(TraceError::Malformed(format!(
                     "message type {other} does not build a ruleset"
@@ -314,6 +316,11 @@ fn fake_commands(fake: &FakeNftables, family: IpFamily) -> String {
         }
         for counter in &table.counters {
             out.push_str(&format!("add counter {head} {counter}\n"));
+        }
+        for flowtable in table.flowtables.keys() {
+            out.push_str(&format!(
+                "add flowtable {head} {flowtable} {{ hook ingress priority filter ; }}\n"
+            ));
         }
         for (chain, (spec, _)) in &table.chains {
             out.push_str(&format!("add chain {head} {chain} {spec}\n"));
