@@ -16,10 +16,12 @@
 //! the connection rate second by second while it runs, across a restart and while stopped.
 //!
 //! `cargo bench --bench datapath` runs 0, 1,000, 10,000 and 30,000 Services in iptables mode
-//! (iptables-nft, as Debian's `iptables`) and nftables mode; `-- --sizes 0,1000 --modes
-//! nftables,iptables-legacy --rounds 7 --svg PATH --idle-services N --idle-modes nftables
-//! --no-idle --only-idle` pick; `--absorb FILE` adds to the chart the points an earlier run
-//! printed. Under `cargo test` it runs once at 0 and 50 Services with short rounds, as
+//! (iptables-nft, as Debian's `iptables`) and nftables mode, and nftables mode with its
+//! flowtable fast path beside it without (`nftables-offload`: said not measured on a kernel
+//! without flowtables; run it in the VM, tests/vm/run-in-vm.sh); `-- --sizes 0,1000 --modes
+//! nftables,iptables-legacy --rounds 7 --connections 500 --stream-mib 64 --svg PATH
+//! --idle-services N --idle-modes nftables --no-idle --only-idle` pick; `--absorb FILE` adds
+//! to the chart the points an earlier run printed. Under `cargo test` it runs once at 0 and 50 Services with short rounds, as
 //! a smoke test.
 
 #[path = "../../tests/support/mod.rs"]
@@ -40,6 +42,9 @@ use report::{BARE, CONNTRACK_MASQUERADE, OURS, Run, TRANSLATION, UPSTREAM};
 use rules::Place;
 use support::scale::{flag, require_root, sizes};
 use topology::{Origin, Twin};
+
+/// `--offload-packet-threshold` of the nftables-offload twin: KEP-4963's proposed default.
+const OFFLOAD_THRESHOLD: u32 = 20;
 
 /// The ways measured on `twin`: direct to the pod from each origin, and for a node with
 /// Services, to them.
@@ -86,6 +91,18 @@ fn measure(
             rules::upstream_nftables(&twin.node, &text);
             upstream = Some(twin);
         }
+        // The same table with the fast path, beside it without (in the upstream twin's place).
+        "nftables-offload" => {
+            if let Err(refused) =
+                rules::nftables_offloading(&ours.node, state.clone(), OFFLOAD_THRESHOLD)
+            {
+                println!("\n{mode}, {services} Services: not measured: {refused}");
+                return None;
+            }
+            let twin = Twin::new(&format!("plain-{services}"));
+            rules::nftables(&twin.node, state);
+            upstream = Some(twin);
+        }
         _ => {
             let backend = if mode == "iptables-legacy" {
                 Backend::Legacy
@@ -126,15 +143,18 @@ fn main() {
     require_root("the data path benchmark needs root (network namespaces)");
     let bench = args.iter().any(|a| a == "--bench");
     let (default_sizes, amounts, window, period): (&[usize], _, _, _) = if bench {
-        let rounds = flag(&args, "--rounds")
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(9);
+        let number = |name: &str, default: usize| {
+            flag(&args, name)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(default)
+        };
+        let rounds = number("--rounds", 9);
         (
             &[0, 1000, 10_000, 30_000],
             Amounts {
-                connections: 2000,
-                requests: 2000,
-                stream_bytes: 256 << 20,
+                connections: number("--connections", 2000),
+                requests: number("--connections", 2000),
+                stream_bytes: (number("--stream-mib", 256) as u64) << 20,
                 rounds,
                 settle: Duration::from_secs(10),
             },
@@ -156,10 +176,10 @@ fn main() {
         )
     };
     let sizes = sizes(&args, default_sizes);
-    const MODES: [&str; 3] = ["iptables", "iptables-legacy", "nftables"];
+    const MODES: [&str; 4] = ["iptables", "iptables-legacy", "nftables", "nftables-offload"];
     let mut modes: Vec<&'static str> = Vec::new();
     for asked in flag(&args, "--modes")
-        .unwrap_or("iptables,nftables")
+        .unwrap_or("iptables,nftables,nftables-offload")
         .split(',')
     {
         match MODES.into_iter().find(|known| *known == asked) {
@@ -193,6 +213,7 @@ fn main() {
         }
     }
     report::summary(&runs);
+    report::offload_summary(&runs);
     let mut points = report::points(&runs);
     if let Some(file) = flag(&args, "--absorb") {
         let earlier = std::fs::read_to_string(file).expect("the run to absorb");

@@ -112,6 +112,7 @@ pub fn twin_name(twin: usize, mode: &str) -> String {
         CONNTRACK_MASQUERADE => "conntrack+masquerade floor".into(),
         TRANSLATION => "translation floor".into(),
         OURS => format!("{mode} mode"),
+        _ if mode == "nftables-offload" => "nftables mode, offload off".into(),
         _ => "upstream 1.37's nftables shape".into(),
     }
 }
@@ -375,6 +376,44 @@ pub fn summary(runs: &[Run]) {
             cell(run.against(service, OURS, Kind::Stream)),
             p50(service),
             p50(floor),
+        );
+    }
+}
+
+/// The fast path's runs: each way with offload over the same way without, in the same rounds.
+pub fn offload_summary(runs: &[Run]) {
+    use crate::rules::Place;
+    use crate::topology::Origin;
+    let runs: Vec<&Run> = runs.iter().filter(|r| r.mode == "nftables-offload").collect();
+    if runs.is_empty() {
+        return;
+    }
+    let cell = |r: Option<(f64, f64, f64)>| match r {
+        Some((m, l, h)) => format!("{m:.2} ({l:.2}-{h:.2})"),
+        None => "-".to_string(),
+    };
+    println!("\nOffload (--offload-packet-threshold): nftables mode with it over without, same way, same rounds, median (least-most)");
+    println!("| Services | stream: pod -> ClusterIP | stream: pod -> pod | new TCP connections: pod -> ClusterIP | UDP requests: pod -> ClusterIP | stream: pod -> ClusterIP, offload off, x pod direct |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for run in runs {
+        let way = |to| Way {
+            twin: OURS,
+            from: Origin::Pod,
+            to,
+        };
+        let service = way(Target::ClusterIp(Place::Middle));
+        let plain = Way {
+            twin: UPSTREAM,
+            ..service
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            run.services,
+            cell(run.against_same_way(service, UPSTREAM, Kind::Stream)),
+            cell(run.against_same_way(way(Target::Pod), UPSTREAM, Kind::Stream)),
+            cell(run.against_same_way(service, UPSTREAM, Kind::Connections)),
+            cell(run.against_same_way(service, UPSTREAM, Kind::Requests)),
+            cell(run.against(plain, UPSTREAM, Kind::Stream)),
         );
     }
 }

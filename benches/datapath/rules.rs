@@ -12,7 +12,9 @@ use kube_proxy_rs::model::{
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
+use kube_proxy_rs::proxier::nftables::flowtable::{self, FlowtableDevices};
 use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
+use kube_proxy_rs::sys::host::link::Links;
 use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
 use kube_proxy_rs::sys::nf_tables::SystemNftables;
 use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
@@ -126,6 +128,28 @@ pub fn nftables(node: &Netns, state: ProxyState) -> String {
         p.sync(&state, &ChangeSummary::default())
             .expect("nftables sync");
         p.last_transactions.iter().map(|t| t.1.clone()).collect()
+    })
+}
+
+/// Programs `state` in `node` as nftables mode does with `--offload-packet-threshold`, its
+/// flowtable over the node's links; or why the kernel cannot (no flowtables).
+pub fn nftables_offloading(node: &Netns, state: ProxyState, threshold: u32) -> Result<(), String> {
+    node.run(move || {
+        flowtable::probe(&mut SystemNftables::default()).map_err(|err| {
+            format!("this kernel has no flowtables (NF_FLOW_TABLE): {err}")
+        })?;
+        let links = Links::open().map_err(|err| err.to_string())?;
+        let mut settings = NftablesSettings::from_config(&config());
+        settings.offload_after_packets = Some(threshold);
+        let mut p = NftablesProxier::new(
+            SystemNftables::default(),
+            settings,
+            Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
+        )
+        .with_flowtable_devices(FlowtableDevices::new(Box::new(links)));
+        p.sync(&state, &ChangeSummary::default())
+            .map(|_| ())
+            .map_err(|err| err.to_string())
     })
 }
 
