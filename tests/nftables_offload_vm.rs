@@ -179,6 +179,9 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
         entries.iter().any(|e| e.contains("[OFFLOAD]")),
         "not offloaded: {entries:?}"
     );
+    // `ct packets` counts: the kernel turned conntrack's accounting on in the node's namespace.
+    let accounting = node.output(&["sysctl", "-n", "net.netfilter.nf_conntrack_acct"]);
+    assert_eq!(accounting.trim(), "1");
     let before = watched(node);
     for i in 0..100 {
         assert_eq!(

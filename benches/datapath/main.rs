@@ -16,9 +16,10 @@
 //! the connection rate second by second while it runs, across a restart and while stopped.
 //!
 //! `cargo bench --bench datapath` runs 0, 1,000, 10,000 and 30,000 Services in iptables mode
-//! (iptables-nft, as Debian's `iptables`) and nftables mode, and nftables mode with its
-//! flowtable fast path beside it without (`nftables-offload`: said not measured on a kernel
-//! without flowtables; run it in the VM, tests/vm/run-in-vm.sh); `-- --sizes 0,1000 --modes
+//! (iptables-nft, as Debian's `iptables`) and nftables mode, nftables mode with its flowtable
+//! fast path beside it without (`nftables-offload`), and IPVS mode (`ipvs`); the last two are
+//! said not measured on a kernel without flowtables or IPVS (this machine's): run them in the
+//! VM (tests/vm/run-in-vm.sh); `-- --sizes 0,1000 --modes
 //! nftables,iptables-legacy --rounds 7 --connections 500 --stream-mib 64 --svg PATH
 //! --idle-services N --idle-modes nftables --no-idle --only-idle` pick; `--absorb FILE` adds
 //! to the chart the points an earlier run printed. Under `cargo test` it runs once at 0 and 50 Services with short rounds, as
@@ -103,6 +104,12 @@ fn measure(
             rules::nftables(&twin.node, state);
             upstream = Some(twin);
         }
+        "ipvs" => {
+            if let Err(refused) = rules::ipvs(&ours.node, state) {
+                println!("\n{mode}, {services} Services: not measured: {refused}");
+                return None;
+            }
+        }
         _ => {
             let backend = if mode == "iptables-legacy" {
                 Backend::Legacy
@@ -176,10 +183,16 @@ fn main() {
         )
     };
     let sizes = sizes(&args, default_sizes);
-    const MODES: [&str; 4] = ["iptables", "iptables-legacy", "nftables", "nftables-offload"];
+    const MODES: [&str; 5] = [
+        "iptables",
+        "iptables-legacy",
+        "nftables",
+        "nftables-offload",
+        "ipvs",
+    ];
     let mut modes: Vec<&'static str> = Vec::new();
     for asked in flag(&args, "--modes")
-        .unwrap_or("iptables,nftables,nftables-offload")
+        .unwrap_or("iptables,nftables,nftables-offload,ipvs")
         .split(',')
     {
         match MODES.into_iter().find(|known| *known == asked) {

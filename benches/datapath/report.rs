@@ -165,6 +165,7 @@ pub fn points(runs: &[Run]) -> Vec<Point> {
         "iptables" => "#d62728",
         "iptables-legacy" => "#ff7f0e",
         "nftables" => "#1f77b4",
+        "ipvs" => "#9467bd",
         _ => "#2ca02c",
     };
     let mut points = Vec::new();
@@ -384,7 +385,10 @@ pub fn summary(runs: &[Run]) {
 pub fn offload_summary(runs: &[Run]) {
     use crate::rules::Place;
     use crate::topology::Origin;
-    let runs: Vec<&Run> = runs.iter().filter(|r| r.mode == "nftables-offload").collect();
+    let runs: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.mode == "nftables-offload")
+        .collect();
     if runs.is_empty() {
         return;
     }
@@ -392,8 +396,12 @@ pub fn offload_summary(runs: &[Run]) {
         Some((m, l, h)) => format!("{m:.2} ({l:.2}-{h:.2})"),
         None => "-".to_string(),
     };
-    println!("\nOffload (--offload-packet-threshold): nftables mode with it over without, same way, same rounds, median (least-most)");
-    println!("| Services | stream: pod -> ClusterIP | stream: pod -> pod | new TCP connections: pod -> ClusterIP | UDP requests: pod -> ClusterIP | stream: pod -> ClusterIP, offload off, x pod direct |");
+    println!(
+        "\nOffload (--offload-packet-threshold): nftables mode with it over without, same way, same rounds, median (least-most)"
+    );
+    println!(
+        "| Services | stream: pod -> ClusterIP | stream: pod -> pod | new TCP connections: pod -> ClusterIP | UDP requests: pod -> ClusterIP | stream: pod -> ClusterIP, offload off, x pod direct |"
+    );
     println!("| --- | --- | --- | --- | --- | --- |");
     for run in runs {
         let way = |to| Way {

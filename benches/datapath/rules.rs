@@ -1,7 +1,8 @@
 //! What each twin's node holds: the Services (the benchmarks' shared shape, N Services x 10
 //! endpoints on another node, as ClusterIPs, and three measured Services whose one endpoint is
-//! the server pod), programmed by the mode's proxier; upstream 1.37's nftables shape of the
-//! same Services; or the floors' rules.
+//! the server pod), programmed by the mode's proxier (nftables mode also with its flowtable
+//! fast path; IPVS mode where the kernel has IPVS); upstream 1.37's nftables shape of the same
+//! Services; or the floors' rules.
 
 use std::net::IpAddr;
 
@@ -12,10 +13,11 @@ use kube_proxy_rs::model::{
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
+use kube_proxy_rs::proxier::ipvs::{IpvsProxier, IpvsSettings, check_support};
 use kube_proxy_rs::proxier::nftables::flowtable::{self, FlowtableDevices};
 use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
 use kube_proxy_rs::sys::host::link::Links;
-use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses};
+use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses, ProcSysctl};
 use kube_proxy_rs::sys::nf_tables::SystemNftables;
 use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
 
@@ -135,9 +137,8 @@ pub fn nftables(node: &Netns, state: ProxyState) -> String {
 /// flowtable over the node's links; or why the kernel cannot (no flowtables).
 pub fn nftables_offloading(node: &Netns, state: ProxyState, threshold: u32) -> Result<(), String> {
     node.run(move || {
-        flowtable::probe(&mut SystemNftables::default()).map_err(|err| {
-            format!("this kernel has no flowtables (NF_FLOW_TABLE): {err}")
-        })?;
+        flowtable::probe(&mut SystemNftables::default())
+            .map_err(|err| format!("this kernel has no flowtables (NF_FLOW_TABLE): {err}"))?;
         let links = Links::open().map_err(|err| err.to_string())?;
         let mut settings = NftablesSettings::from_config(&config());
         settings.offload_after_packets = Some(threshold);
@@ -147,6 +148,26 @@ pub fn nftables_offloading(node: &Netns, state: ProxyState, threshold: u32) -> R
             Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
         )
         .with_flowtable_devices(FlowtableDevices::new(Box::new(links)));
+        p.sync(&state, &ChangeSummary::default())
+            .map(|_| ())
+            .map_err(|err| err.to_string())
+    })
+}
+
+/// Programs `state` in `node` as IPVS mode does (on iptables-nft); or why the kernel cannot
+/// (this machine's has no IPVS: run it in the VM).
+pub fn ipvs(node: &Netns, state: ProxyState) -> Result<(), String> {
+    node.run(move || {
+        let config = config();
+        check_support(&config.ipvs.scheduler)
+            .map_err(|err| format!("this kernel cannot run IPVS mode: {err}"))?;
+        let mut p = IpvsProxier::new(
+            IpvsSettings::from_config(&config),
+            Box::new(SystemIptables::new(Backend::Nft)),
+            Box::new(ProcSysctl::default()),
+            Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
+        )
+        .map_err(|err| err.to_string())?;
         p.sync(&state, &ChangeSummary::default())
             .map(|_| ())
             .map_err(|err| err.to_string())
