@@ -82,7 +82,7 @@ fn measure(
     floors: [&Twin; 3],
     amounts: Amounts,
 ) -> Option<Run> {
-    let ours = Twin::new(&format!("{mode}-{services}"));
+    let mut ours = Twin::new(&format!("{mode}-{services}"));
     let state = rules::state(services);
     let mut upstream = None;
     match mode {
@@ -109,6 +109,7 @@ fn measure(
                 println!("\n{mode}, {services} Services: not measured: {refused}");
                 return None;
             }
+            ours.keep_connections();
         }
         _ => {
             let backend = if mode == "iptables-legacy" {

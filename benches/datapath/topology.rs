@@ -29,6 +29,8 @@ pub struct Twin {
     pub outside: Netns,
     pub client: Netns,
     _server: Netns,
+    /// The node's tracked connections are kept between rounds (IPVS: see `keep_connections`).
+    keeps_connections: bool,
 }
 
 impl Twin {
@@ -47,7 +49,16 @@ impl Twin {
             outside,
             client,
             _server: server,
+            keeps_connections: false,
         }
+    }
+
+    /// Keeps the node's tracked connections between rounds. IPVS keeps its own connections
+    /// (UDP for 300 s): after conntrack forgot them, a request from a source port an earlier one
+    /// used goes to IPVS's old connection with a new conntrack entry that does not translate its
+    /// answer back, and the answer is lost.
+    pub fn keep_connections(&mut self) {
+        self.keeps_connections = true;
     }
 
     /// The namespace a connection from `origin` starts in.
@@ -61,7 +72,9 @@ impl Twin {
 
     /// Forgets the node's tracked connections, so that no round meets the last one's entries.
     pub fn forget_connections(&self) {
-        let _ = self.node.raw_output(&["conntrack", "-F"]);
+        if !self.keeps_connections {
+            let _ = self.node.raw_output(&["conntrack", "-F"]);
+        }
     }
 }
 

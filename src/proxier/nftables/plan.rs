@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::digests::{DIGEST_CHAIN, Digests};
-use super::render::{Chain, Elements, FLOWTABLE_SPEC, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE};
+use super::render::{Chain, Elements, HAIRPIN_CONNECTIONS, Objects, SetDef, TABLE, flowtable_spec};
 use crate::proxier::naming::ChainSet;
 use crate::sys::nf_tables::SetElements;
 
@@ -209,7 +209,7 @@ pub fn partial(
             out.line("add", "counter", name, "");
         }
         for name in new.flowtables.difference(&old.flowtables) {
-            out.line("add", "flowtable", name, FLOWTABLE_SPEC);
+            out.line("add", "flowtable", name, &flowtable_spec(&[]));
         }
         for (name, chain) in new
             .chains
@@ -340,7 +340,7 @@ pub fn repair(family: &str, repairs: &Repairs<'_>) -> String {
             out.line("add", "counter", name, "");
         }
         for name in repairs.flowtables {
-            out.line("add", "flowtable", name, FLOWTABLE_SPEC);
+            out.line("add", "flowtable", name, &flowtable_spec(&[]));
         }
     }
     for (name, def, elements) in &repairs.sets {

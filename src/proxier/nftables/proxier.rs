@@ -315,7 +315,7 @@ impl<N: Nftables> Mode for NftablesMode<N> {
         if let Some(devices) = self.flowtable_devices.as_mut()
             && self.settings.offload_after_packets.is_some()
         {
-            devices.keep(&mut self.nft, family, full);
+            devices.keep(&mut self.nft, family);
         }
         Ok(repaired)
     }

@@ -32,8 +32,18 @@ pub const LOCALHOST_REJECT_PORTS: &str = "localhost-nodeport-reject-ports";
 
 /// The flowtable Service connections are offloaded to (KEP-4963's name).
 pub const FLOWTABLE: &str = "kube-proxy-flowtable";
-/// Its spec: the ingress hook of its devices, which are added apart (see `FlowtableDevices`).
-pub const FLOWTABLE_SPEC: &str = "{ hook ingress priority filter ; }";
+/// Its spec, with `devices` added to those it holds: the ingress hook of its devices. The
+/// table declares it with none; they are added apart (see `FlowtableDevices`).
+pub fn flowtable_spec(devices: &[String]) -> String {
+    if devices.is_empty() {
+        return "{ hook ingress priority filter ; }".into();
+    }
+    let quoted: Vec<String> = devices.iter().map(|name| format!("\"{name}\"")).collect();
+    format!(
+        "{{ hook ingress priority filter ; devices = {{ {} }} ; }}",
+        quoted.join(", ")
+    )
+}
 /// The named counter of the packets that asked for their connection to be offloaded.
 pub const OFFLOAD_REQUESTS: &str = "flow-offload-requests";
 
@@ -178,7 +188,7 @@ pub struct Objects {
     pub slots: Vec<Claim>,
     /// Named counters (the base's).
     pub counters: BTreeSet<String>,
-    /// Flowtables (the base's), each of [`FLOWTABLE_SPEC`].
+    /// Flowtables (the base's), each declared with `flowtable_spec(&[])`.
     pub flowtables: BTreeSet<String>,
 }
 

@@ -78,7 +78,7 @@ fn offload(nft: &mut SystemNftables, threshold: u32) -> Option<u32> {
             warn!(
                 threshold,
                 error = %err,
-                "--offload-packet-threshold asks for the flowtable fast path, but this kernel has no flowtables (NF_FLOW_TABLE, module nf_flow_table_inet): connections stay on the normal path; the rest of the table is written"
+                "--offload-packet-threshold asks for the flowtable fast path, but the kernel refused a flowtable (a kernel without flowtables, NF_FLOW_TABLE and module nf_flow_table_inet, refuses it): connections stay on the normal path; the rest of the table is written"
             );
             None
         }

@@ -8,7 +8,7 @@ use super::{CHAINS_PER_TRANSACTION, Existing, Removed, Stats, Writer, differing,
 use crate::model::NamespacedName;
 use crate::proxier::naming::ChainSet;
 use crate::proxier::nftables::digests::{DIGEST_CHAIN, Digests};
-use crate::proxier::nftables::render::{Chain, FLOWTABLE_SPEC, Objects, TABLE};
+use crate::proxier::nftables::render::{Chain, Objects, TABLE, flowtable_spec};
 use crate::proxier::nftables::slots::{is_endpoint_map, maps_of};
 
 type NameSet<'a> = HashSet<&'a str, ahash::RandomState>;
@@ -152,7 +152,7 @@ impl<'a> FullSync<'a> {
                 out.line("add", "counter", name, "");
             }
             for name in &base.flowtables {
-                out.line("add", "flowtable", name, FLOWTABLE_SPEC);
+                out.line("add", "flowtable", name, &flowtable_spec(&[]));
             }
             for (name, chain) in &base.chains {
                 out.declare_chain(name, chain);

@@ -14,8 +14,6 @@ use crate::sys::netlink::NetlinkError;
 const RTNLGRP_LINK: u32 = 1;
 /// A link appeared or changed.
 const RTM_NEWLINK: u16 = 16;
-/// The socket overflowed: events were lost.
-const ENOBUFS: i32 = 105;
 
 /// Listens while it lives.
 pub struct LinkEvents {
@@ -64,8 +62,11 @@ fn listen(socket: &Socket, stop: &AtomicBool, appeared: &dyn Fn()) {
         match received {
             Ok(_) if holds_a_new_link(&buffer) => appeared(),
             Ok(_) => {}
-            Err(err) if err.raw_os_error() == Some(ENOBUFS) => appeared(),
-            Err(_) => {}
+            Err(err) if err.raw_os_error() == Some(nix::libc::ENOBUFS) => appeared(),
+            // The receive timeout, so that `stop` is looked at.
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            // Anything else would come back at once: wait rather than spin.
+            Err(_) => std::thread::sleep(std::time::Duration::from_secs(1)),
         }
     }
 }

@@ -51,7 +51,8 @@ pub fn trace(
 
 /// [`trace`], as if the connection had seen `packets` packets with this one (`ct packets`): a
 /// long flow's packets meet what a first one does not, such as an offload past a threshold.
-/// Its NAT is still decided here, as the first packet's was.
+/// Everything else is the first packet's: it is still a new connection (`ct state new`), and its
+/// NAT is decided here.
 pub fn trace_packet(
     ruleset: &Ruleset,
     local: &[IpAddr],
