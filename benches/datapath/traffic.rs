@@ -6,13 +6,16 @@
 //!   translated, could meet.
 //! - Requests: a DNS-shaped exchange, 32 bytes out and back over UDP, each from a socket of its
 //!   own, so that each is a new flow to the node's connection tracking, as a resolver's query is.
+//!   Each takes the next source port of a range the whole run walks, rather than a random one,
+//!   so that no request meets what an earlier one with the same ports left (IPVS keeps a UDP
+//!   connection 300 s).
 //! - A stream: `bytes` sent on one connection and acknowledged by the server when all arrived.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::netns::Netns;
@@ -162,7 +165,7 @@ pub fn requests(to: SocketAddr, count: usize) -> Result<Vec<Duration>, String> {
     let mut answer = [0u8; 64];
     for _ in 0..count {
         let started = Instant::now();
-        let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(|e| e.to_string())?;
+        let socket = fresh_udp_socket()?;
         socket
             .set_read_timeout(Some(TIMEOUT))
             .map_err(|e| e.to_string())?;
@@ -179,6 +182,24 @@ pub fn requests(to: SocketAddr, count: usize) -> Result<Vec<Duration>, String> {
         times.push(started.elapsed());
     }
     Ok(times)
+}
+
+/// The source ports requests take in turn (the range above the servers' and below Linux's
+/// ephemeral ports, which no other socket of the benchmark uses).
+const REQUEST_PORTS: std::ops::Range<u16> = 10_000..32_000;
+static REQUESTS_MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// A UDP socket on the next request port free in this namespace.
+fn fresh_udp_socket() -> Result<UdpSocket, String> {
+    let span = usize::from(REQUEST_PORTS.end - REQUEST_PORTS.start);
+    for _ in 0..16 {
+        let made = REQUESTS_MADE.fetch_add(1, Ordering::Relaxed);
+        let port = REQUEST_PORTS.start + (made % span) as u16;
+        if let Ok(socket) = UdpSocket::bind(("0.0.0.0", port)) {
+            return Ok(socket);
+        }
+    }
+    Err("no free request port".into())
 }
 
 /// `bytes` sent to `to` on one connection: the time until the server had them all.
