@@ -53,10 +53,10 @@ impl Twin {
         }
     }
 
-    /// Keeps the node's tracked connections between rounds. IPVS keeps its own connections
-    /// (UDP for 300 s): after conntrack forgot them, a request from a source port an earlier one
-    /// used goes to IPVS's old connection with a new conntrack entry that does not translate its
-    /// answer back, and the answer is lost.
+    /// Keeps the node's tracked connections between rounds: IPVS keeps connections of its own
+    /// (UDP for 300 s) that no flush of conntrack's reaches, so the two tables are left to agree
+    /// (with both flushed apart, an answer to a request through IPVS was lost once; the cause
+    /// was not pinned down).
     pub fn keep_connections(&mut self) {
         self.keeps_connections = true;
     }
