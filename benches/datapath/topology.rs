@@ -54,9 +54,8 @@ impl Twin {
     }
 
     /// Keeps the node's tracked connections between rounds: IPVS keeps connections of its own
-    /// (UDP for 300 s) that no flush of conntrack's reaches, so the two tables are left to agree
-    /// (with both flushed apart, an answer to a request through IPVS was lost once; the cause
-    /// was not pinned down).
+    /// (UDP for 300 s) that no flush of conntrack's reaches, so conntrack's are kept too and
+    /// the two tables hold the same connections.
     pub fn keep_connections(&mut self) {
         self.keeps_connections = true;
     }
