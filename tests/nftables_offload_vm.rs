@@ -13,13 +13,14 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use serde_json::json;
-use support::cluster::{BIN, Cluster, addr, seed, service, slice};
+use support::cluster::{BIN, Cluster, addr, apply_dual_stack_slices, seed, service};
 use support::netns::{Netns, echo, http_get, tcp_connect};
 use support::vm::in_vm;
 use support::{WAIT, eventually};
 
 const CONFIG: &str = "nftables:\n  syncPeriod: 30s\n  minSyncPeriod: 0s\n";
 const ONE: &str = "10.96.0.20";
+const ONE6: &str = "fd00:10:96::20";
 /// The node's forward hook as another program sees it: packets from pod-a1 to pod-b1 and
 /// pod-b2, counted after our filter-forward (priority 0).
 const WATCH: &str = "add table ip watch\n\
@@ -41,15 +42,22 @@ fn watched(node: &Netns) -> u64 {
         .unwrap_or_else(|| panic!("no counter in\n{listing}"))
 }
 
-/// The node's conntrack entries for connections to `port` of the Service.
+/// The node's conntrack entries for connections to `port` of the Service's IPv4 ClusterIP.
 fn tracked(node: &Netns, protocol: &str, port: &str) -> Vec<String> {
+    tracked_to(node, ONE, protocol, port)
+}
+
+fn tracked_to(node: &Netns, ip: &str, protocol: &str, port: &str) -> Vec<String> {
+    let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
     node.output(&[
         "conntrack",
         "-L",
+        "-f",
+        family,
         "-p",
         protocol,
         "-d",
-        ONE,
+        ip,
         "--dport",
         port,
     ])
@@ -67,11 +75,15 @@ fn one_service(cluster: &Cluster, pods: &[&str]) {
         {"name": "http", "port": 8080, "protocol": "TCP"},
         {"name": "dns", "port": 8080, "protocol": "UDP"}
     ]);
-    cluster
-        .api
-        .apply(service("one", ONE, ports, json!({})))
-        .unwrap();
-    cluster.api.apply(slice("one", slice_ports, pods)).unwrap();
+    let mut one = service(
+        "one",
+        ONE,
+        ports,
+        json!({"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack"}),
+    );
+    one["spec"]["clusterIPs"] = json!([ONE, ONE6]);
+    cluster.api.apply(one).unwrap();
+    apply_dual_stack_slices(cluster, "one", slice_ports, pods);
 }
 
 /// A UDP socket in `ns` that keeps its port, and one request through it.
@@ -98,7 +110,8 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
     if !in_vm("offloaded_service_flows_in_a_kernel_with_flowtables") {
         return;
     }
-    let cluster = Cluster::start().await;
+    let mut cluster = Cluster::start().await;
+    cluster.add_ipv6();
     seed(&cluster.api);
     one_service(&cluster, &["pod-b1"]);
     let node = &cluster.node;
@@ -206,6 +219,46 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no offload metric in\n{metrics}"));
     assert!(requests >= 1, "{requests}");
+
+    // The same over IPv6, through the ip6 table's flowtable.
+    let listing6 = nft(
+        node,
+        &[
+            "list",
+            "flowtable",
+            "ip6",
+            "kube-proxy",
+            "kube-proxy-flowtable",
+        ],
+    );
+    assert!(
+        listing6.contains("veth0") && listing6.contains("veth2"),
+        "{listing6}"
+    );
+    let (mut stream6, greeting) = tcp_connect(client, addr(&format!("[{ONE6}]:80")));
+    assert!(greeting.starts_with("pod-b1"), "{greeting}");
+    for i in 0..30 {
+        assert_eq!(
+            echo(&mut stream6, &format!("v6 {i}")).unwrap(),
+            format!("v6 {i}")
+        );
+    }
+    let entries = tracked_to(node, ONE6, "tcp", "80");
+    assert!(
+        entries.iter().any(|e| e.contains("[OFFLOAD]")),
+        "IPv6 not offloaded: {entries:?}"
+    );
+    drop(stream6);
+    let metrics = http_get(node, addr("127.0.0.1:10249"), "/metrics")
+        .unwrap()
+        .1;
+    let v6_requests = "kubeproxy_nftables_flow_offload_requests_total{ip_family=\"IPv6\"} ";
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with(v6_requests) && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 
     // A short connection stays on the normal path: under the threshold, nothing to offload.
     let (mut short, _) = tcp_connect(client, addr(&format!("{ONE}:80")));
