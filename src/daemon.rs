@@ -22,6 +22,7 @@ use crate::proxier::modes::{self, SetupError};
 use crate::proxier::profile::{KernelCounters, Profile, profile};
 use crate::runner::{self, Intervals, SyncRequester};
 use crate::servers::debug::DebugView;
+use crate::servers::nft_counters::Exported;
 use crate::servers::{
     ConnectionTable, LocalhostNodePorts, Metrics, MetricsPages, ProxyHealth, Relays, ServerError,
     ServiceHealthServers, bind, capacity_for_open_files, log_families, relay_capacity,
@@ -317,15 +318,17 @@ fn metrics_for(
             }
         }
         KernelCounters::LocalhostRejects => {
-            if feature_gates::enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE)
-                && let Err(err) = metrics.count_localhost_rejects()
+            let exported = Exported {
+                localhost_rejects: feature_gates::enabled(
+                    &config.feature_gates,
+                    LOCALHOST_NODE_PORTS_GATE,
+                ),
+                offload_requests: options.offload_packet_threshold > 0,
+            };
+            if exported != Exported::default()
+                && let Err(err) = metrics.count_nft_counters(exported)
             {
-                warn!(error = %err, "Cannot export the localhost NodePort counters");
-            }
-            if options.offload_packet_threshold > 0
-                && let Err(err) = metrics.count_offload_requests()
-            {
-                warn!(error = %err, "Cannot export the flow offload counter");
+                warn!(error = %err, "Cannot export the nftables counters");
             }
         }
     }

@@ -9,7 +9,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use serde_json::json;
@@ -105,6 +105,53 @@ fn udp_ask(socket: &UdpSocket, to: SocketAddr) -> Option<String> {
     answer.split_whitespace().next().map(str::to_string)
 }
 
+/// Our flowtable as nft lists it in `family` (`ip` or `ip6`).
+fn flowtable(node: &Netns, family: &str) -> String {
+    nft(
+        node,
+        &[
+            "list",
+            "flowtable",
+            family,
+            "kube-proxy",
+            "kube-proxy-flowtable",
+        ],
+    )
+}
+
+/// A connection from `client` to `to` (the Service's port 80), answered by pod-b1 and taken
+/// past the threshold with 30 echoes; conntrack must mark it offloaded.
+fn offloaded_connection(client: &Netns, node: &Netns, ip: &str, to: SocketAddr) -> TcpStream {
+    let (mut stream, greeting) = tcp_connect(client, to);
+    assert!(greeting.starts_with("pod-b1"), "{greeting}");
+    for i in 0..30 {
+        assert_eq!(
+            echo(&mut stream, &format!("line {i}")).unwrap(),
+            format!("line {i}")
+        );
+    }
+    let entries = tracked_to(node, ip, "tcp", "80");
+    assert!(
+        entries.iter().any(|e| e.contains("[OFFLOAD]")),
+        "not offloaded: {entries:?}"
+    );
+    stream
+}
+
+/// The daemon's offload requests of `family` (`IPv4`, `IPv6`), as its metrics say.
+fn offload_requests(node: &Netns, family: &str) -> u64 {
+    let metrics = http_get(node, addr("127.0.0.1:10249"), "/metrics")
+        .unwrap()
+        .1;
+    let series =
+        format!("kubeproxy_nftables_flow_offload_requests_total{{ip_family=\"{family}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {family} offload metric in\n{metrics}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
     if !in_vm("offloaded_service_flows_in_a_kernel_with_flowtables") {
@@ -124,16 +171,7 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
 
     // The flowtable, over every link but the loopback, and filter-forward's rule.
     let has_devices = || {
-        let listing = nft(
-            node,
-            &[
-                "list",
-                "flowtable",
-                "ip",
-                "kube-proxy",
-                "kube-proxy-flowtable",
-            ],
-        );
+        let listing = flowtable(node, "ip");
         ["veth0", "veth1", "veth2", "veth3"]
             .iter()
             .all(|link| listing.contains(link))
@@ -159,17 +197,8 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
         "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late1",
     ]);
     assert!(
-        eventually(Duration::from_secs(10), || nft(
-            node,
-            &[
-                "list",
-                "flowtable",
-                "ip",
-                "kube-proxy",
-                "kube-proxy-flowtable"
-            ]
-        )
-        .contains("late0"))
+        eventually(Duration::from_secs(10), || flowtable(node, "ip")
+            .contains("late0"))
         .await,
         "a new link is not in the flowtable"
     );
@@ -179,19 +208,7 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
     // A TCP connection from pod-a1 past the threshold is offloaded: its later packets no longer
     // reach the forward hook.
     let client = cluster.pod("pod-a1");
-    let (mut stream, greeting) = tcp_connect(client, addr(&format!("{ONE}:80")));
-    assert!(greeting.starts_with("pod-b1"), "{greeting}");
-    for i in 0..30 {
-        assert_eq!(
-            echo(&mut stream, &format!("line {i}")).unwrap(),
-            format!("line {i}")
-        );
-    }
-    let entries = tracked(node, "tcp", "80");
-    assert!(
-        entries.iter().any(|e| e.contains("[OFFLOAD]")),
-        "not offloaded: {entries:?}"
-    );
+    let mut stream = offloaded_connection(client, node, ONE, addr(&format!("{ONE}:80")));
     // `ct packets` counts: the kernel turned conntrack's accounting on in the node's namespace.
     let accounting = node.output(&["sysctl", "-n", "net.netfilter.nf_conntrack_acct"]);
     assert_eq!(accounting.trim(), "1");
@@ -208,57 +225,23 @@ async fn offloaded_service_flows_in_a_kernel_with_flowtables() {
         "200 packets of an offloaded connection, {} of them through the forward hook",
         after - before
     );
-    let metrics = http_get(node, addr("127.0.0.1:10249"), "/metrics")
-        .unwrap()
-        .1;
-    let requests: u64 = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("kubeproxy_nftables_flow_offload_requests_total{ip_family=\"IPv4\"} ")
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no offload metric in\n{metrics}"));
+    let requests = offload_requests(node, "IPv4");
     assert!(requests >= 1, "{requests}");
 
     // The same over IPv6, through the ip6 table's flowtable.
-    let listing6 = nft(
-        node,
-        &[
-            "list",
-            "flowtable",
-            "ip6",
-            "kube-proxy",
-            "kube-proxy-flowtable",
-        ],
-    );
+    let listing6 = flowtable(node, "ip6");
     assert!(
         listing6.contains("veth0") && listing6.contains("veth2"),
         "{listing6}"
     );
-    let (mut stream6, greeting) = tcp_connect(client, addr(&format!("[{ONE6}]:80")));
-    assert!(greeting.starts_with("pod-b1"), "{greeting}");
-    for i in 0..30 {
-        assert_eq!(
-            echo(&mut stream6, &format!("v6 {i}")).unwrap(),
-            format!("v6 {i}")
-        );
-    }
-    let entries = tracked_to(node, ONE6, "tcp", "80");
-    assert!(
-        entries.iter().any(|e| e.contains("[OFFLOAD]")),
-        "IPv6 not offloaded: {entries:?}"
-    );
-    drop(stream6);
-    let metrics = http_get(node, addr("127.0.0.1:10249"), "/metrics")
-        .unwrap()
-        .1;
-    let v6_requests = "kubeproxy_nftables_flow_offload_requests_total{ip_family=\"IPv6\"} ";
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with(v6_requests) && !l.ends_with(" 0")),
-        "{metrics}"
-    );
+    drop(offloaded_connection(
+        client,
+        node,
+        ONE6,
+        addr(&format!("[{ONE6}]:80")),
+    ));
+    let requests6 = offload_requests(node, "IPv6");
+    assert!(requests6 >= 1, "{requests6}");
 
     // A short connection stays on the normal path: under the threshold, nothing to offload.
     let (mut short, _) = tcp_connect(client, addr(&format!("{ONE}:80")));

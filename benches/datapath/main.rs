@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use kube_proxy_rs::sys::xtables::Backend;
 use measure::{Amounts, Target, Way};
-use report::{BARE, CONNTRACK_MASQUERADE, OURS, Run, TRANSLATION, UPSTREAM};
+use report::{BARE, COMPARED, CONNTRACK_MASQUERADE, OURS, Run, TRANSLATION};
 use rules::Place;
 use support::scale::{flag, require_root, sizes};
 use topology::{Origin, Twin};
@@ -56,7 +56,7 @@ fn ways(twin: usize, mode: &str) -> Vec<Way> {
         way(Origin::Node, Target::Pod),
         way(Origin::Outside, Target::Pod),
     ];
-    if twin == OURS || twin == UPSTREAM || twin == TRANSLATION {
+    if twin == OURS || twin == COMPARED || twin == TRANSLATION {
         let middle = Target::ClusterIp(Place::Middle);
         ways.extend([
             way(Origin::Pod, middle),
@@ -84,15 +84,15 @@ fn measure(
 ) -> Option<Run> {
     let mut ours = Twin::new(&format!("{mode}-{services}"));
     let state = rules::state(services);
-    let mut upstream = None;
+    let mut compared = None;
     match mode {
         "nftables" => {
             let text = rules::nftables(&ours.node, state);
             let twin = Twin::new(&format!("upstream-{services}"));
             rules::upstream_nftables(&twin.node, &text);
-            upstream = Some(twin);
+            compared = Some(twin);
         }
-        // The same table with the fast path, beside it without (in the upstream twin's place).
+        // The same table with the fast path, compared with it without.
         "nftables-offload" => {
             if let Err(refused) =
                 rules::nftables_offloading(&ours.node, state.clone(), OFFLOAD_THRESHOLD)
@@ -102,7 +102,7 @@ fn measure(
             }
             let twin = Twin::new(&format!("plain-{services}"));
             rules::nftables(&twin.node, state);
-            upstream = Some(twin);
+            compared = Some(twin);
         }
         "ipvs" => {
             if let Err(refused) = rules::ipvs(&ours.node, state) {
@@ -133,9 +133,9 @@ fn measure(
         .into_iter()
         .flat_map(|t| ways(t, mode))
         .collect();
-    if let Some(twin) = &upstream {
+    if let Some(twin) = &compared {
         twins.push(twin);
-        all_ways.extend(ways(UPSTREAM, mode));
+        all_ways.extend(ways(COMPARED, mode));
     }
     let figures = measure::rounds(&twins, &all_ways, amounts);
     Some(Run {
@@ -157,11 +157,13 @@ fn main() {
                 .unwrap_or(default)
         };
         let rounds = number("--rounds", 9);
+        // As many UDP requests a way as connections.
+        let connections = number("--connections", 2000);
         (
             &[0, 1000, 10_000, 30_000],
             Amounts {
-                connections: number("--connections", 2000),
-                requests: number("--connections", 2000),
+                connections,
+                requests: connections,
                 stream_bytes: (number("--stream-mib", 256) as u64) << 20,
                 rounds,
                 settle: Duration::from_secs(10),

@@ -10,7 +10,9 @@ pub const BARE: usize = 0;
 pub const CONNTRACK_MASQUERADE: usize = 1;
 pub const TRANSLATION: usize = 2;
 pub const OURS: usize = 3;
-pub const UPSTREAM: usize = 4;
+/// The table ours is compared with, beside it: upstream 1.37's shape (nftables), the same
+/// table without the fast path (nftables-offload).
+pub const COMPARED: usize = 4;
 
 /// One mode at one size, measured.
 pub struct Run {
@@ -75,10 +77,7 @@ impl Run {
                         quantile(&samples.times, 0.99).as_secs_f64() * 1e6
                     )
                 };
-                let cell = |r: Option<(f64, f64, f64)>| match r {
-                    Some((m, l, h)) => format!("{m:.2}x ({l:.2}-{h:.2})"),
-                    None => "-".to_string(),
-                };
+                let cell = |r| cell(r, "x");
                 let same_node = if way.to == Target::Pod {
                     None
                 } else {
@@ -103,6 +102,15 @@ impl Run {
                 );
             }
         }
+    }
+}
+
+/// A ratio's median and, in parentheses, its least and most, the median followed by `unit`;
+/// `-` where there is none.
+fn cell(ratio: Option<(f64, f64, f64)>, unit: &str) -> String {
+    match ratio {
+        Some((m, l, h)) => format!("{m:.2}{unit} ({l:.2}-{h:.2})"),
+        None => "-".to_string(),
     }
 }
 
@@ -339,10 +347,7 @@ pub fn summary(runs: &[Run]) {
         to,
     };
     let cluster_ip = Target::ClusterIp(Place::Middle);
-    let cell = |r: Option<(f64, f64, f64)>| match r {
-        Some((m, l, h)) => format!("{m:.2} ({l:.2}-{h:.2})"),
-        None => "-".to_string(),
-    };
+    let cell = |r| cell(r, "");
     println!("\nSummary: ratios of rates measured in the same rounds, median (least-most)");
     println!(
         "| mode | Services | not to a Service (pod -> pod), x conntrack+masquerade floor: TCP / UDP | pod -> ClusterIP, x pod direct: TCP / UDP | pod -> ClusterIP, x translation floor: TCP / UDP | pod -> NodePort, x translation floor | node -> ClusterIP, x translation floor | outside -> NodePort, x translation floor | stream to a ClusterIP, x pod direct | p50 of a new connection to a ClusterIP / pod direct on the conntrack+masquerade floor (us) |"
@@ -392,10 +397,7 @@ pub fn offload_summary(runs: &[Run]) {
     if runs.is_empty() {
         return;
     }
-    let cell = |r: Option<(f64, f64, f64)>| match r {
-        Some((m, l, h)) => format!("{m:.2} ({l:.2}-{h:.2})"),
-        None => "-".to_string(),
-    };
+    let cell = |r| cell(r, "");
     println!(
         "\nOffload (--offload-packet-threshold): nftables mode with it over without, same way, same rounds, median (least-most)"
     );
@@ -411,17 +413,17 @@ pub fn offload_summary(runs: &[Run]) {
         };
         let service = way(Target::ClusterIp(Place::Middle));
         let plain = Way {
-            twin: UPSTREAM,
+            twin: COMPARED,
             ..service
         };
         println!(
             "| {} | {} | {} | {} | {} | {} |",
             run.services,
-            cell(run.against_same_way(service, UPSTREAM, Kind::Stream)),
-            cell(run.against_same_way(way(Target::Pod), UPSTREAM, Kind::Stream)),
-            cell(run.against_same_way(service, UPSTREAM, Kind::Connections)),
-            cell(run.against_same_way(service, UPSTREAM, Kind::Requests)),
-            cell(run.against(plain, UPSTREAM, Kind::Stream)),
+            cell(run.against_same_way(service, COMPARED, Kind::Stream)),
+            cell(run.against_same_way(way(Target::Pod), COMPARED, Kind::Stream)),
+            cell(run.against_same_way(service, COMPARED, Kind::Connections)),
+            cell(run.against_same_way(service, COMPARED, Kind::Requests)),
+            cell(run.against(plain, COMPARED, Kind::Stream)),
         );
     }
 }

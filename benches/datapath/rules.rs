@@ -8,8 +8,8 @@ use std::net::IpAddr;
 
 use kube_proxy_rs::config::KubeProxyConfiguration;
 use kube_proxy_rs::model::{
-    ChangeSummary, Endpoint, NamespacedName, Protocol, ProxyState, ServicePort, ServicePortName,
-    VecMap,
+    ChangeSummary, Endpoint, IpFamily, NamespacedName, Protocol, ProxyState, ServicePort,
+    ServicePortName, VecMap,
 };
 use kube_proxy_rs::proxier::Proxier;
 use kube_proxy_rs::proxier::iptables::IptablesProxier;
@@ -19,7 +19,7 @@ use kube_proxy_rs::proxier::nftables::{NftablesProxier, NftablesSettings};
 use kube_proxy_rs::sys::host::link::Links;
 use kube_proxy_rs::sys::host::net::{FakeSysctl, FixedAddresses, ProcSysctl};
 use kube_proxy_rs::sys::nf_tables::SystemNftables;
-use kube_proxy_rs::sys::xtables::{Backend, SystemIptables};
+use kube_proxy_rs::sys::xtables::{Backend, SystemIptables, tool};
 
 use crate::support::netns::Netns;
 use crate::support::nft_files::{bare_nft, upstream_shaped};
@@ -109,23 +109,24 @@ pub fn state(count: usize) -> ProxyState {
     state
 }
 
+/// The configuration every twin's proxier starts from.
 fn config() -> KubeProxyConfiguration {
-    let mut config = KubeProxyConfiguration {
-        cluster_cidr: "10.0.0.0/8".into(),
-        ..KubeProxyConfiguration::default()
-    };
-    config.apply_defaults();
-    config
+    scale::config("10.0.0.0/8")
+}
+
+/// nftables mode's proxier with `settings` in this thread's namespace, on the node's address.
+fn nftables_proxier(settings: NftablesSettings) -> NftablesProxier<SystemNftables> {
+    NftablesProxier::new(
+        SystemNftables::default(),
+        settings,
+        Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
+    )
 }
 
 /// Programs `state` in `node` as nftables mode does; our table's text, for its upstream shape.
 pub fn nftables(node: &Netns, state: ProxyState) -> String {
     node.run(move || {
-        let mut p = NftablesProxier::new(
-            SystemNftables::default(),
-            NftablesSettings::from_config(&config()),
-            Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
-        );
+        let mut p = nftables_proxier(NftablesSettings::from_config(&config()));
         p.record_transactions = true;
         p.sync(&state, &ChangeSummary::default())
             .expect("nftables sync");
@@ -142,12 +143,8 @@ pub fn nftables_offloading(node: &Netns, state: ProxyState, threshold: u32) -> R
         let links = Links::open().map_err(|err| err.to_string())?;
         let mut settings = NftablesSettings::from_config(&config());
         settings.offload_after_packets = Some(threshold);
-        let mut p = NftablesProxier::new(
-            SystemNftables::default(),
-            settings,
-            Box::new(FixedAddresses(vec![NODE_IP.parse().expect("address")])),
-        )
-        .with_flowtable_devices(FlowtableDevices::new(Box::new(links)));
+        let mut p = nftables_proxier(settings)
+            .with_flowtable_devices(FlowtableDevices::new(Box::new(links)));
         p.sync(&state, &ChangeSummary::default())
             .map(|_| ())
             .map_err(|err| err.to_string())
@@ -194,7 +191,7 @@ pub fn iptables(node: &Netns, state: ProxyState, backend: Backend) -> Result<Str
             .map(|_| ())
             .map_err(|e| e.to_string())
     })?;
-    let tool = format!("iptables-{}", backend.as_str());
+    let tool = tool(IpFamily::V4, backend, "");
     let chain = node.output(&[&tool, "-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"]);
     let rules: Vec<&str> = chain.lines().filter(|l| l.starts_with("-A ")).collect();
     let places: Vec<String> = Place::ALL

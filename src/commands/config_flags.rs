@@ -90,6 +90,7 @@ fn value_name(kind: Kind) -> &'static str {
         Kind::Bool | Kind::Version => "BOOL",
         Kind::Text => "STRING",
         Kind::Int32 => "INT32",
+        Kind::Uint32 => "UINT32",
         Kind::Float32 => "FLOAT32",
         Kind::Duration => "DURATION",
         Kind::List => "STRINGS",

@@ -284,23 +284,18 @@ impl Metrics {
             .register(Box::new(super::nfacct::NfacctCollector::new(reader)?))
     }
 
-    /// Exports nftables mode's counters of rejected localhost NodePort packets, read at each
-    /// scrape.
-    pub fn count_localhost_rejects(&self) -> prometheus::Result<()> {
+    /// Exports nftables mode's named counters that `exported` names (rejected localhost
+    /// NodePort packets, flow offload requests), read at each scrape.
+    pub fn count_nft_counters(
+        &self,
+        exported: super::nft_counters::Exported,
+    ) -> prometheus::Result<()> {
         let read: super::nft_counters::CounterReader =
             Box::new(crate::sys::nf_tables::read::counters);
-        self.registry.register(Box::new(
-            super::nft_counters::RejectedPacketsCollector::new(read)?,
-        ))
-    }
-
-    /// Our `kubeproxy_nftables_flow_offload_requests_total`, read at each scrape.
-    pub fn count_offload_requests(&self) -> prometheus::Result<()> {
-        let read: super::nft_counters::CounterReader =
-            Box::new(crate::sys::nf_tables::read::counters);
-        self.registry.register(Box::new(
-            super::nft_counters::OffloadRequestsCollector::new(read)?,
-        ))
+        self.registry
+            .register(Box::new(super::nft_counters::NftCountersCollector::new(
+                read, exported,
+            )?))
     }
 
     /// Records what the feature gates are, as `kubernetes_feature_enabled{name,stage}`.

@@ -9,7 +9,7 @@ mod http;
 mod localhost_node_ports;
 mod metrics;
 mod nfacct;
-mod nft_counters;
+pub mod nft_counters;
 mod service_health;
 
 pub use health::ProxyHealth;

@@ -17,120 +17,111 @@ use crate::proxier::nftables::render::{OFFLOAD_REQUESTS, TABLE, localhost_reject
 use crate::sys::netlink::NetlinkError;
 
 const NAME: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+const OFFLOAD_NAME: &str = "kubeproxy_nftables_flow_offload_requests_total";
+const OFFLOAD_HELP: &str = "Packets of connections to ClusterIPs past --offload-packet-threshold that asked the kernel to offload their connection to the flowtable (kube-proxy-rs): one per connection when every link it crosses is in the flowtable";
 const HELP: &str = "Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is rejected when the localhost NodePort proxy is not running";
 
 /// Reads the packets each named counter of a family's table has counted, by name.
 pub type CounterReader =
     Box<dyn Fn(IpFamily, &str) -> Result<BTreeMap<String, u64>, NetlinkError> + Send + Sync>;
 
-/// Reads the counters when Prometheus scrapes (each scrape into a vector of its own, so that
+/// Which of the table's counters are exported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exported {
+    /// The rejected localhost NodePort packets (the gate KubeProxyNFTablesLocalhostNodePorts).
+    pub localhost_rejects: bool,
+    /// The flow offload requests (`--offload-packet-threshold`).
+    pub offload_requests: bool,
+}
+
+/// The metric vectors `exported` asks for, empty (each scrape fills vectors of its own, so that
 /// two at once do not mix).
-pub struct RejectedPacketsCollector {
+struct Vectors {
+    rejected: Option<IntCounterVec>,
+    offload: Option<IntCounterVec>,
+}
+
+impl Vectors {
+    fn new(exported: Exported) -> prometheus::Result<Self> {
+        Ok(Vectors {
+            rejected: exported
+                .localhost_rejects
+                .then(|| IntCounterVec::new(Opts::new(NAME, HELP), &["ip_family", "protocol"]))
+                .transpose()?,
+            offload: exported
+                .offload_requests
+                .then(|| IntCounterVec::new(Opts::new(OFFLOAD_NAME, OFFLOAD_HELP), &["ip_family"]))
+                .transpose()?,
+        })
+    }
+
+    fn all(&self) -> impl Iterator<Item = &IntCounterVec> {
+        self.rejected.iter().chain(self.offload.iter())
+    }
+}
+
+/// Reads each family's counters once per scrape, for every metric exported.
+pub struct NftCountersCollector {
     read: CounterReader,
+    exported: Exported,
     desc: Vec<Desc>,
     /// The families whose failed read was logged (once each: a scrape every few seconds would
     /// flood the log).
     warned: Mutex<BTreeSet<IpFamily>>,
 }
 
-fn counter_vec() -> prometheus::Result<IntCounterVec> {
-    IntCounterVec::new(Opts::new(NAME, HELP), &["ip_family", "protocol"])
-}
-
-impl RejectedPacketsCollector {
-    pub fn new(read: CounterReader) -> prometheus::Result<Self> {
-        Ok(RejectedPacketsCollector {
+impl NftCountersCollector {
+    pub fn new(read: CounterReader, exported: Exported) -> prometheus::Result<Self> {
+        let desc = Vectors::new(exported)?
+            .all()
+            .flat_map(|vector| vector.desc().into_iter().cloned())
+            .collect();
+        Ok(NftCountersCollector {
             read,
-            desc: counter_vec()?.desc().into_iter().cloned().collect(),
+            exported,
+            desc,
             warned: Mutex::new(BTreeSet::new()),
         })
     }
 }
 
-impl Collector for RejectedPacketsCollector {
+impl Collector for NftCountersCollector {
     fn desc(&self) -> Vec<&Desc> {
         self.desc.iter().collect()
     }
 
     fn collect(&self) -> Vec<proto::MetricFamily> {
-        let Ok(counters) = counter_vec() else {
+        let Ok(vectors) = Vectors::new(self.exported) else {
             return Vec::new();
         };
-        for (family, counted) in read_families(&self.read, &self.warned) {
-            for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
-                if let Some(packets) = counted.get(localhost_rejected_counter(protocol)) {
-                    counters
-                        .with_label_values(&[family.name(), &protocol.to_string()])
-                        .inc_by(*packets);
+        // A family without our table has no counter to read.
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let counted = match (self.read)(family, TABLE) {
+                Ok(counted) => counted,
+                Err(err) => {
+                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+                    if warned.insert(family) {
+                        warn!(error = %err, ?family, "Failed to read the nftables counters");
+                    }
+                    continue;
+                }
+            };
+            if let Some(rejected) = &vectors.rejected {
+                for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+                    if let Some(packets) = counted.get(localhost_rejected_counter(protocol)) {
+                        rejected
+                            .with_label_values(&[family.name(), &protocol.to_string()])
+                            .inc_by(*packets);
+                    }
                 }
             }
-        }
-        counters.collect()
-    }
-}
-
-/// Each family's counters; a family whose read fails is left out, and said once.
-fn read_families(
-    read: &CounterReader,
-    warned: &Mutex<BTreeSet<IpFamily>>,
-) -> Vec<(IpFamily, BTreeMap<String, u64>)> {
-    let mut read_ones = Vec::new();
-    // A family without our table has no counter to read.
-    for family in [IpFamily::V4, IpFamily::V6] {
-        match read(family, TABLE) {
-            Ok(counted) => read_ones.push((family, counted)),
-            Err(err) => {
-                let mut warned = warned.lock().unwrap_or_else(|p| p.into_inner());
-                if warned.insert(family) {
-                    warn!(error = %err, ?family, "Failed to read the nftables counters");
-                }
+            if let (Some(offload), Some(packets)) =
+                (&vectors.offload, counted.get(OFFLOAD_REQUESTS))
+            {
+                offload.with_label_values(&[family.name()]).inc_by(*packets);
             }
         }
-    }
-    read_ones
-}
-
-const OFFLOAD_NAME: &str = "kubeproxy_nftables_flow_offload_requests_total";
-const OFFLOAD_HELP: &str = "Packets of connections to ClusterIPs past --offload-packet-threshold that asked the kernel to offload their connection to the flowtable (kube-proxy-rs): one per connection when every link it crosses is in the flowtable";
-
-fn offload_vec() -> prometheus::Result<IntCounterVec> {
-    IntCounterVec::new(Opts::new(OFFLOAD_NAME, OFFLOAD_HELP), &["ip_family"])
-}
-
-/// Reads the offload counter of each family when Prometheus scrapes.
-pub struct OffloadRequestsCollector {
-    read: CounterReader,
-    desc: Vec<Desc>,
-    warned: Mutex<BTreeSet<IpFamily>>,
-}
-
-impl OffloadRequestsCollector {
-    pub fn new(read: CounterReader) -> prometheus::Result<Self> {
-        Ok(OffloadRequestsCollector {
-            read,
-            desc: offload_vec()?.desc().into_iter().cloned().collect(),
-            warned: Mutex::new(BTreeSet::new()),
-        })
-    }
-}
-
-impl Collector for OffloadRequestsCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.desc.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<proto::MetricFamily> {
-        let Ok(counters) = offload_vec() else {
-            return Vec::new();
-        };
-        for (family, counted) in read_families(&self.read, &self.warned) {
-            if let Some(packets) = counted.get(OFFLOAD_REQUESTS) {
-                counters
-                    .with_label_values(&[family.name()])
-                    .inc_by(*packets);
-            }
-        }
-        counters.collect()
+        vectors.all().flat_map(|vector| vector.collect()).collect()
     }
 }
 
@@ -153,7 +144,11 @@ mod tests {
                 }
             })
         });
-        let collector = RejectedPacketsCollector::new(read).unwrap();
+        let exported = Exported {
+            localhost_rejects: true,
+            offload_requests: false,
+        };
+        let collector = NftCountersCollector::new(read, exported).unwrap();
         let registry = prometheus::Registry::new();
         registry.register(Box::new(collector)).unwrap();
         let mut text = Vec::new();
@@ -186,7 +181,16 @@ mod tests {
         });
         let registry = prometheus::Registry::new();
         registry
-            .register(Box::new(OffloadRequestsCollector::new(read).unwrap()))
+            .register(Box::new(
+                NftCountersCollector::new(
+                    read,
+                    Exported {
+                        localhost_rejects: false,
+                        offload_requests: true,
+                    },
+                )
+                .unwrap(),
+            ))
             .unwrap();
         let mut text = Vec::new();
         prometheus::Encoder::encode(

@@ -21,7 +21,8 @@ use super::netns::Netns;
 /// The node address the state and the proxiers use.
 pub const NODE_IP: &str = "192.168.0.2";
 
-fn config(cluster_cidr: &str) -> KubeProxyConfiguration {
+/// The configuration the benchmarks' proxiers start from: upstream's defaults and a cluster CIDR.
+pub fn config(cluster_cidr: &str) -> KubeProxyConfiguration {
     let mut config = KubeProxyConfiguration {
         cluster_cidr: cluster_cidr.into(),
         ..KubeProxyConfiguration::default()

@@ -146,21 +146,6 @@ impl Flags {
                 value: raw.clone(),
                 reason,
             })?;
-            if let (
-                Spec {
-                    kind: Kind::Int32, ..
-                },
-                Value::Int(count),
-            ) = (spec, &value)
-                && spec.name == "offload-packet-threshold"
-                && *count < 0
-            {
-                return Err(FlagError::Invalid {
-                    name,
-                    value: raw,
-                    reason: "a packet count: 0 (off) or more".into(),
-                });
-            }
             flags.take(spec, value, &raw);
         }
         let non_empty: Vec<String> = positional.into_iter().filter(|a| !a.is_empty()).collect();
@@ -338,6 +323,7 @@ fn read_value(spec: &Spec, raw: &str) -> Result<Value, values::ValueError> {
         Kind::Bool => Value::Bool(values::parse_bool(raw)?),
         Kind::Text | Kind::Version => Value::Text(raw.to_string()),
         Kind::Int32 => Value::Int(values::parse_int32(raw)?),
+        Kind::Uint32 => Value::Int(values::parse_uint32(raw)?),
         Kind::Float32 => Value::Float(values::parse_float32(raw)?),
         Kind::Duration => Value::Duration(values::parse_duration(raw)?),
         Kind::List => Value::List(values::parse_list(raw)?),
@@ -388,6 +374,7 @@ pub fn usage() -> String {
             Kind::Bool | Kind::Version => "",
             Kind::Text => " string",
             Kind::Int32 => " int32",
+            Kind::Uint32 => " uint32",
             Kind::Float32 => " float32",
             Kind::Duration => " duration",
             Kind::List => " strings",

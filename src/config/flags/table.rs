@@ -12,6 +12,8 @@ pub enum Kind {
     Bool,
     Text,
     Int32,
+    /// pflag's uint32 (kept in an int32: what this program reads fits).
+    Uint32,
     Float32,
     Duration,
     /// Comma-separated values; repeating the flag adds more.
@@ -143,7 +145,7 @@ pub const OURS: &[Spec] = &[
     ),
     spec(
         "offload-packet-threshold",
-        Kind::Int32,
+        Kind::Uint32,
         Role::Control,
         "In nftables mode, offload a connection to a ClusterIP to the kernel's flowtable fast path once it has seen more than this many packets (KEP-4963, not in upstream kube-proxy; its proposed default is 20). 0, the default, is off. Applies with --config too (kube-proxy-rs).",
     ),

@@ -21,6 +21,16 @@ pub fn parse_bool(text: &str) -> Result<bool, ValueError> {
 
 /// Go's `strconv.ParseInt(text, 0, 32)`: a sign, then `0x`/`0o`/`0b` or a leading `0`
 /// (octal) selects the base; underscores may separate digits after a prefix.
+/// A non-negative int32, refused as pflag refuses a negative uint32.
+pub fn parse_uint32(text: &str) -> Result<i32, ValueError> {
+    match parse_int32(text)? {
+        negative if negative < 0 => Err(format!(
+            "strconv.ParseUint: parsing {text:?}: invalid syntax"
+        )),
+        count => Ok(count),
+    }
+}
+
 pub fn parse_int32(text: &str) -> Result<i32, ValueError> {
     let invalid = || format!("strconv.ParseInt: parsing {text:?}: invalid syntax");
     let (negative, digits) = match text.as_bytes().first() {

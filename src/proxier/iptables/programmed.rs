@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use ahash::RandomState;
 
-use super::render::{Rule, ServiceRules};
+use super::render::{KUBE_SERVICES, Rule, ServiceRules};
 
 /// A digest of a chain's rules (equal rules, equal digests, in one process).
 pub type ChainDigest = u64;
@@ -41,6 +41,8 @@ pub struct ProgrammedService {
     /// Service ports with no usable endpoint on this node for internal / external traffic.
     pub no_local_endpoints_internal: u32,
     pub no_local_endpoints_external: u32,
+    /// Of its nat rules, those in KUBE-SERVICES, which every new connection walks.
+    pub walked_rules: u32,
 }
 
 impl ProgrammedService {
@@ -61,6 +63,7 @@ impl ProgrammedService {
                 .collect(),
             no_local_endpoints_internal: rules.no_local_endpoints_internal as u32,
             no_local_endpoints_external: rules.no_local_endpoints_external as u32,
+            walked_rules: in_services(&rules.nat) as u32,
         }
     }
 
@@ -81,6 +84,11 @@ impl ProgrammedService {
     pub fn chain_rules(&self) -> usize {
         self.chains.iter().map(|chain| chain.rules as usize).sum()
     }
+}
+
+/// How many of `rules` are in KUBE-SERVICES.
+pub fn in_services(rules: &[Rule]) -> usize {
+    rules.iter().filter(|r| r.chain == KUBE_SERVICES).count()
 }
 
 #[cfg(test)]

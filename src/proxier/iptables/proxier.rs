@@ -12,10 +12,10 @@ use tracing::{debug, info, warn};
 
 use super::names::is_service_chain;
 use super::plan::{FullSyncExtras, RestoreStats, ServiceDelta, full_restore, partial_restore};
-use super::programmed::ProgrammedService;
+use super::programmed::{ProgrammedService, in_services};
 use super::render::{
     BaseRules, KUBE_PROXY_CANARY, KUBE_SERVICES, NAT_CHAINS, NodePortAddresses, RenderContext,
-    Rule, ServiceRules, render_base, render_service,
+    ServiceRules, render_base, render_service,
 };
 use super::settings::IptablesSettings;
 use super::walk::WalkNotice;
@@ -323,8 +323,6 @@ impl<I: Iptables> Mode for IptablesMode<I> {
         if full {
             self.last_canary_check = Some(Instant::now());
         }
-        let in_services =
-            |rules: &[Rule]| rules.iter().filter(|r| r.chain == KUBE_SERVICES).count();
         for (family, programmed) in &self.programmed {
             let mut filter_rules = programmed.base.filter.len();
             let mut nat_rules = programmed.base.nat.len() + programmed.base.nat_services_tail.len();
@@ -332,7 +330,7 @@ impl<I: Iptables> Mode for IptablesMode<I> {
             let mut walked =
                 in_services(&programmed.base.nat) + in_services(&programmed.base.nat_services_tail);
             for service in programmed.services.values() {
-                walked += in_services(&service.nat);
+                walked += service.walked_rules as usize;
                 no_local.0 += service.no_local_endpoints_internal as usize;
                 no_local.1 += service.no_local_endpoints_external as usize;
                 filter_rules += service.filter.len();

@@ -302,12 +302,8 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             Ok(())
         }
         ("delete", "set" | "map") => {
-            if !table.sets.contains_key(&name) {
-                return Err("No such file or directory".into());
-            }
-            if used_by_a_rule(table, |rule| references(rule).sets.contains(&name)) {
-                return Err("Device or resource busy".into());
-            }
+            let exists = table.sets.contains_key(&name);
+            deletable(table, exists, |refs| refs.sets.contains(&name))?;
             table.sets.remove(&name);
             Ok(())
         }
@@ -316,12 +312,8 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             Ok(())
         }
         ("delete", "counter") => {
-            if !table.counters.contains(&name) {
-                return Err("No such file or directory".into());
-            }
-            if used_by_a_rule(table, |rule| references(rule).counters.contains(&name)) {
-                return Err("Device or resource busy".into());
-            }
+            let exists = table.counters.contains(&name);
+            deletable(table, exists, |refs| refs.counters.contains(&name))?;
             table.counters.remove(&name);
             Ok(())
         }
@@ -339,12 +331,8 @@ fn command(tables: &mut Tables, line: &str) -> Result<(), String> {
             Ok(())
         }
         ("delete", "flowtable") => {
-            if !table.flowtables.contains_key(&name) {
-                return Err("No such file or directory".into());
-            }
-            if used_by_a_rule(table, |rule| references(rule).flowtables.contains(&name)) {
-                return Err("Device or resource busy".into());
-            }
+            let exists = table.flowtables.contains_key(&name);
+            deletable(table, exists, |refs| refs.flowtables.contains(&name))?;
             table.flowtables.remove(&name);
             Ok(())
         }
@@ -466,12 +454,24 @@ fn references(text: &str) -> References {
     }
 }
 
-/// Whether a rule of `table` `uses` something.
-fn used_by_a_rule(table: &FakeTable, uses: impl Fn(&str) -> bool) -> bool {
-    table
+/// Whether an object may be deleted, as the kernel decides: it `exists`, and no rule of `table`
+/// refers to it (`referred` says whether a rule's references name it).
+fn deletable(
+    table: &FakeTable,
+    exists: bool,
+    referred: impl Fn(&References) -> bool,
+) -> Result<(), String> {
+    if !exists {
+        return Err("No such file or directory".into());
+    }
+    let used = table
         .chains
         .values()
-        .any(|(_, rules)| rules.iter().any(|rule| uses(rule)))
+        .any(|(_, rules)| rules.iter().any(|rule| referred(&references(rule))));
+    if used {
+        return Err("Device or resource busy".into());
+    }
+    Ok(())
 }
 
 fn check_references(table: &FakeTable, text: &str) -> Result<(), String> {

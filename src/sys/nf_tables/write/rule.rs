@@ -117,6 +117,32 @@ impl<'a> Builder<'_, 'a> {
         }
     }
 
+    /// `@NAME`: the name of a set, map or flowtable.
+    fn reference(&mut self) -> Result<&'a str, Unsupported> {
+        let word = self.next()?;
+        word.strip_prefix('@')
+            .ok_or_else(|| format!("expected @name, got {word:?}"))
+    }
+
+    /// The next word as a number (`what` names it in the error).
+    fn number<T: std::str::FromStr>(&mut self, what: &str) -> Result<T, Unsupported> {
+        let word = self.next()?;
+        word.parse().map_err(|_| format!("not {what}: {word:?}"))
+    }
+
+    /// Register 1 looked up in the named `set` (its data, for a map, into `dreg`).
+    fn lookup_in(&mut self, set: &str, dreg: Option<u32>, inverted: bool) {
+        self.emit(Expr::Lookup {
+            sreg: REG_1,
+            dreg,
+            set: SetRef {
+                name: set.to_string(),
+                id: None,
+            },
+            inverted,
+        });
+    }
+
     fn emit(&mut self, expr: Expr) {
         self.out.exprs.push(Part::Expr(expr));
     }
@@ -174,10 +200,7 @@ impl<'a> Builder<'_, 'a> {
             "counter" => self.emit(Expr::Counter),
             "flow" => {
                 self.expect("add")?;
-                let flowtable = self
-                    .next()?
-                    .strip_prefix('@')
-                    .ok_or_else(|| "expected @flowtable".to_string())?;
+                let flowtable = self.reference()?;
                 self.emit(Expr::FlowOffload {
                     flowtable: flowtable.to_string(),
                 });
@@ -230,10 +253,7 @@ impl<'a> Builder<'_, 'a> {
 
     /// `update @SET { ip saddr }`.
     fn update(&mut self) -> Result<(), Unsupported> {
-        let set = self
-            .next()?
-            .strip_prefix('@')
-            .ok_or_else(|| "expected @set".to_string())?;
+        let set = self.reference()?;
         self.expect("{")?;
         self.expect(self.address_family_word())?;
         self.expect("saddr")?;
@@ -259,18 +279,12 @@ impl<'a> Builder<'_, 'a> {
     ) -> Result<Vec<T>, Unsupported> {
         self.expect("random")?;
         self.expect("mod")?;
-        let modulus: u32 = self
-            .next()?
-            .parse()
-            .map_err(|_| "not a modulus".to_string())?;
+        let modulus: u32 = self.number("a modulus")?;
         self.expect(map)?;
         self.expect("{")?;
         let mut entries = Vec::new();
         loop {
-            let index: usize = self
-                .next()?
-                .parse()
-                .map_err(|_| "not an index".to_string())?;
+            let index: usize = self.number("an index")?;
             if index != entries.len() {
                 return Err("map indexes out of order".into());
             }
@@ -325,27 +339,16 @@ impl<'a> Builder<'_, 'a> {
                 offset,
             });
             self.emit(Expr::HostToNetwork32 { reg: REG_1 });
-            self.emit(Expr::Lookup {
-                sreg: REG_1,
-                dreg: Some(REG_1),
-                set: SetRef {
-                    name: name.to_string(),
-                    id: None,
-                },
-                inverted: false,
-            });
+            self.lookup_in(name, Some(REG_1), false);
             return self.dnat_from_registers();
         }
         let targets = self.numgen_entries("map", |rule| {
-            let address: IpAddr = rule
-                .next()?
-                .parse()
-                .map_err(|_| "not an address".to_string())?;
+            let address: IpAddr = rule.number("an address")?;
             if address.is_ipv6() != rule.ipv6 {
                 return Err("an address of the other family".into());
             }
             rule.expect(".")?;
-            let port: u16 = rule.next()?.parse().map_err(|_| "not a port".to_string())?;
+            let port: u16 = rule.number("a port")?;
             Ok((address, port))
         })?;
         self.out

@@ -40,21 +40,10 @@ impl<'a> Builder<'_, 'a> {
         self.expect("original")?;
         self.expect(self.address_family_word())?;
         self.expect("daddr")?;
-        let set = self
-            .next()?
-            .strip_prefix('@')
-            .ok_or_else(|| "expected @set".to_string())?;
+        let set = self.reference()?;
         let key = if self.ipv6 { CT_DST_IP6 } else { CT_DST_IP };
         self.emit(Expr::CtOriginal { key, dreg: REG_1 });
-        self.emit(Expr::Lookup {
-            sreg: REG_1,
-            dreg: None,
-            set: SetRef {
-                name: set.to_string(),
-                id: None,
-            },
-            inverted: false,
-        });
+        self.lookup_in(set, None, false);
         Ok(())
     }
 
@@ -62,10 +51,7 @@ impl<'a> Builder<'_, 'a> {
     fn conntrack_packets(&mut self) -> Result<(), Unsupported> {
         self.expect("packets")?;
         self.expect(">")?;
-        let count: u64 = self
-            .next()?
-            .parse()
-            .map_err(|_| "not a packet count".to_string())?;
+        let count: u64 = self.number("a packet count")?;
         self.emit(Expr::Ct {
             key: CT_PACKETS,
             dreg: REG_1,
@@ -102,7 +88,7 @@ impl<'a> Builder<'_, 'a> {
     /// `tcp|udp|sctp dport PORT` (`word` the protocol).
     pub(super) fn transport_port(&mut self, word: &str) -> Result<(), Unsupported> {
         self.expect("dport")?;
-        let port: u16 = self.next()?.parse().map_err(|_| "not a port".to_string())?;
+        let port: u16 = self.number("a port")?;
         self.emit(Expr::MetaLoad {
             key: META_L4PROTO,
             dreg: REG_1,
@@ -204,15 +190,7 @@ impl<'a> Builder<'_, 'a> {
         let value = self.next()?;
         if let Some(set) = value.strip_prefix('@') {
             self.load_address(source, REG_1, length);
-            self.emit(Expr::Lookup {
-                sreg: REG_1,
-                dreg: None,
-                set: SetRef {
-                    name: set.to_string(),
-                    id: None,
-                },
-                inverted: op == CMP_NEQ,
-            });
+            self.lookup_in(set, None, op == CMP_NEQ);
             return Ok(());
         }
         let matches = if value == "{" {
@@ -340,19 +318,8 @@ impl<'a> Builder<'_, 'a> {
         if verdict {
             self.position += 1;
         }
-        let set = self
-            .next()?
-            .strip_prefix('@')
-            .ok_or_else(|| "expected @set or vmap @map".to_string())?;
-        self.emit(Expr::Lookup {
-            sreg: REG_1,
-            dreg: verdict.then_some(REG_VERDICT),
-            set: SetRef {
-                name: set.to_string(),
-                id: None,
-            },
-            inverted: false,
-        });
+        let set = self.reference()?;
+        self.lookup_in(set, verdict.then_some(REG_VERDICT), false);
         Ok(())
     }
 
